@@ -1,0 +1,67 @@
+"""clocktower's configuration, from CLOCKTOWER_* environment variables (pydantic-settings).
+
+With neither CLOCKTOWER_KAFKA_BOOTSTRAP nor CLOCKTOWER_CLICKHOUSE_URL set,
+clocktower starts its embedded broker and ClickHouse engine under the data
+dir. Setting them points every component at external services instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_CONTROL_KEY = "clocktower-dev-key-change-me"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
+
+    data_dir: Path = Path(".clocktower")
+    kafka_bootstrap: str | None = Field(default=None, description="external Kafka, host:port[,host:port]")
+    clickhouse_url: str | None = Field(default=None, description="external ClickHouse, http(s)://host:port")
+    clickhouse_user: str = "default"
+    clickhouse_password: str = ""
+    clickhouse_database: str = "default"
+    kafka_port: int = Field(default=9092, ge=1, le=65535)
+    http_port: int = Field(default=8123, ge=1, le=65535)
+    host: str = "127.0.0.1"
+    control_key: str = DEV_CONTROL_KEY
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="0 disables the Prometheus endpoint")
+    flush_rows: int = Field(default=10_000, ge=1)
+    flush_interval_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        u = urlparse(v)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"CLOCKTOWER_CLICKHOUSE_URL must look like http://host:8123, got {v!r}")
+        return v
+
+    @property
+    def embedded_kafka(self) -> bool:
+        return not self.kafka_bootstrap
+
+    @property
+    def embedded_clickhouse(self) -> bool:
+        return not self.clickhouse_url
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+
+    @property
+    def clickhouse(self) -> str:
+        return self.clickhouse_url or f"http://{self.host}:{self.http_port}"
+
+    def control_key_bytes(self) -> bytes:
+        if self.control_key == DEV_CONTROL_KEY and not (self.embedded_kafka and self.embedded_clickhouse):
+            warnings.warn("CLOCKTOWER_CONTROL_KEY is the development default; set a secret key",
+                          stacklevel=2)
+        return self.control_key.encode()

@@ -1,0 +1,51 @@
+"""Create the registry's topics and read their offsets."""
+
+from __future__ import annotations
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.topics import TOPICS
+
+
+def ensure_topics(bootstrap: str, timeout: float = 15.0) -> list[str]:
+    """Create every missing registry topic; returns the names created."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
+                    config={"retention.ms": str(t.retention_ms)})
+           for t in TOPICS if t.name not in existing]
+    created = []
+    for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):
+        try:
+            fut.result(timeout)
+            created.append(name)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return created
+
+
+def topic_offsets(bootstrap: str, groups: tuple[str, ...] = ("clocktower-sink", "clocktower-streams"),
+                  timeout: float = 10.0) -> list[dict]:
+    """Per topic: partitions, end offset sum, and each group's committed offset sum (lag source)."""
+    out = []
+    consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False})
+                 for g in groups}
+    try:
+        meta = next(iter(consumers.values())).list_topics(timeout=timeout)
+        for spec in TOPICS:
+            tmeta = meta.topics.get(spec.name)
+            if tmeta is None or tmeta.error is not None:
+                continue
+            tps = [TopicPartition(spec.name, p) for p in sorted(tmeta.partitions)]
+            c0 = next(iter(consumers.values()))
+            end = sum(c0.get_watermark_offsets(tp, timeout=timeout)[1] for tp in tps)
+            row = {"topic": spec.name, "partitions": len(tps), "end": end}
+            for g, c in consumers.items():
+                row[g] = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=timeout))
+            out.append(row)
+    finally:
+        for c in consumers.values():
+            c.close()
+    return out

@@ -1,0 +1,39 @@
+"""ClickHouse DDL generated from the topic registry and the event models.
+
+Every table gets the model's columns plus the Kafka origin of each row
+(`_partition`, `_offset`): the sink resumes from the highest stored offset,
+which is what makes a crash-and-replay double nothing. `time` is a
+DateTime64(9) view of `ts_ns` for Grafana and humans.
+"""
+
+from __future__ import annotations
+
+from schemas.columns import model_columns
+from schemas.topics import TOPICS, TopicSpec
+
+DEDUP_WINDOW = 10_000
+KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"))
+
+
+def create_table_sql(spec: TopicSpec, database: str = "default") -> str:
+    cols = [f"    `{c.name}` {c.ch_type}" for c in model_columns(spec.model)]
+    cols += [f"    `{name}` {typ}" for name, typ in KAFKA_COLUMNS]
+    cols.append("    `time` DateTime64(9) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)")
+    if spec.name == "deadletter":
+        # The same bad record may be reported again after a crash; it collapses to one row.
+        engine = "ReplacingMergeTree"
+        ttl = ""
+    else:
+        engine = "MergeTree"
+        ttl = f"\nTTL toDateTime(time) + INTERVAL {spec.retention_days} DAY"
+    order = ", ".join(spec.model.ORDER_BY)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.`{spec.table}`\n(\n" + ",\n".join(cols) + "\n)\n"
+        f"ENGINE = {engine}\nORDER BY ({order}){ttl}\n"
+        f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    )
+
+
+def all_ddl(database: str = "default") -> list[str]:
+    """Every CREATE statement, in registry order."""
+    return [create_table_sql(t, database) for t in TOPICS]

@@ -1,0 +1,128 @@
+"""The batch envelope and its orjson codec.
+
+One Kafka record = one batch of events of one schema from one node:
+  key      the node id
+  headers  ct-schema, ct-version, ct-count
+  value    a JSON array of events (orjson / pydantic-core, no per-event Python)
+
+Decoding validates everything and raises `DecodeError` with a reason that
+ends up in `deadletter`; it never raises anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from schemas.event import Event
+from schemas.operations import DeadLetter
+from schemas.topics import BY_NAME, BY_SCHEMA
+
+H_SCHEMA = "ct-schema"
+H_VERSION = "ct-version"
+H_COUNT = "ct-count"
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+MAX_BATCH_EVENTS = 100_000
+DEADLETTER_RAW_LIMIT = 64 * 1024
+
+Headers = list[tuple[str, bytes]]
+
+
+class DecodeError(ValueError):
+    """A record that cannot be accepted; the message is the dead-letter reason."""
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    schema: str
+    node: str
+    events: list[Event]
+
+
+@cache
+def _list_adapter(model: type[Event]) -> TypeAdapter[list[Any]]:
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
+def encode_batch(events: Sequence[Event]) -> tuple[bytes, bytes, Headers]:
+    """(key, value, headers) for a non-empty batch of one schema from one node."""
+    if not events:
+        raise ValueError("cannot encode an empty batch")
+    model = type(events[0])
+    node = events[0].node
+    for e in events:
+        if type(e) is not model:
+            raise ValueError(f"mixed schemas in one batch: {model.SCHEMA} and {type(e).SCHEMA}")
+        if e.node != node:
+            raise ValueError(f"mixed nodes in one batch: {node} and {e.node}")
+    value = _list_adapter(model).dump_json(list(events))
+    headers = [(H_SCHEMA, model.SCHEMA.encode()), (H_VERSION, str(model.VERSION).encode()),
+               (H_COUNT, str(len(events)).encode())]
+    return node.encode(), value, headers
+
+
+def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> str | None:
+    for k, v in headers or ():
+        if k == name:
+            return v.decode("utf-8", "replace") if v is not None else None
+    return None
+
+
+def decode_batch(topic: str, key: bytes | None, value: bytes | None,
+                 headers: Sequence[tuple[str, bytes | None]] | None) -> DecodedBatch:
+    """Validate one record of `topic`; raise DecodeError with the reason on any defect."""
+    spec = BY_NAME.get(topic)
+    if spec is None:
+        raise DecodeError(f"unknown topic {topic!r}")
+    if value is None:
+        raise DecodeError("empty record value")
+    if len(value) > MAX_RECORD_BYTES:
+        raise DecodeError(f"oversized record: {len(value)} bytes > {MAX_RECORD_BYTES}")
+    schema = _header(headers, H_SCHEMA)
+    if schema is None:
+        raise DecodeError(f"missing header {H_SCHEMA}")
+    model = BY_SCHEMA[schema].model if schema in BY_SCHEMA else None
+    if model is None:
+        raise DecodeError(f"unknown schema {schema!r}")
+    if model is not spec.model:
+        raise DecodeError(f"schema {schema!r} does not belong on topic {topic!r} (expects {spec.model.SCHEMA!r})")
+    version = _header(headers, H_VERSION)
+    if version != str(model.VERSION):
+        raise DecodeError(f"unsupported version {version!r} of schema {schema!r} (supported: {model.VERSION})")
+    try:
+        events = _list_adapter(model).validate_json(value)
+    except ValidationError as exc:
+        raise DecodeError(_short_reason(exc)) from None
+    if not events:
+        raise DecodeError("empty batch")
+    if len(events) > MAX_BATCH_EVENTS:
+        raise DecodeError(f"batch of {len(events)} events exceeds {MAX_BATCH_EVENTS}")
+    node = key.decode("utf-8", "replace") if key else events[0].node
+    for e in events:
+        if e.node != node:
+            raise DecodeError(f"event from node {e.node!r} in a batch keyed {node!r}")
+    return DecodedBatch(schema=schema, node=node, events=events)
+
+
+def _short_reason(exc: ValidationError) -> str:
+    errs = exc.errors(include_url=False, include_input=False)
+    first = errs[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"invalid {first.get('type')} at {loc or '<root>'}: {first.get('msg')}{more}"[:2000]
+
+
+def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                reason: str, detector: str) -> DeadLetter:
+    """The dead-letter event for one rejected record (raw value kept, up to 64 KiB)."""
+    raw = (value or b"")[:DEADLETTER_RAW_LIMIT]
+    node = (key or b"").decode("utf-8", "replace")[:256] or "unknown"
+    return DeadLetter(node=node, ts_ns=time.time_ns(), origin_topic=topic, origin_partition=partition,
+                      origin_offset=offset, reason=reason, detector=detector,
+                      raw_b64=base64.b64encode(raw).decode())

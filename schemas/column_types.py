@@ -1,0 +1,35 @@
+"""Column-type annotations shared by every event model.
+
+Each alias carries its validation bounds (pydantic) and its ClickHouse type
+(`CH`), so the codec, the DDL and the Arrow columns all derive from one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
+
+
+@dataclass(frozen=True)
+class CH:
+    """The ClickHouse type a field is stored as."""
+
+    type: str
+
+
+UInt8 = Annotated[int, Field(ge=0, le=2**8 - 1), CH("UInt8")]
+UInt16 = Annotated[int, Field(ge=0, le=2**16 - 1), CH("UInt16")]
+UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1), CH("UInt32")]
+UInt64 = Annotated[int, Field(ge=0, le=2**64 - 1), CH("UInt64")]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), CH("Int64")]
+Float64 = Annotated[float, CH("Float64")]
+Bool = Annotated[bool, CH("Bool")]
+Text = Annotated[str, Field(max_length=65536), CH("String")]
+# Short repeated identifiers: node names, interfaces, jobs.
+Name = Annotated[str, Field(min_length=1, max_length=256), CH("LowCardinality(String)")]
+# Nanoseconds since the Unix epoch, on the clock of the node that took it.
+# Bounded to 2000-01-01 .. 2100-01-01 so a garbage value is rejected at the door.
+TimestampNs = Annotated[int, Field(ge=946_684_800 * 10**9, le=4_102_444_800 * 10**9), CH("Int64")]
+DurationNs = Annotated[int, Field(ge=0, le=2**63 - 1), CH("Int64")]

@@ -1,0 +1,27 @@
+"""The base every event model derives from."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.column_types import Name, TimestampNs
+
+
+class Event(BaseModel):
+    """One timestamped fact reported by (or about) one node.
+
+    `SCHEMA` and `VERSION` travel in the Kafka headers; `ORDER_BY` is the
+    ClickHouse sorting key. Unknown fields are rejected so that a producer
+    bug shows up in `deadletter` instead of silently dropping data.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    SCHEMA: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+    ORDER_BY: ClassVar[tuple[str, ...]] = ("node", "ts_ns")
+
+    node: Name
+    ts_ns: TimestampNs

@@ -1,0 +1,40 @@
+"""Events about the pipeline itself: rejected input and injected faults."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from schemas.column_types import Int64, Name, Text, TimestampNs, UInt32
+from schemas.event import Event
+
+
+class DeadLetter(Event):
+    """A record that failed decoding, with why and where it came from.
+
+    `node` is the record's key (or "unknown"), `ts_ns` the rejection time,
+    and `raw_b64` the original value, base64-encoded.
+    """
+
+    SCHEMA = "deadletter"
+    ORDER_BY = ("origin_topic", "origin_partition", "origin_offset")
+
+    origin_topic: Name
+    origin_partition: UInt32
+    origin_offset: Int64
+    reason: Text
+    detector: Name
+    raw_b64: str
+
+
+class InjectedFault(Event):
+    """Ground truth: a fault the simulator injected, to score detectors against."""
+
+    SCHEMA = "injected_fault"
+    ORDER_BY: ClassVar[tuple[str, ...]] = ("fault_id",)
+
+    fault_id: Name
+    kind: Name
+    target: Name
+    start_ns: TimestampNs
+    end_ns: TimestampNs
+    detail: Text = ""

@@ -1,0 +1,63 @@
+"""The topic registry: every Kafka topic, its event model, and its table.
+
+One topic carries one schema. The sink stores each topic in the table named
+here, and `clocktower` creates the topics with these settings at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.analytics import ClockEstimate, FlowLatency, Incident, IterationBreakdown
+from schemas.control import ControlAck, ControlCommand
+from schemas.event import Event
+from schemas.operations import DeadLetter, InjectedFault
+from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic, the model of its events, and the ClickHouse table it lands in."""
+
+    name: str
+    model: type[Event]
+    table: str
+    partitions: int
+    retention_ms: int
+    description: str
+
+    @property
+    def retention_days(self) -> int:
+        return max(1, self.retention_ms // DAY_MS)
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("telemetry.flows", FlowSample, "flow_samples", 4, 3 * DAY_MS, "per-segment flow bytes, tx and rx"),
+    TopicSpec("telemetry.clock", ClockProbe, "clock_probes", 2, 1 * DAY_MS, "coded clock-probe pairs"),
+    TopicSpec("telemetry.collectives", CollectiveEvent, "collectives", 2, 7 * DAY_MS, "NCCL/PyTorch collectives"),
+    TopicSpec("telemetry.iterations", IterationEvent, "iterations", 2, 7 * DAY_MS, "training iterations per rank"),
+    TopicSpec("telemetry.gpu", GpuHealth, "gpu_health", 2, 7 * DAY_MS, "NVML GPU health readings"),
+    TopicSpec("telemetry.links", LinkState, "link_states", 1, 7 * DAY_MS, "network port state and flaps"),
+    TopicSpec("analytics.flow_latency", FlowLatency, "flow_latency", 2, 7 * DAY_MS, "one-way latency per segment"),
+    TopicSpec("analytics.clock", ClockEstimate, "clock_estimates", 1, 7 * DAY_MS, "clock offset/drift per node"),
+    TopicSpec("analytics.iterations", IterationBreakdown, "iteration_breakdown", 1, 30 * DAY_MS,
+              "compute vs communication per rank and iteration"),
+    TopicSpec("analytics.incidents", Incident, "incidents", 1, 90 * DAY_MS, "detected incidents"),
+    TopicSpec("control.commands", ControlCommand, "control_commands", 1, 90 * DAY_MS, "signed commands to nodes"),
+    TopicSpec("control.acks", ControlAck, "control_acks", 1, 90 * DAY_MS, "actuator acknowledgements"),
+    TopicSpec("groundtruth.faults", InjectedFault, "faults_injected", 1, 90 * DAY_MS,
+              "faults injected by the simulator"),
+    TopicSpec("deadletter", DeadLetter, "deadletter", 1, 30 * DAY_MS, "records that failed decoding"),
+)
+
+BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}
+BY_SCHEMA: dict[str, TopicSpec] = {t.model.SCHEMA: t for t in TOPICS}
+BY_MODEL: dict[type[Event], TopicSpec] = {t.model: t for t in TOPICS}
+TELEMETRY: tuple[TopicSpec, ...] = tuple(t for t in TOPICS if t.name.startswith("telemetry."))
+
+
+def topic_for(model: type[Event]) -> TopicSpec:
+    """The topic that carries `model` events."""
+    return BY_MODEL[model]

@@ -1,0 +1,1 @@
+"""The ClickHouse sink: Kafka topics -> ClickHouse tables, effectively exactly once."""

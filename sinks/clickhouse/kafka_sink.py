@@ -1,0 +1,119 @@
+"""The sink's Kafka side: consume, decode, batch, insert, then commit.
+
+Exactly-once into ClickHouse comes from two rules:
+- offsets are committed only after every pending batch is inserted;
+- on assignment, each partition resumes after the highest `_offset` already
+  stored in its table (or the committed offset, whichever is later), so rows
+  inserted just before a crash are not inserted again.
+A retried insert reuses its dedup token, which covers a lost insert reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+
+from schemas.codec import DecodeError, decode_batch, dead_letter, encode_batch
+from schemas.topics import BY_NAME, TOPICS
+from sinks.clickhouse import metrics
+from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from sinks.clickhouse.table_writer import TableWriter
+
+log = logging.getLogger(__name__)
+DEADLETTER_TOPIC = "deadletter"
+
+
+class KafkaClickHouseSink:
+    """Consumes `topics` into their ClickHouse tables."""
+
+    def __init__(self, bootstrap: str, writer: TableWriter, topics: list[str] | None = None,
+                 group_id: str = "clocktower-sink", policy: FlushPolicy | None = None) -> None:
+        self.writer = writer
+        self.topics = topics or [t.name for t in TOPICS]
+        self.batches = BatchSet(policy)
+        self.rows_inserted = 0
+        self.deadlettered = 0
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 10000,
+            "fetch.wait.max.ms": 100,
+        })
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                  "linger.ms": 5, "compression.type": "lz4"})
+
+    # --- partition assignment -------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
+        stored: dict[str, dict[int, int]] = {}
+        for tp in partitions:
+            if tp.topic not in stored:
+                stored[tp.topic] = self.writer.resume_offsets(BY_NAME[tp.topic])
+            candidates = [o for o in (committed.get((tp.topic, tp.partition), -1),
+                                      stored[tp.topic].get(tp.partition, -1)) if o >= 0]
+            tp.offset = max(candidates) if candidates else OFFSET_BEGINNING
+        log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.flush()
+        consumer.unassign()
+
+    # --- the loop ---------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        try:
+            while not stop.is_set():
+                for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
+                    self._handle(msg)
+                if self.batches.due():
+                    self.flush()
+            self.flush()
+        finally:
+            self.producer.flush(10)
+            self.consumer.close()
+
+    def _handle(self, msg: Message) -> None:
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+            return
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        metrics.RECORDS.labels(topic).inc()
+        try:
+            batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
+        except DecodeError as exc:
+            self._dead_letter(topic, partition, offset, msg.key(), msg.value(), str(exc))
+            self.batches.skip(topic, partition, offset)
+            return
+        self.batches.add(topic, partition, offset, batch.events)
+
+    def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
+                     value: bytes | None, reason: str) -> None:
+        self.deadlettered += 1
+        metrics.DEADLETTERS.labels(topic).inc()
+        log.warning("deadletter %s[%d]@%d: %s", topic, partition, offset, reason)
+        if topic == DEADLETTER_TOPIC:
+            return  # never loop: a broken dead letter is logged and counted only
+        k, v, h = encode_batch([dead_letter(topic, partition, offset, key, value, reason, "sink")])
+        self.producer.produce(DEADLETTER_TOPIC, key=k, value=v, headers=h)
+
+    def flush(self) -> None:
+        """Insert every pending batch, make dead letters durable, then commit."""
+        batches, offsets = self.batches.take()
+        if not offsets:
+            return
+        with metrics.FLUSH_SECONDS.time():
+            for batch in batches:
+                self.writer.insert(batch)
+                self.rows_inserted += batch.rows
+                metrics.ROWS.labels(batch.spec.table).inc(batch.rows)
+            if self.producer.flush(30) != 0:
+                raise RuntimeError("dead letters not delivered; not committing")
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                 asynchronous=False)

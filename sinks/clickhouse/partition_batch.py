@@ -1,0 +1,63 @@
+"""Rows waiting for one insert, kept per (topic, partition) as in Quix Streams."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from schemas.columns import model_columns
+from schemas.event import Event
+from schemas.topics import TopicSpec
+
+
+@dataclass
+class PartitionBatch:
+    """Columns of decoded events from one partition, with the offsets they span.
+
+    Only whole Kafka records are added, so an insert never splits a record.
+    """
+
+    spec: TopicSpec
+    partition: int
+    rows: int = 0
+    first_offset: int = -1
+    last_offset: int = -1
+    created: float = field(default_factory=time.monotonic)
+    _columns: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._names = [c.name for c in model_columns(self.spec.model)]
+        self._columns = {n: [] for n in self._names}
+        self._columns["_partition"] = []
+        self._columns["_offset"] = []
+
+    def add(self, offset: int, events: list[Event]) -> None:
+        for name in self._names:
+            self._columns[name].extend([getattr(e, name) for e in events])
+        n = len(events)
+        self._columns["_partition"].extend([self.partition] * n)
+        self._columns["_offset"].extend([offset] * n)
+        if self.first_offset < 0:
+            self.first_offset = offset
+        self.last_offset = offset
+        self.rows += n
+
+    @property
+    def age(self) -> float:
+        return time.monotonic() - self.created
+
+    def dedup_token(self) -> str:
+        """Same records -> same token, so a retried insert is dropped by ClickHouse."""
+        return f"{self.spec.table}:{self.partition}:{self.first_offset}-{self.last_offset}:{self.rows}"
+
+    def to_arrow(self) -> pa.Table:
+        arrays, names = [], []
+        for col in model_columns(self.spec.model):
+            arrays.append(pa.array(self._columns[col.name], type=col.arrow_type))
+            names.append(col.name)
+        arrays.append(pa.array(self._columns["_partition"], type=pa.uint32()))
+        arrays.append(pa.array(self._columns["_offset"], type=pa.int64()))
+        names += ["_partition", "_offset"]
+        return pa.Table.from_arrays(arrays, names=names)

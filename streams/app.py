@@ -1,0 +1,73 @@
+"""The Faust app: thin agents that decode telemetry batches and publish what the processors derive.
+
+Run it with `python -m streams` (clocktower starts it for you). Records that
+fail decoding are skipped and counted here; the sink dead-letters them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+
+from clocktower.config import Settings
+from schemas.codec import DecodeError, decode_batch
+from streams.emit import records
+from streams.processors import Processors
+
+log = logging.getLogger(__name__)
+settings = Settings()
+
+app = faust.App(
+    "clocktower-streams",
+    broker=f"kafka://{settings.bootstrap}",
+    store="memory://",
+    datadir=str(settings.data_dir / "streams"),
+    web_enabled=False,
+    topic_disable_leader=True,
+    topic_allow_declare=False,
+    consumer_auto_offset_reset="earliest",
+    broker_session_timeout=10.0,
+    producer_acks=-1,
+    stream_wait_empty=False,
+    producer_compression_type="lz4",
+)
+processors = Processors(settings.control_key_bytes())
+rejected = 0
+
+_INPUTS = ("telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links", "telemetry.gpu")
+_topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+           for name in _INPUTS}
+_outputs = {}
+
+
+def _out(topic: str) -> faust.TopicT:
+    if topic not in _outputs:
+        _outputs[topic] = app.topic(topic, key_serializer="raw", value_serializer="raw")
+    return _outputs[topic]
+
+
+async def _process(name: str, stream: faust.StreamT) -> None:
+    global rejected
+    async for event in stream.events():
+        headers = [(k, v) for k, v in (event.headers or {}).items()]
+        try:
+            batch = decode_batch(name, event.key, event.value, headers)
+        except DecodeError as exc:
+            rejected += 1
+            log.warning("skipping bad record on %s: %s", name, exc)
+            continue
+        for topic, key, value, hdrs in records(processors.on_batch(batch.events)):
+            await _out(topic).send(key=key, value=value, headers=hdrs)
+
+
+def _agent_for(name: str) -> None:
+    async def agent(stream: faust.StreamT) -> None:
+        await _process(name, stream)
+
+    agent.__name__ = "agent_" + name.replace(".", "_")
+    app.agent(_topics[name], name=agent.__name__)(agent)
+
+
+for _name in _INPUTS:
+    _agent_for(_name)

@@ -1,0 +1,73 @@
+"""GPU fault detection from NVML readings: XID, GPU lost, uncorrectable ECC, thermal throttle.
+
+A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the
+detector asks for the node to be drained and a spare brought in. Thermal
+throttling opens an incident that resolves when the throttle bits clear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.analytics import Incident, IncidentKind
+from schemas.event import Event
+from schemas.telemetry import GpuHealth
+from streams.command_signing import CommandIssuer
+
+# NVML clocks-event reasons that mean "too hot" or "hardware slowdown".
+THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown
+FATAL_XIDS = {48, 63, 64, 74, 79, 94, 95}
+
+
+@dataclass
+class _Gpu:
+    ecc_uncorrected: int = 0
+    lost: bool = False
+    thermal_incident: str | None = None
+    thermal_opened: int = 0
+
+
+class GpuFaultDetector:
+    def __init__(self, issuer: CommandIssuer) -> None:
+        self.issuer = issuer
+        self.gpus: dict[tuple[str, int], _Gpu] = {}
+
+    def _incident(self, ev: GpuHealth, kind: IncidentKind, state: str, severity: str, detail: str,
+                  incident_id: str | None = None, opened_ns: int | None = None) -> Incident:
+        return Incident(node=ev.node, ts_ns=ev.ts_ns,
+                        incident_id=incident_id or f"{kind}:{ev.node}:gpu{ev.gpu}:{ev.ts_ns}",
+                        kind=kind, state=state, severity=severity, target=f"{ev.node}/gpu{ev.gpu}",
+                        opened_ns=opened_ns or ev.ts_ns, detail=detail)
+
+    def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Event]:
+        return [inc, self.issuer.issue(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
+                                       {"reason": inc.kind, "gpu": str(ev.gpu)}),
+                self.issuer.issue(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id,
+                                  {"replace": ev.node})]
+
+    def on_gpu_health(self, ev: GpuHealth) -> list[Event]:
+        gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu(ecc_uncorrected=ev.ecc_uncorrected))
+        out: list[Event] = []
+        if ev.xid:
+            fatal = ev.xid in FATAL_XIDS
+            inc = self._incident(ev, "gpu_xid", "open", "critical" if fatal else "warning", f"XID {ev.xid}")
+            out += self._replace_node(ev, inc) if ev.xid == 79 and not gpu.lost else [inc]
+            gpu.lost = gpu.lost or ev.xid == 79
+        if ev.lost and not gpu.lost:
+            gpu.lost = True
+            out += self._replace_node(ev, self._incident(ev, "gpu_lost", "open", "critical", "GPU is lost"))
+        if ev.ecc_uncorrected > gpu.ecc_uncorrected:
+            out.append(self._incident(ev, "gpu_ecc", "open", "critical",
+                                      f"uncorrectable ECC errors {gpu.ecc_uncorrected} -> {ev.ecc_uncorrected}"))
+        gpu.ecc_uncorrected = max(gpu.ecc_uncorrected, ev.ecc_uncorrected)
+        throttled = bool(ev.throttle_reasons & THERMAL_BITS)
+        if throttled and gpu.thermal_incident is None:
+            inc = self._incident(ev, "gpu_thermal", "open", "warning",
+                                 f"throttle reasons 0x{ev.throttle_reasons:x}, {ev.temperature_c:.0f} C")
+            gpu.thermal_incident, gpu.thermal_opened = inc.incident_id, ev.ts_ns
+            out.append(inc)
+        elif not throttled and gpu.thermal_incident is not None and not ev.lost:
+            out.append(self._incident(ev, "gpu_thermal", "resolve", "info", "throttling cleared",
+                                      gpu.thermal_incident, gpu.thermal_opened))
+            gpu.thermal_incident = None
+        return out
