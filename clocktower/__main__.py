@@ -1,0 +1,5 @@
+import sys
+
+from clocktower.cli import main
+
+sys.exit(main())

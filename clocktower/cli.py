@@ -1,0 +1,136 @@
+"""The `clocktower` command line. Thin: each command hands off to its module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import orjson
+from pydantic import ValidationError
+from rich.console import Console
+
+from clocktower.config import Settings
+from clocktower.data_dir import read_owner
+from clocktower.errors import UserError
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in (("data_dir", args.data_dir), ("kafka_port", args.kafka_port),
+                                   ("http_port", args.http_port)) if v is not None}
+    return Settings(**overrides)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, help="where data lives (default .clocktower/, or CLOCKTOWER_DATA_DIR)")
+    p.add_argument("--kafka-port", type=int, help="embedded broker port (default 9092)")
+    p.add_argument("--http-port", type=int, help="embedded ClickHouse HTTP port (default 8123)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="clocktower", description="GPU-cluster telemetry and remediation pipeline")
+    sub = ap.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="run the pipeline on a simulated fleet with injected faults")
+    d.add_argument("--duration", type=float, default=60.0, help="simulated seconds (default 60)")
+    d.add_argument("--nodes", type=int, default=4, help="nodes of 8 GPUs (default 4)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    _common(d)
+    u = sub.add_parser("up", help="run the services until Ctrl-C")
+    _common(u)
+    q = sub.add_parser("query", help="run SQL against the pipeline's ClickHouse")
+    q.add_argument("sql")
+    q.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    _common(q)
+    t = sub.add_parser("topics", help="list topics with their offsets and consumer lag")
+    t.add_argument("--json", action="store_true")
+    _common(t)
+    return ap
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.demo import run_demo
+
+    if args.duration <= 0 or args.nodes < 2:
+        raise UserError("--duration must be > 0 and --nodes at least 2")
+    out = console if not args.json else Console(stderr=True)
+    summary = run_demo(_settings(args), args.duration, args.nodes, out, seed=args.seed)
+    if args.json:
+        print(orjson.dumps(summary).decode())
+    else:
+        console.print_json(orjson.dumps(summary).decode())
+    return 0 if not summary["errors"] else 1
+
+
+def cmd_up(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.stack import Stack
+    from clocktower.summary import table_rows
+    from clocktower.query import open_client
+
+    settings = _settings(args)
+    stack = Stack(settings)
+    stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
+    console.print(f"[green]up[/green]: Kafka {settings.bootstrap}, ClickHouse {settings.clickhouse}, "
+                  f"data {stack.data_dir}. Ctrl-C stops.")
+    try:
+        client = open_client(settings)
+        with console.status("running") as status:
+            while True:
+                for name in stack.supervise():
+                    console.print(f"[yellow]{name} crashed and was restarted[/yellow]")
+                try:
+                    rows = sum(table_rows(client).values())
+                    status.update(f"running: {rows:,} rows stored")
+                except Exception as exc:  # the tables appear when the sink starts
+                    status.update(f"running ({type(exc).__name__})")
+                time.sleep(2)
+    except KeyboardInterrupt:
+        console.print("stopping…")
+    finally:
+        stack.stop()
+    return 0
+
+
+def cmd_query(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.query import run_query
+
+    run_query(_settings(args), args.sql, args.format, console)
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.query import print_result
+    from clocktower.topic_admin import topic_offsets
+
+    settings = _settings(args)
+    bootstrap = settings.bootstrap
+    if settings.embedded_kafka:
+        owner = read_owner(settings.data_dir)
+        if owner is None:
+            raise UserError(f"no broker is running for {settings.data_dir}: start `clocktower up` first, "
+                            "or set CLOCKTOWER_KAFKA_BOOTSTRAP")
+        bootstrap = owner["kafka"]
+    rows = topic_offsets(bootstrap)
+    names = ["topic", "partitions", "end", "clocktower-sink", "clocktower-streams"]
+    print_result(names, [[r[n] for n in names] for r in rows], "json" if args.json else "table", console)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = Console()
+    handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics}[args.command]
+    try:
+        return handler(args, console)
+    except UserError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        Console(stderr=True).print(f"[red]error:[/red] bad configuration {err['loc']}: {err['msg']}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`clocktower demo`: the whole pipeline on a simulated fleet with injected faults, then a summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from rich.console import Console
+from rich.live import Live
+
+from clocktower.clickhouse_client import http_client
+from clocktower.config import Settings
+from clocktower.drain import lag, wait_drained
+from clocktower.progress_view import ProgressView
+from clocktower.stack import Stack
+from clocktower.summary import build_summary, table_rows
+from producers.kafka_publisher import KafkaPublisher
+from producers.simulator import FleetSimulator, SimConfig, run_simulation
+
+
+def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console, drain_timeout: float = 120.0,
+             seed: int = 0) -> dict:
+    stack = Stack(settings)
+    errors: list[str] = []
+    try:
+        stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
+        client = http_client(settings.clickhouse, settings.clickhouse_user, settings.clickhouse_password,
+                             settings.clickhouse_database)
+        _wait_for_tables(client, stack)
+        rows_before = table_rows(client)
+        since_ns = time.time_ns() - 10**9
+        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed))
+        publisher = KafkaPublisher(settings.bootstrap)
+        stop = threading.Event()
+        produced: Counter[str] = Counter()
+        sim_error: list[BaseException] = []
+
+        def simulate() -> None:
+            try:
+                produced.update(run_simulation(sim, publisher, duration_s, stop=stop,
+                                               ground_truth_path=stack.data_dir / "ground_truth.jsonl"))
+            except BaseException as exc:  # reported in the summary, never swallowed
+                sim_error.append(exc)
+
+        view = ProgressView(duration_s)
+        thread = threading.Thread(target=simulate, name="simulator", daemon=True)
+        start = time.monotonic()
+        with Live(view, console=console, refresh_per_second=4, transient=False):
+            thread.start()
+            try:
+                while thread.is_alive():
+                    thread.join(1.0)
+                    _note_restarts(stack, view, errors)
+                    view.update(min(time.monotonic() - start, duration_s), "running", publisher.acked,
+                                _delta(table_rows(client), rows_before))
+                view.update(duration_s, "draining", publisher.acked)
+                drained = wait_drained(
+                    settings.bootstrap, drain_timeout,
+                    on_poll=lambda n: view.update(duration_s, f"draining, lag {n:,}", publisher.acked,
+                                                  _delta(table_rows(client), rows_before)),
+                    check=lambda: _note_restarts(stack, view, errors))
+                view.update(duration_s, "done", publisher.acked, _delta(table_rows(client), rows_before))
+            except KeyboardInterrupt:
+                stop.set()
+                thread.join(10)
+                errors.append("interrupted by the user")
+                drained = True
+        if sim_error:
+            errors.append(f"simulator failed: {sim_error[0]!r}")
+        if not drained:
+            errors.append(f"pipeline did not drain within {drain_timeout:.0f} s (lag {lag(settings.bootstrap)})")
+        produced = produced or publisher.acked
+        return build_summary(client, produced, sum(publisher.failed.values()), errors, rows_before, since_ns)
+    finally:
+        stack.stop()
+
+
+def _delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {t: n - before.get(t, 0) for t, n in now.items()}
+
+
+def _note_restarts(stack: Stack, view: ProgressView, errors: list[str]) -> None:
+    for name in stack.supervise():
+        msg = f"{name} crashed and was restarted (log: {stack.children[name].log_path})"
+        view.notes.append(f"[yellow]{msg}[/yellow]")
+        errors.append(msg)
+
+
+def _wait_for_tables(client, stack: Stack, timeout: float = 60.0) -> None:  # noqa: ANN001
+    """The sink creates the tables at start; wait for it so the first counts make sense."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.supervise()
+        if client.query("SELECT count() FROM system.tables WHERE name = 'deadletter'").result_rows[0][0]:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the sink did not create its tables within 60 s")

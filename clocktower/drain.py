@@ -1,0 +1,37 @@
+"""Wait until every consumer has caught up with every topic (the end of a bounded run)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from clocktower.topic_admin import topic_offsets
+
+STREAM_INPUTS = {"telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
+                 "telemetry.gpu"}
+
+
+def lag(bootstrap: str) -> int:
+    """Records not yet committed by the sink (all topics) and the streams (their inputs)."""
+    total = 0
+    for row in topic_offsets(bootstrap):
+        total += row["end"] - row["clocktower-sink"]
+        if row["topic"] in STREAM_INPUTS:
+            total += row["end"] - row["clocktower-streams"]
+    return total
+
+
+def wait_drained(bootstrap: str, timeout: float, on_poll: Callable[[int], None] = lambda n: None,
+                 check: Callable[[], object] = lambda: None) -> bool:
+    """True once the lag is 0 on two polls in a row (streams may still emit after the first)."""
+    deadline = time.monotonic() + timeout
+    zero_polls = 0
+    while time.monotonic() < deadline:
+        check()
+        n = lag(bootstrap)
+        on_poll(n)
+        zero_polls = zero_polls + 1 if n == 0 else 0
+        if zero_polls >= 2:
+            return True
+        time.sleep(1.0 if n == 0 else 0.5)
+    return False

@@ -1,0 +1,135 @@
+"""The running services: embedded (or external) broker and ClickHouse, the sink and the streams.
+
+`Stack` starts them in dependency order, checks each is ready, restarts a
+crashed sink or stream worker (both resume from committed state), and stops
+them in reverse order.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from clocktower.child_process import ChildProcess
+from clocktower.config import Settings
+from clocktower.data_dir import DataDirLock, write_owner
+from clocktower.errors import UserError
+from clocktower.ports import ensure_free, wait_open
+from clocktower.topic_admin import ensure_topics
+
+
+def _noida_binary() -> str:
+    local = Path(sys.executable).with_name("noida-db")
+    found = str(local) if local.exists() else shutil.which("noida-db")
+    if not found:
+        raise UserError("noida-db (the embedded Kafka broker) is not installed: run `make demo`, "
+                        "or `pip install noida-db`, or set CLOCKTOWER_KAFKA_BOOTSTRAP to an external broker")
+    return found
+
+
+def _ping(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/ping", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class Stack:
+    def __init__(self, settings: Settings, with_streams: bool = True, with_sink: bool = True) -> None:
+        self.s = settings
+        self.data_dir = settings.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.lock = DataDirLock(self.data_dir)
+        self.with_streams = with_streams
+        self.with_sink = with_sink
+        self.children: dict[str, ChildProcess] = {}
+        self.env = {
+            "CLOCKTOWER_KAFKA_BOOTSTRAP": settings.bootstrap,
+            "CLOCKTOWER_CLICKHOUSE_URL": settings.clickhouse,
+            "CLOCKTOWER_DATA_DIR": str(self.data_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    # --- start ------------------------------------------------------------------
+    def start(self, on_step=lambda msg: None) -> None:  # noqa: ANN001
+        self.lock.acquire()
+        try:
+            self._start(on_step)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, on_step) -> None:  # noqa: ANN001
+        s = self.s
+        if s.embedded_kafka:
+            ensure_free(s.host, s.kafka_port, "the embedded Kafka broker", "--kafka-port")
+        if s.embedded_clickhouse:
+            ensure_free(s.host, s.http_port, "the embedded ClickHouse endpoint", "--http-port")
+        if s.embedded_kafka:
+            on_step(f"starting the embedded Kafka broker on {s.bootstrap}")
+            kafka_dir = self.data_dir / "kafka"
+            kafka_dir.mkdir(parents=True, exist_ok=True)
+            self._spawn("broker", [_noida_binary(), "start", "--only", "kafka", "--host", s.host,
+                                   "--kafka-port", str(s.kafka_port), "--data-dir", str(kafka_dir)],
+                        stop_signal=signal.SIGINT)
+            self._wait(lambda: wait_open(s.host, s.kafka_port, 0.2), "broker", 30)
+        if s.embedded_clickhouse:
+            on_step(f"starting the embedded ClickHouse engine, HTTP on {s.clickhouse}")
+            self._spawn("clickhouse", [sys.executable, "-m", "sinks.endpoint", "--data-dir",
+                                       str(self.data_dir / "clickhouse"), "--host", s.host,
+                                       "--port", str(s.http_port)])
+            self._wait(lambda: _ping(s.clickhouse), "clickhouse", 60)
+        on_step("creating topics")
+        ensure_topics(s.bootstrap)
+        write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse})
+        if self.with_sink:
+            on_step("starting the ClickHouse sink")
+            self._spawn("sink", [sys.executable, "-m", "sinks.clickhouse"])
+        if self.with_streams:
+            on_step("starting the Faust stream processors")
+            (self.data_dir / "streams").mkdir(parents=True, exist_ok=True)
+            self._spawn("streams", [sys.executable, "-m", "streams"])
+
+    def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM) -> None:
+        child = ChildProcess(name, argv, self.logs / f"{name}.log", self.env, stop_signal)
+        self.children[name] = child
+        child.start()
+
+    def _wait(self, ready, name: str, timeout: float) -> None:  # noqa: ANN001
+        child = self.children[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if not child.alive():
+                last = child.log_tail(1).strip() or f"exit code {child.exit_code()}"
+                raise UserError(f"{name} failed to start: {last} (log: {child.log_path})")
+            time.sleep(0.1)
+        raise UserError(f"{name} did not become ready within {timeout:.0f} s (log: {child.log_path})")
+
+    # --- run --------------------------------------------------------------------
+    def supervise(self) -> list[str]:
+        """Restart crashed workers; raise if an embedded service died. Returns what was restarted."""
+        restarted = []
+        for name in ("broker", "clickhouse"):
+            child = self.children.get(name)
+            if child is not None and not child.alive():
+                raise UserError(f"the {name} process exited ({child.exit_code()}): {child.log_tail(1)} "
+                                f"(log: {child.log_path})")
+        for name in ("sink", "streams"):
+            child = self.children.get(name)
+            if child is not None and child.restart_if_dead():
+                restarted.append(name)
+        return restarted
+
+    def stop(self) -> None:
+        for name in ("streams", "sink", "clickhouse", "broker"):
+            child = self.children.get(name)
+            if child is not None:
+                child.stop(timeout=20)
+        self.lock.release()

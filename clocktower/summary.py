@@ -1,0 +1,58 @@
+"""The end-of-run summary, read back from ClickHouse and compared with what was produced."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from clickhouse_connect.driver.client import Client
+
+from schemas.topics import BY_SCHEMA, TOPICS
+
+# Which incident kind detects which injected fault kind.
+DETECTS = {"link_flap": "link_flap", "gpu_thermal": "gpu_thermal", "gpu_xid": "gpu_xid", "gpu_ecc": "gpu_ecc",
+           "congestion": "congestion", "straggler": "straggler"}
+
+
+def table_rows(client: Client) -> dict[str, int]:
+    out = {}
+    for t in TOPICS:
+        final = " FINAL" if t.table == "deadletter" else ""
+        out[t.table] = int(client.query(f"SELECT count() FROM `{t.table}`{final}").result_rows[0][0])
+    return out
+
+
+def build_summary(client: Client, produced: Mapping[str, int], delivery_failures: int,
+                  errors: list[str], rows_before: Mapping[str, int], since_ns: int) -> dict:
+    """Rows are counted as growth since `rows_before`; faults and incidents since `since_ns`."""
+    rows = {t: n - rows_before.get(t, 0) for t, n in table_rows(client).items()}
+    missing = {BY_SCHEMA[s].table: n - rows[BY_SCHEMA[s].table] for s, n in produced.items()
+               if n != rows[BY_SCHEMA[s].table]}
+    faults = [dict(zip(("fault_id", "kind", "target", "node"), r, strict=True)) for r in client.query(
+        "SELECT fault_id, kind, target, node FROM faults_injected WHERE ts_ns >= {s:Int64} ORDER BY start_ns",
+        parameters={"s": since_ns}).result_rows]
+    incidents = dict(client.query(
+        "SELECT kind, uniqExact(incident_id) FROM incidents WHERE state = 'open' AND ts_ns >= {s:Int64} "
+        "GROUP BY kind", parameters={"s": since_ns}).result_rows)
+    opened = {(k, n) for k, n in client.query(
+        "SELECT DISTINCT kind, node FROM incidents WHERE state = 'open' AND ts_ns >= {s:Int64}",
+        parameters={"s": since_ns}).result_rows}
+    for f in faults:
+        f["detected"] = (DETECTS.get(f["kind"], ""), f["node"]) in opened
+    commands = dict(client.query("SELECT action, count() FROM control_commands WHERE ts_ns >= {s:Int64} "
+                                 "GROUP BY action", parameters={"s": since_ns}).result_rows)
+    errs = list(errors)
+    if delivery_failures:
+        errs.append(f"{delivery_failures} events failed delivery to Kafka")
+    if missing:
+        errs.append(f"row counts differ from events produced: {missing}")
+    if rows["deadletter"]:
+        errs.append(f"{rows['deadletter']} records dead-lettered")
+    return {
+        "events_produced": dict(sorted(produced.items())),
+        "rows": rows,
+        "faults_injected": faults,
+        "incidents_detected": {k: int(v) for k, v in sorted(incidents.items())},
+        "control_commands": {k: int(v) for k, v in sorted(commands.items())},
+        "deadletter": rows["deadletter"],
+        "errors": errs,
+    }

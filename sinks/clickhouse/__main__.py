@@ -1,0 +1,39 @@
+"""`python -m sinks.clickhouse`: run the Kafka -> ClickHouse sink until SIGTERM/SIGINT.
+
+Configuration comes from CLOCKTOWER_* variables (clocktower/config.py).
+SIGTERM flushes pending batches and commits before exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from prometheus_client import start_http_server
+
+from clocktower.clickhouse_client import http_client
+from clocktower.config import Settings
+from sinks.clickhouse.batch_set import FlushPolicy
+from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from sinks.clickhouse.table_writer import TableWriter
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
+    s = Settings()
+    if s.metrics_port:
+        start_http_server(s.metrics_port, addr="127.0.0.1")
+    client = http_client(s.clickhouse, s.clickhouse_user, s.clickhouse_password, s.clickhouse_database)
+    writer = TableWriter(client)
+    writer.ensure_schema()
+    sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sink.run(stop)
+    logging.info("sink stopped: %d rows inserted, %d dead letters", sink.rows_inserted, sink.deadlettered)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The stream processors' pure logic: the latency join, iteration breakdown, detectors and signing."""
+
+from __future__ import annotations
+
+from schemas.analytics import Incident
+from schemas.control import ControlCommand
+from schemas.telemetry import CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from streams.command_signing import CommandIssuer, verify
+from streams.flow_latency_join import FlowLatencyJoin
+from streams.gpu_fault_detector import GpuFaultDetector
+from streams.iteration_breakdown import IterationBreakdownAggregator
+from streams.link_flap_detector import LinkFlapDetector
+
+T0 = 1_780_000_000 * 10**9
+KEY = b"k" * 32
+S = 10**9
+
+
+def flow(node: str, direction: str, ts: int, seq: int = 1) -> FlowSample:
+    return FlowSample(node=node, ts_ns=ts, interface="eth0", direction=direction, src_ip="198.18.0.1",
+                      dst_ip="198.18.1.1", src_port=40000, dst_port=4791, proto="roce", seq=seq, bytes=4096,
+                      packets=1)
+
+
+def test_join_pairs_tx_and_rx_in_either_order() -> None:
+    j = FlowLatencyJoin()
+    assert j.add(flow("node-0", "tx", T0)) is None
+    r = j.add(flow("node-1", "rx", T0 + 7_000))
+    assert r is not None and r.latency_ns == 7_000 and r.node == "node-1" and r.src_node == "node-0"
+    assert r.clock_corrected is False and r.corrected_latency_ns is None
+    assert j.add(flow("node-1", "rx", T0 + 9_000, seq=2)) is None
+    r2 = j.add(flow("node-0", "tx", T0 + 1_000, seq=2))
+    assert r2 is not None and r2.latency_ns == 8_000 and r2.tx_ns == T0 + 1_000
+    assert not j.pending
+
+
+def test_join_ignores_duplicates_and_bounds_pending() -> None:
+    j = FlowLatencyJoin(max_pending=2)
+    j.add(flow("node-0", "tx", T0, seq=1))
+    assert j.add(flow("node-0", "tx", T0, seq=1)) is None and j.duplicates == 1
+    j.add(flow("node-0", "tx", T0, seq=2))
+    j.add(flow("node-0", "tx", T0, seq=3))
+    assert j.evicted == 1 and len(j.pending) == 2
+    assert j.add(flow("node-1", "rx", T0 + 5, seq=1)) is None  # seq 1 was evicted: no invented latency
+
+
+def test_join_applies_clock_correction_when_known() -> None:
+    class Clocks:
+        def to_reference(self, node: str, local_ns: int):
+            return (local_ns - 1_000, 30) if node == "node-1" else (local_ns, 20)
+
+    j = FlowLatencyJoin(clocks=Clocks())
+    j.add(flow("node-0", "tx", T0))
+    r = j.add(flow("node-1", "rx", T0 + 6_000))
+    assert r.latency_ns == 6_000 and r.corrected_latency_ns == 5_000 and r.error_bound_ns == 50
+    assert r.clock_corrected
+
+
+def coll(start: int, end: int, seq: int, rank: int = 0) -> CollectiveEvent:
+    return CollectiveEvent(node="node-0", ts_ns=end, job="j", rank=rank, communicator="world", op="allreduce",
+                           seq=seq, bytes=100, start_ns=start, end_ns=end)
+
+
+def it(i: int, start: int, end: int, rank: int = 0) -> IterationEvent:
+    return IterationEvent(node="node-0", ts_ns=end, job="j", rank=rank, iteration=i, start_ns=start, end_ns=end)
+
+
+def test_breakdown_waits_for_collectives_then_merges_overlaps() -> None:
+    agg = IterationBreakdownAggregator()
+    assert agg.add_iteration(it(0, T0, T0 + 100)) == []          # collectives not seen yet
+    assert agg.add_collective(coll(T0 + 60, T0 + 80, 1)) == []    # watermark 80 < 100
+    out = agg.add_collective(coll(T0 + 70, T0 + 100, 2))          # overlaps: union is 60..100
+    assert len(out) == 1
+    b = out[0]
+    assert (b.duration_ns, b.comm_ns, b.compute_ns, b.collectives, b.comm_bytes) == (100, 40, 60, 2, 200)
+    # the next iteration's collectives arrived first: still counted only for their own iteration
+    agg.add_collective(coll(T0 + 150, T0 + 190, 3))
+    out = agg.add_iteration(it(1, T0 + 100, T0 + 190))
+    assert out[0].comm_ns == 40 and out[0].collectives == 1
+
+
+def test_breakdown_gives_up_waiting_after_grace() -> None:
+    agg = IterationBreakdownAggregator(grace=2)
+    assert agg.add_iteration(it(0, T0, T0 + 100)) == []
+    assert agg.add_iteration(it(1, T0 + 100, T0 + 200)) == []
+    out = agg.add_iteration(it(2, T0 + 200, T0 + 300))
+    assert [b.iteration for b in out] == [0] and out[0].comm_ns == 0
+
+
+def link(ts: int, up: bool, changes: int, iface: str = "eth0") -> LinkState:
+    return LinkState(node="node-1", ts_ns=ts, interface=iface, kind="ethernet", up=up, carrier_changes=changes)
+
+
+def test_link_flap_opens_fails_over_then_restores() -> None:
+    det = LinkFlapDetector(CommandIssuer(KEY), window_ns=10 * S, min_transitions=3, stable_ns=5 * S)
+    assert det.on_link_state(link(T0, True, 0)) == []
+    assert det.on_link_state(link(T0 + S, False, 1)) == []
+    assert det.on_link_state(link(T0 + 2 * S, True, 2)) == []
+    out = det.on_link_state(link(T0 + 3 * S, False, 3))
+    inc, cmd = out
+    assert isinstance(inc, Incident) and inc.kind == "link_flap" and inc.state == "open"
+    assert isinstance(cmd, ControlCommand) and cmd.action == "failover" and cmd.node == "node-1"
+    assert cmd.params == {"from": "eth0", "to": "eth1"} and cmd.incident_id == inc.incident_id
+    assert verify(cmd, KEY) and not verify(cmd, b"other-key")
+    assert det.on_link_state(link(T0 + 4 * S, True, 4)) == []      # still unstable
+    assert det.on_link_state(link(T0 + 8 * S, True, 4)) == []      # up 4 s: not yet stable
+    inc2, cmd2 = det.on_link_state(link(T0 + 9 * S, True, 4))
+    assert inc2.state == "resolve" and inc2.incident_id == inc.incident_id
+    assert cmd2.action == "restore" and cmd2.target == "eth0"
+
+
+def test_slow_carrier_changes_are_not_a_flap() -> None:
+    det = LinkFlapDetector(CommandIssuer(KEY), window_ns=10 * S, min_transitions=3)
+    det.on_link_state(link(T0, True, 0))
+    for i in range(1, 6):
+        assert det.on_link_state(link(T0 + i * 11 * S, i % 2 == 0, i)) == []
+
+
+def test_counter_jump_between_reports_counts_every_change() -> None:
+    det = LinkFlapDetector(CommandIssuer(KEY), min_transitions=3)
+    det.on_link_state(link(T0, True, 10))
+    out = det.on_link_state(link(T0 + S, True, 14))   # 4 changes happened between two reports
+    assert out and out[0].kind == "link_flap"
+
+
+def gpu(ts: int, **kw) -> GpuHealth:
+    return GpuHealth(node="node-3", ts_ns=ts, gpu=5, uuid="GPU-x", **kw)
+
+
+def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:
+    det = GpuFaultDetector(CommandIssuer(KEY))
+    assert det.on_gpu_health(gpu(T0, temperature_c=60)) == []
+    out = det.on_gpu_health(gpu(T0 + S, xid=79))
+    kinds = [(type(e).__name__, getattr(e, "kind", None), getattr(e, "action", None)) for e in out]
+    assert kinds == [("Incident", "gpu_xid", None), ("ControlCommand", None, "drain"),
+                     ("ControlCommand", None, "spare")]
+    assert det.on_gpu_health(gpu(T0 + 2 * S, lost=True)) == []     # same failure: no second drain
+
+
+def test_gpu_detector_ecc_and_thermal() -> None:
+    det = GpuFaultDetector(CommandIssuer(KEY))
+    det.on_gpu_health(gpu(T0))
+    (ecc,) = det.on_gpu_health(gpu(T0 + S, ecc_uncorrected=1))
+    assert ecc.kind == "gpu_ecc"
+    assert det.on_gpu_health(gpu(T0 + 2 * S, ecc_uncorrected=1)) == []
+    (hot,) = det.on_gpu_health(gpu(T0 + 3 * S, ecc_uncorrected=1, throttle_reasons=0x40, temperature_c=93))
+    assert hot.kind == "gpu_thermal" and hot.state == "open"
+    assert det.on_gpu_health(gpu(T0 + 4 * S, ecc_uncorrected=1, throttle_reasons=0x60)) == []
+    (cool,) = det.on_gpu_health(gpu(T0 + 5 * S, ecc_uncorrected=1))
+    assert cool.state == "resolve" and cool.incident_id == hot.incident_id
+
+
+def test_signature_covers_every_field() -> None:
+    cmd = CommandIssuer(KEY).issue("node-1", "failover", "eth0", T0, "inc", {"to": "eth1"})
+    assert verify(cmd, KEY)
+    for change in ({"node": "node-2"}, {"params": {"to": "eth9"}}, {"expires_ns": cmd.expires_ns + 1}):
+        assert not verify(cmd.model_copy(update=change), KEY)
