@@ -61,7 +61,8 @@ class Settings(BaseSettings):
         return self.clickhouse_url or f"http://{self.host}:{self.http_port}"
 
     def control_key_bytes(self) -> bytes:
-        if self.control_key == DEV_CONTROL_KEY and not (self.embedded_kafka and self.embedded_clickhouse):
+        loopback = all(h.split(":")[0] in ("127.0.0.1", "localhost") for h in self.bootstrap.split(","))
+        if self.control_key == DEV_CONTROL_KEY and not loopback:
             warnings.warn("CLOCKTOWER_CONTROL_KEY is the development default; set a secret key",
                           stacklevel=2)
         return self.control_key.encode()

@@ -40,6 +40,7 @@ class KafkaPublisher:
             "compression.type": compression,
             "queue.buffering.max.kbytes": 512 * 1024,
             "message.max.bytes": 8 * 1024 * 1024,
+            "log.connection.close": False,
         }
         config.update(extra_config or {})
         self.producer = Producer(config)

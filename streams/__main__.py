@@ -1,9 +1,9 @@
-"""`python -m streams`: run the Faust worker (logs at warning level unless -l is given)."""
+"""`python -m streams`: run the Faust worker (logs at warn level unless -l is given)."""
 
 import sys
 
 from streams.app import app
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], "worker", "-l", "warning", *sys.argv[1:]]
+    sys.argv = [sys.argv[0], "worker", "-l", "warn", *sys.argv[1:]]
     app.main()

@@ -44,7 +44,8 @@ class KafkaClickHouseSink:
             "fetch.wait.max.ms": 100,
         })
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                                  "linger.ms": 5, "compression.type": "lz4"})
+                                  "linger.ms": 5, "compression.type": "lz4",
+                                  "log.connection.close": False})
 
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
