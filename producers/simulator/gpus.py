@@ -1,0 +1,125 @@
+"""NVML-style GPU health readings of every GPU, with the GPU faults acted out.
+
+Each GPU reads at `gpu_health_hz` with a fixed random phase. A healthy H100/H200-like
+GPU runs at 60-70 C and 500-650 W, SM clock ~1980 MHz, memory clock 2619 MHz,
+~95 % utilisation while its rank computes (less while it waits on the
+all-reduce), ~60 GiB used, no throttling, no errors, 18 NVLink error counters
+at zero. Faults: thermal (90-95 C, throttle bits 0x60, SM ~1200 MHz), XID 79
+(one reading with xid=79, then every reading lost=True with everything else
+zero), ECC (ecc_uncorrected 0 -> 1 and xid=48 on that one reading).
+"""
+
+from __future__ import annotations
+
+import random
+
+from producers.simulator.config import SimConfig
+from producers.simulator.event_builder import EventBuilder
+from producers.simulator.fault_schedule import THERMAL_THROTTLE, XID_ECC, XID_GPU_LOST, FaultSchedule
+from producers.simulator.flows import Planned
+from producers.simulator.node_clock import NodeClock
+from producers.simulator.topology import Topology
+from producers.simulator.training import TrainingJob
+from schemas.telemetry import GpuHealth
+
+GIB = 2**30
+SM_CLOCK_MHZ = 1980
+THROTTLED_SM_CLOCK_MHZ = 1200
+MEM_CLOCK_MHZ = 2619
+NVLINKS = 18
+
+
+class _Gpu:
+    __slots__ = ("node", "gpu", "rank", "uuid", "phase", "base_temp", "temp", "power", "mem_used",
+                 "ecc_corrected", "xid_at", "ecc_at", "xid_sent", "ecc_sent")
+
+    def __init__(self, node: int, gpu: int, rank: int, uuid: str, phase: int, rng: random.Random) -> None:
+        self.node, self.gpu, self.rank, self.uuid, self.phase = node, gpu, rank, uuid, phase
+        self.base_temp = rng.uniform(60.0, 66.0)
+        self.temp = self.base_temp
+        self.power = rng.uniform(520.0, 600.0)
+        self.mem_used = int(rng.uniform(58.0, 62.0) * GIB)
+        self.ecc_corrected = 0
+        self.xid_at = -1
+        self.ecc_at = -1
+        self.xid_sent = False
+        self.ecc_sent = False
+
+
+class GpuMonitor:
+    """Plans the health readings of all GPUs, one reading period at a time."""
+
+    def __init__(self, config: SimConfig, topo: Topology, clocks: list[NodeClock], faults: FaultSchedule,
+                 training: TrainingJob, start_ns: int, rng: random.Random) -> None:
+        self.topo = topo
+        self.clocks = clocks
+        self.faults = faults
+        self.training = training
+        self.rng = rng
+        self.period = round(1e9 / config.gpu_health_hz)
+        self.start_ns = start_ns
+        self.slot = 0
+        self._build = EventBuilder(GpuHealth)
+        self.gpus: list[_Gpu] = []
+        for n in range(topo.nodes):
+            for g in range(topo.gpus_per_node):
+                phase = 1 + int(rng.random() * (self.period - 1))
+                gpu = _Gpu(n, g, topo.rank(n, g), topo.gpu_uuid(n, g), phase, rng)
+                xid, ecc = faults.xid_window(n, g), faults.ecc_window(n, g)
+                gpu.xid_at = xid.start_ns if xid else -1
+                gpu.ecc_at = ecc.start_ns if ecc else -1
+                self.gpus.append(gpu)
+
+    @property
+    def next_slot_ns(self) -> int:
+        return self.start_ns + self.slot * self.period
+
+    def plan(self, until: int, out: Planned) -> None:
+        """Plan every reading period that begins at or before true time `until`."""
+        while self.next_slot_ns <= until:
+            base = self.next_slot_ns
+            for gpu in self.gpus:
+                t = base + gpu.phase
+                out.append((t, self._reading(gpu, t)))
+            self.slot += 1
+
+    def _reading(self, gpu: _Gpu, t: int) -> GpuHealth:
+        rng = self.rng
+        rand = rng.random
+        node = self.topo.node_ids[gpu.node]
+        ts = self.clocks[gpu.node].stamp(t, rng)
+        if 0 <= gpu.xid_at <= t and gpu.xid_sent:
+            return self._build(node=node, ts_ns=ts, gpu=gpu.gpu, uuid=gpu.uuid, lost=True,
+                               temperature_c=0.0, power_w=0.0, sm_clock_mhz=0, mem_clock_mhz=0,
+                               gpu_util_pct=0, mem_util_pct=0, mem_used_bytes=0, throttle_reasons=0,
+                               ecc_corrected=0, ecc_uncorrected=0, xid=0, pcie_replay=0, nvlink_errors=[])
+        xid = 0
+        if 0 <= gpu.xid_at <= t:
+            gpu.xid_sent = True
+            xid = XID_GPU_LOST
+        ecc_uncorrected = 0
+        if 0 <= gpu.ecc_at <= t:
+            ecc_uncorrected = 1
+            if not gpu.ecc_sent:
+                gpu.ecc_sent = True
+                xid = xid or XID_ECC
+        if rand() < 0.002:
+            gpu.ecc_corrected += 1
+        computing = self.training.computing(gpu.rank, t)
+        util = 93 + int(rand() * 5) if computing else 30 + int(rand() * 20)
+        gpu.temp += 0.1 * (gpu.base_temp + (3.5 if computing else 0.0) - gpu.temp) + rng.gauss(0.0, 0.15)
+        temp = gpu.temp
+        power = gpu.power + (rand() * 40.0 if computing else -rand() * 20.0)
+        sm_clock = SM_CLOCK_MHZ - int(rand() * 15)
+        throttle = 0
+        if self.faults.thermal(gpu.node, gpu.gpu, t):
+            temp = 90.0 + rand() * 5.0
+            throttle = THERMAL_THROTTLE
+            sm_clock = THROTTLED_SM_CLOCK_MHZ + int(rand() * 30) - 15
+            power *= 0.75
+        return self._build(node=node, ts_ns=ts, gpu=gpu.gpu, uuid=gpu.uuid, lost=False,
+                           temperature_c=round(temp, 1), power_w=round(power, 1), sm_clock_mhz=sm_clock,
+                           mem_clock_mhz=MEM_CLOCK_MHZ, gpu_util_pct=util, mem_util_pct=util // 2 + 5,
+                           mem_used_bytes=gpu.mem_used, throttle_reasons=throttle,
+                           ecc_corrected=gpu.ecc_corrected, ecc_uncorrected=ecc_uncorrected, xid=xid,
+                           pcie_replay=0, nvlink_errors=[0] * NVLINKS)

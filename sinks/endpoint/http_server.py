@@ -1,0 +1,214 @@
+"""A ClickHouse-compatible HTTP endpoint in front of the process's embedded engine.
+
+chdb has no server mode and one process owns a data dir, so the owner serves
+the part of ClickHouse's HTTP interface that clickhouse-connect, curl and
+Grafana use; every other process reaches the data through it. Keep-alive
+HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import ipaddress
+import logging
+import socket
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from sinks.endpoint.engine import ChdbEngine
+from sinks.endpoint.errors import STD_EXCEPTION, ClickHouseError
+from sinks.endpoint.protocol import ClickHouseProtocol, Reply
+from sinks.endpoint.request_body import RequestBody
+from sinks.endpoint.request_params import RequestParams, parse_params
+
+logger = logging.getLogger(__name__)
+
+KEEP_ALIVE_TIMEOUT_S = 30
+_NOT_FOUND = (
+    b"There is no handle {path}\n\nUse / or /ping for health checks.\n\n"
+    b"Send queries from your program with POST method or GET /?query=...\n"
+)
+
+
+class PortInUse(OSError):
+    """The endpoint's host:port is already bound, usually by another clocktower process."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], protocol: ClickHouseProtocol) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.protocol = protocol
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host's FQDN, which can stall on DNS; nothing here needs it.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that hang up mid-request are routine; never print tracebacks to stderr.
+        logger.debug("connection from %s failed", client_address, exc_info=True)
+
+    def drop_connections(self) -> None:
+        """Wake handler threads parked on idle keep-alive connections so they exit."""
+        with self.connections_lock:
+            open_now = list(self.connections)
+        for conn in open_now:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "clocktower-chdb"
+    sys_version = ""
+    timeout = KEEP_ALIVE_TIMEOUT_S
+    disable_nagle_algorithm = True  # headers and body go out in separate writes; avoid the 40 ms stall
+    server: _Server
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        logger.debug("%s " + format, self.address_string(), *args)
+
+    def _dispatch(self) -> None:
+        url = urlsplit(self.path)
+        protocol = self.server.protocol
+        if url.path in ("/ping", "/replicas_status"):
+            self._drain_and_send(None, Reply(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"}))
+            return
+        if url.path != "/":
+            body = _NOT_FOUND.replace(b"{path}", url.path.encode(errors="replace"))
+            self._drain_and_send(None, Reply(404, body, {"Content-Type": "text/plain; charset=UTF-8"}))
+            return
+        params: RequestParams | None = None
+        body: RequestBody | None = None
+        try:
+            params = parse_params(parse_qsl(url.query, keep_blank_values=True))
+            body = RequestBody(self.rfile, self.headers)
+            reply = protocol.handle(self.command, params, body, self.headers.get("Content-Type", ""))
+        except ClickHouseError as ex:
+            reply = self._error_reply(ex, params)
+        except Exception as ex:  # the server must survive anything a request triggers
+            logger.exception("endpoint request failed")
+            reply = self._error_reply(ClickHouseError(STD_EXCEPTION, f"{type(ex).__name__}: {ex}"), params)
+        self._drain_and_send(body, reply)
+
+    def _error_reply(self, ex: ClickHouseError, params: RequestParams | None) -> Reply:
+        protocol = self.server.protocol
+        headers = protocol.common_headers(params)
+        headers["Content-Type"] = "text/plain; charset=UTF-8"
+        headers["X-ClickHouse-Exception-Code"] = str(ex.code)
+        return Reply(ex.http_status, ex.body(protocol.engine.version), headers)
+
+    def _drain_and_send(self, body: RequestBody | None, reply: Reply) -> None:
+        if body is None:
+            try:
+                body = RequestBody(self.rfile, self.headers)
+            except ClickHouseError:
+                self.close_connection = True
+        if body is not None and not body.exhausted and not body.drain():
+            self.close_connection = True
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(reply.body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Keep-Alive", f"timeout={KEEP_ALIVE_TIMEOUT_S}")
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class ClickHouseHttpEndpoint:
+    """Serves ``engine`` over ClickHouse's HTTP protocol from a daemon thread."""
+
+    def __init__(self, engine: ChdbEngine, host: str = "127.0.0.1", port: int = 8123) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> ClickHouseHttpEndpoint:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> None:
+        """Bind and serve; raises PortInUse when host:port is taken."""
+        if self._server is not None:
+            return
+        try:
+            server = _Server((self.host, self.port), ClickHouseProtocol(self.engine))
+        except OSError as ex:
+            if ex.errno == errno.EADDRINUSE:
+                message = f"cannot serve ClickHouse HTTP on {self.host}:{self.port}: port already in use"
+                raise PortInUse(message) from None
+            raise
+        self.port = server.server_address[1]
+        self._server = server
+        if not _is_loopback(self.host):
+            logger.warning(
+                "embedded ClickHouse on %s accepts any credentials and can read/write files as this process",
+                self.url,
+            )
+        name = f"clickhouse-http-{self.port}"
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)  # before the engine closes (atexit runs in reverse order)
+
+    def stop(self) -> None:
+        """Stop accepting, close open connections and wait for the serving thread."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        atexit.unregister(self.stop)
+        server.shutdown()
+        server.server_close()
+        server.drop_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
