@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535, description="0 disables the Prometheus endpoint")
     flush_rows: int = Field(default=10_000, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
+    sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
 
     @field_validator("clickhouse_url")
     @classmethod

@@ -11,24 +11,24 @@ STREAM_INPUTS = {"telemetry.flows", "telemetry.collectives", "telemetry.iteratio
                  "telemetry.gpu"}
 
 
-def lag(bootstrap: str) -> int:
-    """Records not yet committed by the sink (all topics) and the streams (their inputs)."""
+def lag(bootstrap: str, with_streams: bool = True) -> int:
+    """Records not yet committed by the sink (all topics) and, if running, the streams (their inputs)."""
     total = 0
     for row in topic_offsets(bootstrap):
         total += row["end"] - row["clocktower-sink"]
-        if row["topic"] in STREAM_INPUTS:
+        if with_streams and row["topic"] in STREAM_INPUTS:
             total += row["end"] - row["clocktower-streams"]
     return total
 
 
 def wait_drained(bootstrap: str, timeout: float, on_poll: Callable[[int], None] = lambda n: None,
-                 check: Callable[[], object] = lambda: None) -> bool:
+                 check: Callable[[], object] = lambda: None, with_streams: bool = True) -> bool:
     """True once the lag is 0 on two polls in a row (streams may still emit after the first)."""
     deadline = time.monotonic() + timeout
     zero_polls = 0
     while time.monotonic() < deadline:
         check()
-        n = lag(bootstrap)
+        n = lag(bootstrap, with_streams)
         on_poll(n)
         zero_polls = zero_polls + 1 if n == 0 else 0
         if zero_polls >= 2:

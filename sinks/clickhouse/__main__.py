@@ -27,7 +27,8 @@ def main() -> None:
     client = http_client(s.clickhouse, s.clickhouse_user, s.clickhouse_password, s.clickhouse_database)
     writer = TableWriter(client)
     writer.ensure_schema()
-    sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s))
+    sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
+                                instance_id=s.sink_instance_id)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,62 @@
+"""Shared fixtures: a real pipeline (embedded broker, ClickHouse endpoint, sink, streams) on free ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from clickhouse_connect.driver.client import Client
+
+from clocktower.clickhouse_client import http_client
+from clocktower.config import Settings
+from clocktower.ports import free_port
+from clocktower.stack import Stack
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    stack: Stack
+    client: Client
+
+
+def start_pipeline(data_dir: Path, with_streams: bool = True) -> Pipeline:
+    settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
+                        kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5)
+    stack = Stack(settings, with_streams=with_streams)
+    stack.start()
+    client = http_client(settings.clickhouse)
+    return Pipeline(settings, stack, client)
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    p = start_pipeline(tmp_path / "ct")
+    try:
+        yield p
+    finally:
+        p.stack.stop()
+
+
+@pytest.fixture
+def pipeline_without_streams(tmp_path: Path) -> Iterator[Pipeline]:
+    p = start_pipeline(tmp_path / "ct", with_streams=False)
+    try:
+        yield p
+    finally:
+        p.stack.stop()
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Pipeline]:
+    """Only the embedded broker and ClickHouse endpoint, for tests that run their own sink."""
+    settings = Settings(data_dir=tmp_path / "ct", kafka_port=free_port(), http_port=free_port(),
+                        kafka_bootstrap=None, clickhouse_url=None)
+    stack = Stack(settings, with_streams=False, with_sink=False)
+    stack.start()
+    try:
+        yield Pipeline(settings, stack, http_client(settings.clickhouse))
+    finally:
+        stack.stop()
