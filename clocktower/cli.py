@@ -64,9 +64,9 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_up(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.query import open_client
     from clocktower.stack import Stack
     from clocktower.summary import table_rows
-    from clocktower.query import open_client
 
     settings = _settings(args)
     stack = Stack(settings)

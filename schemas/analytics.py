@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from schemas.column_types import Bool, DurationNs, Float64, Int64, Name, Text, TimestampNs, UInt16, UInt32, UInt64
+from schemas.column_types import (
+    Bool,
+    DurationNs,
+    Float64,
+    Int64,
+    Name,
+    Text,
+    TimestampNs,
+    UInt16,
+    UInt32,
+    UInt64,
+)
 from schemas.event import Event
 from schemas.telemetry import Protocol
 

@@ -24,7 +24,8 @@ UInt16 = Annotated[int, Field(ge=0, le=2**16 - 1), CH("UInt16")]
 UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1), CH("UInt32")]
 UInt64 = Annotated[int, Field(ge=0, le=2**64 - 1), CH("UInt64")]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), CH("Int64")]
-Float64 = Annotated[float, CH("Float64")]
+# Finite only: JSON has no NaN or infinity, and neither has a meaning in telemetry.
+Float64 = Annotated[float, Field(allow_inf_nan=False), CH("Float64")]
 Bool = Annotated[bool, CH("Bool")]
 Text = Annotated[str, Field(max_length=65536), CH("String")]
 # Short repeated identifiers: node names, interfaces, jobs.

@@ -27,7 +27,8 @@ def test_sink_killed_mid_run_loses_and_doubles_nothing(pipeline_without_streams)
     done = threading.Event()
 
     def produce() -> None:
-        step = 10**8  # 100 ms of simulated time per publish, paced to last ~18 s, long enough for restarts to rejoin the group
+        # 100 ms of simulated time per publish, paced to last ~18 s: long enough for restarts to rejoin
+        step = 10**8
         end = sim.now_ns + 12 * 10**9
         while sim.now_ns < end:
             events = sim.advance(sim.now_ns + step)

@@ -16,7 +16,7 @@ import threading
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
-from schemas.codec import DecodeError, decode_batch, dead_letter, encode_batch
+from schemas.codec import DecodeError, dead_letter, decode_batch, encode_batch
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
