@@ -83,3 +83,13 @@ def test_arrow_columns_follow_the_model() -> None:
     assert gpu.column("_offset").to_pylist() == [3] and gpu.column("_partition").to_pylist() == [1]
     cmd = bs.batches[("control.commands", 0)].to_arrow()
     assert cmd.column("params").to_pylist() == [[("a", "b")]]
+
+
+def test_only_due_partitions_are_taken() -> None:
+    bs = BatchSet(FlushPolicy(max_rows=10, max_age_s=60))
+    bs.add("telemetry.links", 0, 3, links(12))
+    bs.add("telemetry.gpu", 1, 4, [GpuHealth(node="n", ts_ns=T0, gpu=0, uuid="u")])
+    assert bs.due_keys() == [("telemetry.links", 0)]
+    batches, offsets = bs.take(bs.due_keys())
+    assert [b.spec.table for b in batches] == ["link_states"] and offsets == {("telemetry.links", 0): 4}
+    assert list(bs.batches) == [("telemetry.gpu", 1)] and bs.offsets == {("telemetry.gpu", 1): 5}

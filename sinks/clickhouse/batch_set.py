@@ -1,13 +1,15 @@
-"""The flush policy: which partition batches are due, and the offsets to commit."""
+"""The flush policy: which partition batches are due, and the offsets to commit after them."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schemas.event import Event
 from schemas.topics import BY_NAME
 from sinks.clickhouse.partition_batch import PartitionBatch
+
+Key = tuple[str, int]
 
 
 @dataclass
@@ -17,53 +19,55 @@ class FlushPolicy:
 
 
 class BatchSet:
-    """All open batches, keyed by (topic, partition).
+    """All open batches, keyed by (topic, partition), each flushed when full or old.
 
-    `offsets` holds, per partition, the next offset to commit once every batch
-    has been flushed. It also advances over records that produced no rows
-    (dead-lettered ones), so they are not read again.
+    `offsets` holds, per partition, the next offset to commit once that
+    partition's batch is inserted. It also advances over records that produced
+    no rows (dead-lettered ones), so they are not read again; such a partition
+    keeps an empty batch so that its offset is committed on the same schedule.
     """
 
     def __init__(self, policy: FlushPolicy | None = None) -> None:
         self.policy = policy or FlushPolicy()
-        self.batches: dict[tuple[str, int], PartitionBatch] = {}
-        self.offsets: dict[tuple[str, int], int] = {}
-        self._started = time.monotonic()
+        self.batches: dict[Key, PartitionBatch] = {}
+        self.offsets: dict[Key, int] = {}
 
-    def add(self, topic: str, partition: int, offset: int, events: list[Event]) -> None:
+    def _batch(self, topic: str, partition: int) -> PartitionBatch:
         key = (topic, partition)
         batch = self.batches.get(key)
         if batch is None:
             batch = self.batches[key] = PartitionBatch(BY_NAME[topic], partition)
-        batch.add(offset, events)
-        self.offsets[key] = offset + 1
+        return batch
+
+    def add(self, topic: str, partition: int, offset: int, events: list[Event]) -> None:
+        self._batch(topic, partition).add(offset, events)
+        self.offsets[(topic, partition)] = offset + 1
 
     def skip(self, topic: str, partition: int, offset: int) -> None:
         """Record that `offset` was handled without rows (e.g. dead-lettered)."""
+        self._batch(topic, partition)
         self.offsets[(topic, partition)] = offset + 1
 
     @property
     def rows(self) -> int:
         return sum(b.rows for b in self.batches.values())
 
-    def due(self) -> bool:
-        """True when any batch is full or the oldest pending work is older than max_age_s."""
-        if any(b.rows >= self.policy.max_rows for b in self.batches.values()):
-            return True
-        if not self.offsets:
-            return False
-        oldest = min((b.created for b in self.batches.values()), default=self._started)
-        return time.monotonic() - oldest >= self.policy.max_age_s
+    def due_keys(self) -> list[Key]:
+        """Partitions whose batch is full or older than max_age_s."""
+        p = self.policy
+        return [k for k, b in self.batches.items() if b.rows >= p.max_rows or b.age >= p.max_age_s]
 
-    def take(self) -> tuple[list[PartitionBatch], dict[tuple[str, int], int]]:
-        """Hand over every batch and the offsets to commit after they are inserted."""
-        batches, offsets = list(self.batches.values()), dict(self.offsets)
-        self.batches.clear()
-        self.offsets.clear()
-        self._started = time.monotonic()
+    def due(self) -> bool:
+        return bool(self.due_keys())
+
+    def take(self, keys: Iterable[Key] | None = None) -> tuple[list[PartitionBatch], dict[Key, int]]:
+        """Hand over the batches of `keys` (default: all) with rows, and the offsets to commit after them."""
+        keys = list(self.batches) if keys is None else list(keys)
+        batches = [b for k in keys if (b := self.batches.pop(k)).rows]
+        offsets = {k: self.offsets.pop(k) for k in keys}
         return batches, offsets
 
-    def drop(self, keys: set[tuple[str, int]]) -> None:
+    def drop(self, keys: set[Key]) -> None:
         """Forget revoked partitions; their next owner re-reads them from the stored offset."""
         for key in keys:
             self.batches.pop(key, None)

@@ -84,10 +84,8 @@ class KafkaClickHouseSink:
             while not stop.is_set():
                 for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
                     self._handle(msg)
-                    if self.batches.due():  # per record: a batch never grows past max_rows + one record
-                        self.flush()
-                if self.batches.due():
-                    self.flush()
+                    self.flush(due_only=True)  # per record: a batch never grows past max_rows + one record
+                self.flush(due_only=True)
             self.flush()
         finally:
             self.producer.flush(10)
@@ -119,9 +117,12 @@ class KafkaClickHouseSink:
         k, v, h = encode_batch([dead_letter(topic, partition, offset, key, value, reason, "sink")])
         self.producer.produce(DEADLETTER_TOPIC, key=k, value=v, headers=h)
 
-    def flush(self) -> None:
-        """Insert every pending batch, make dead letters durable, then commit."""
-        batches, offsets = self.batches.take()
+    def flush(self, due_only: bool = False) -> None:
+        """Insert the due (or all) batches, make dead letters durable, then commit their offsets."""
+        keys = self.batches.due_keys() if due_only else None
+        if keys == []:
+            return
+        batches, offsets = self.batches.take(keys)
         if not offsets:
             return
         with metrics.FLUSH_SECONDS.time():

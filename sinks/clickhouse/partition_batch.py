@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import pyarrow as pa
 
@@ -32,10 +33,12 @@ class PartitionBatch:
         self._columns = {n: [] for n in self._names}
         self._columns["_partition"] = []
         self._columns["_offset"] = []
+        # One C-level pass per record: a tuple of every field per event, then transposed.
+        self._fields = attrgetter(*self._names)  # every model has at least node and ts_ns
 
     def add(self, offset: int, events: list[Event]) -> None:
-        for name in self._names:
-            self._columns[name].extend([getattr(e, name) for e in events])
+        for name, values in zip(self._names, zip(*map(self._fields, events), strict=True), strict=True):
+            self._columns[name].extend(values)
         n = len(events)
         self._columns["_partition"].extend([self.partition] * n)
         self._columns["_offset"].extend([offset] * n)
