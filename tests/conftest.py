@@ -49,14 +49,19 @@ def pipeline_without_streams(tmp_path: Path) -> Iterator[Pipeline]:
         p.stack.stop()
 
 
-@pytest.fixture
-def services(tmp_path: Path) -> Iterator[Pipeline]:
+def start_services(data_dir: Path) -> Pipeline:
     """Only the embedded broker and ClickHouse endpoint, for tests that run their own sink."""
-    settings = Settings(data_dir=tmp_path / "ct", kafka_port=free_port(), http_port=free_port(),
+    settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
                         kafka_bootstrap=None, clickhouse_url=None)
     stack = Stack(settings, with_streams=False, with_sink=False)
     stack.start()
+    return Pipeline(settings, stack, http_client(settings.clickhouse))
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Pipeline]:
+    p = start_services(tmp_path / "ct")
     try:
-        yield Pipeline(settings, stack, http_client(settings.clickhouse))
+        yield p
     finally:
-        stack.stop()
+        p.stack.stop()
