@@ -22,7 +22,8 @@ DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 
 def _grafana_to_sql(sql: str) -> str:
     """Expand the ClickHouse datasource's macros the way the plugin does, for the last hour."""
-    sql = re.sub(r"\$__timeFilter\((\w+)\)", r"(\1 >= now() - INTERVAL 1 HOUR AND \1 <= now() + INTERVAL 1 MINUTE)", sql)
+    last_hour = r"(\1 >= now() - INTERVAL 1 HOUR AND \1 <= now() + INTERVAL 1 MINUTE)"
+    sql = re.sub(r"\$__timeFilter\((\w+)\)", last_hour, sql)
     return re.sub(r"\$__timeInterval\((\w+)\)", r"toStartOfInterval(\1, INTERVAL 10 second)", sql)
 
 
