@@ -41,6 +41,7 @@ class KafkaPublisher:
             "queue.buffering.max.kbytes": 512 * 1024,
             "message.max.bytes": 8 * 1024 * 1024,
             "log.connection.close": False,
+            "logger": logging.getLogger("rdkafka"),  # librdkafka's log lines, through Python logging
         }
         config.update(extra_config or {})
         self.producer = Producer(config)

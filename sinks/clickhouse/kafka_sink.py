@@ -23,6 +23,7 @@ from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
 from sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
+RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging
 DEADLETTER_TOPIC = "deadletter"
 
 
@@ -49,10 +50,11 @@ class KafkaClickHouseSink:
             # Static membership: a sink restarted after a crash takes over its old partitions at
             # once instead of waiting for a rebalance (noida-db never completes that one).
             "group.instance.id": instance_id or f"{group_id}-{socket.gethostname()}",
+            "logger": RDKAFKA_LOG,
         })
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                   "linger.ms": 5, "compression.type": "lz4",
-                                  "log.connection.close": False})
+                                  "log.connection.close": False, "logger": RDKAFKA_LOG})
 
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
