@@ -7,6 +7,7 @@ fail decoding are skipped and counted here; the sink dead-letters them.
 from __future__ import annotations
 
 import logging
+import socket
 
 import faust
 
@@ -24,10 +25,14 @@ app = faust.App(
     store="memory://",
     datadir=str(settings.data_dir / "streams"),
     web_enabled=False,
+    web_bind="127.0.0.1",
     topic_disable_leader=True,
     topic_allow_declare=False,
     consumer_auto_offset_reset="earliest",
     broker_session_timeout=10.0,
+    # Static membership: a worker restarted after a crash takes its partitions back at once
+    # (noida-db never completes the rebalance that would otherwise wait for the dead member).
+    consumer_group_instance_id=settings.streams_instance_id or f"clocktower-streams-{socket.gethostname()}",
     producer_acks=-1,
     stream_wait_empty=False,
     producer_compression_type="lz4",
