@@ -16,7 +16,7 @@ DETECTS = {"link_flap": "link_flap", "gpu_thermal": "gpu_thermal", "gpu_xid": "g
 def table_rows(client: Client) -> dict[str, int]:
     out = {}
     for t in TOPICS:
-        final = " FINAL" if t.table == "deadletter" else ""
+        final = " FINAL" if t.model.REPLACING else ""
         out[t.table] = int(client.query(f"SELECT count() FROM `{t.table}`{final}").result_rows[0][0])
     return out
 

@@ -28,7 +28,8 @@ class FlowLatency(Event):
     """
 
     SCHEMA = "flow_latency"
-    ORDER_BY = ("src_node", "node", "ts_ns")
+    ORDER_BY = ("src_ip", "dst_ip", "src_port", "dst_port", "proto", "seq", "tx_ns")
+    REPLACING = True
 
     src_node: Name
     src_ip: Name
@@ -61,7 +62,8 @@ class IterationBreakdown(Event):
     """Where one rank's iteration went: compute vs collective communication."""
 
     SCHEMA = "iteration_breakdown"
-    ORDER_BY = ("job", "rank", "iteration")
+    ORDER_BY = ("job", "rank", "iteration", "start_ns")
+    REPLACING = True
 
     job: Name
     rank: UInt32
@@ -84,7 +86,8 @@ class Incident(Event):
     """A detected problem. One incident id goes open -> (update)* -> resolve."""
 
     SCHEMA = "incident"
-    ORDER_BY = ("incident_id", "ts_ns")
+    ORDER_BY = ("incident_id", "state", "ts_ns")
+    REPLACING = True
 
     incident_id: Name
     kind: IncidentKind

@@ -19,13 +19,8 @@ def create_table_sql(spec: TopicSpec, database: str = "default") -> str:
     cols = [f"    `{c.name}` {c.ch_type}" for c in model_columns(spec.model)]
     cols += [f"    `{name}` {typ}" for name, typ in KAFKA_COLUMNS]
     cols.append("    `time` DateTime64(9) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)")
-    if spec.name == "deadletter":
-        # The same bad record may be reported again after a crash; it collapses to one row.
-        engine = "ReplacingMergeTree"
-        ttl = ""
-    else:
-        engine = "MergeTree"
-        ttl = f"\nTTL toDateTime(time) + INTERVAL {spec.retention_days} DAY"
+    engine = "ReplacingMergeTree" if spec.model.REPLACING else "MergeTree"
+    ttl = f"\nTTL toDateTime(time) + INTERVAL {spec.retention_days} DAY" if spec.name != "deadletter" else ""
     order = ", ".join(spec.model.ORDER_BY)
     return (
         f"CREATE TABLE IF NOT EXISTS {database}.`{spec.table}`\n(\n" + ",\n".join(cols) + "\n)\n"

@@ -20,7 +20,8 @@ class ControlCommand(Event):
     """
 
     SCHEMA = "control_command"
-    ORDER_BY = ("node", "ts_ns")
+    ORDER_BY = ("node", "command_id")
+    REPLACING = True
 
     command_id: Name
     action: Action

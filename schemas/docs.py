@@ -32,7 +32,9 @@ def render() -> str:
         doc = inspect.cleandoc(t.model.__doc__ or "")
         out += ["", f"## `{t.table}` (topic `{t.name}`)", "", doc, "", "| column | ClickHouse type |", "|---|---|"]
         out += [f"| `{c.name}` | {c.ch_type} |" for c in model_columns(t.model)]
-        out.append(f"\nSorting key: `({', '.join(t.model.ORDER_BY)})`")
+        key = "Natural key (ReplacingMergeTree: duplicates collapse, read with FINAL)" if t.model.REPLACING \
+            else "Sorting key"
+        out.append(f"\n{key}: `({', '.join(t.model.ORDER_BY)})`")
     return "\n".join(out) + "\n"
 
 

@@ -13,7 +13,9 @@ class Event(BaseModel):
     """One timestamped fact reported by (or about) one node.
 
     `SCHEMA` and `VERSION` travel in the Kafka headers; `ORDER_BY` is the
-    ClickHouse sorting key. Unknown fields are rejected so that a producer
+    ClickHouse sorting key. Events derived by at-least-once processors set
+    `REPLACING = True`: `ORDER_BY` is then their natural key, the table is a
+    ReplacingMergeTree, and a re-emitted duplicate collapses (read with FINAL). Unknown fields are rejected so that a producer
     bug shows up in `deadletter` instead of silently dropping data.
     """
 
@@ -22,6 +24,7 @@ class Event(BaseModel):
     SCHEMA: ClassVar[str]
     VERSION: ClassVar[int] = 1
     ORDER_BY: ClassVar[tuple[str, ...]] = ("node", "ts_ns")
+    REPLACING: ClassVar[bool] = False
 
     node: Name
     ts_ns: TimestampNs

@@ -17,6 +17,7 @@ class DeadLetter(Event):
 
     SCHEMA = "deadletter"
     ORDER_BY = ("origin_topic", "origin_partition", "origin_offset")
+    REPLACING = True
 
     origin_topic: Name
     origin_partition: UInt32
