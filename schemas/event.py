@@ -15,8 +15,9 @@ class Event(BaseModel):
     `SCHEMA` and `VERSION` travel in the Kafka headers; `ORDER_BY` is the
     ClickHouse sorting key. Events derived by at-least-once processors set
     `REPLACING = True`: `ORDER_BY` is then their natural key, the table is a
-    ReplacingMergeTree, and a re-emitted duplicate collapses (read with FINAL). Unknown fields are rejected so that a producer
-    bug shows up in `deadletter` instead of silently dropping data.
+    ReplacingMergeTree, and a re-emitted duplicate collapses (read with FINAL).
+    Unknown fields are rejected so that a producer bug shows up in `deadletter`
+    instead of silently dropping data.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
