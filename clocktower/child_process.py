@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 
 class ChildProcess:
-    """Starts `argv`, logs to `log_path`, stops with SIGTERM then SIGKILL, and can be restarted."""
+    """Starts `argv` in its own session, logs to `log_path`, stops it with SIGTERM then SIGKILL, can restart it."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
                  stop_signal: int = signal.SIGTERM) -> None:
@@ -48,11 +49,18 @@ class ChildProcess:
         except OSError:
             return ""
 
+    def _signal_group(self, sig: int) -> None:
+        """Signal the child's whole process group (it leads its own session), as Ctrl-C in a terminal would,
+        so a wrapper's own children (a console script around a binary) stop with it."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
     def stop(self, timeout: float = 15.0) -> None:
         if not self.alive():
             return
         assert self.proc is not None
-        self.proc.send_signal(self.stop_signal)
+        self._signal_group(self.stop_signal)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -61,7 +69,7 @@ class ChildProcess:
     def kill(self) -> None:
         if self.alive():
             assert self.proc is not None
-            self.proc.kill()
+            self._signal_group(signal.SIGKILL)
             self.proc.wait(10)
 
     def restart_if_dead(self) -> bool:

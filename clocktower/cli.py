@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import orjson
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from clocktower.config import Settings
 from clocktower.data_dir import read_owner
@@ -69,6 +71,10 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
     from clocktower.summary import table_rows
 
     settings = _settings(args)
+    # Stop cleanly on SIGTERM too, and on SIGINT even when started with it ignored (`nohup`, `cmd &` in a
+    # script): otherwise the children, each in its own session, would outlive `up` and keep their ports.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     stack = Stack(settings)
     stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
     console.print(f"[green]up[/green]: Kafka {settings.bootstrap}, ClickHouse {settings.clickhouse}, "
@@ -88,6 +94,8 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
     except KeyboardInterrupt:
         console.print("stopping…")
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not leave children behind
+            signal.signal(sig, signal.SIG_IGN)
         stack.stop()
     return 0
 
@@ -124,12 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args, console)
     except UserError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+        _error(str(exc))
     except ValidationError as exc:
         err = exc.errors()[0]
-        Console(stderr=True).print(f"[red]error:[/red] bad configuration {err['loc']}: {err['msg']}")
-        return 2
+        where = ".".join(str(part) for part in err["loc"])
+        _error(f"bad configuration {where}: {err['msg'].removeprefix('Value error, ')}")
+    except KeyboardInterrupt:  # Ctrl-C while `up` starts (its stack stopped what it started) or in a query
+        return 130
+    return 2
+
+
+def _error(msg: str) -> None:
+    """One `error:` line on stderr, never wrapped or styled by rich."""
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(msg)}", highlight=False)
 
 
 if __name__ == "__main__":

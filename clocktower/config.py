@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     flush_rows: int = Field(default=10_000, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
     sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
+    noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "
+                                   "(default: the one installed with the noida-db package, else PATH)")
     streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
 
     @field_validator("clickhouse_url")

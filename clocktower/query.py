@@ -46,7 +46,8 @@ def run_query(settings: Settings, sql: str, fmt: str, console: Console) -> None:
     try:
         result = client.query(sql)
     except ClickHouseError as exc:
-        raise UserError(str(exc).strip().splitlines()[0]) from None
+        line = str(exc).strip().splitlines()[0]
+        raise UserError(line[line.find("Code: "):] if "Code: " in line else line) from None  # the server's words
     print_result(result.column_names, result.result_rows, fmt, console)
 
 

@@ -7,6 +7,8 @@ them in reverse order.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +24,22 @@ from clocktower.ports import ensure_free, wait_open
 from clocktower.topic_admin import ensure_topics
 
 
-def _noida_binary() -> str:
+def _noida_binary(configured: Path | None = None) -> str:
+    """The noida-db executable: CLOCKTOWER_NOIDA_BIN, else the binary inside the noida_db package, else PATH.
+
+    The package's binary is preferred to its `noida-db` console script: that script runs the binary
+    with subprocess.call, which SIGKILLs the broker 0.25 s after a SIGINT, losing its newest records.
+    """
+    if configured is not None:
+        if not (configured.is_file() and os.access(configured, os.X_OK)):
+            raise UserError(f"CLOCKTOWER_NOIDA_BIN={configured} is not an executable file: fix it, or unset it "
+                            "to use the installed noida-db")
+        return str(configured)
+    spec = importlib.util.find_spec("noida_db")
+    if spec is not None and spec.origin:
+        packaged = Path(spec.origin).with_name("noida-db")
+        if packaged.is_file() and os.access(packaged, os.X_OK):
+            return str(packaged)
     local = Path(sys.executable).with_name("noida-db")
     found = str(local) if local.exists() else shutil.which("noida-db")
     if not found:
@@ -74,7 +91,7 @@ class Stack:
             on_step(f"starting the embedded Kafka broker on {s.bootstrap}")
             kafka_dir = self.data_dir / "kafka"
             kafka_dir.mkdir(parents=True, exist_ok=True)
-            self._spawn("broker", [_noida_binary(), "start", "--only", "kafka", "--host", s.host,
+            self._spawn("broker", [_noida_binary(s.noida_bin), "start", "--only", "kafka", "--host", s.host,
                                    "--kafka-port", str(s.kafka_port), "--data-dir", str(kafka_dir)],
                         stop_signal=signal.SIGINT)
             self._wait(lambda: wait_open(s.host, s.kafka_port, 0.2), "broker", 30)
@@ -98,7 +115,10 @@ class Stack:
     def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM) -> None:
         child = ChildProcess(name, argv, self.logs / f"{name}.log", self.env, stop_signal)
         self.children[name] = child
-        child.start()
+        try:
+            child.start()
+        except OSError as exc:
+            raise UserError(f"cannot start the {name} process ({argv[0]}): {exc.strerror or exc}") from None
 
     def _wait(self, ready, name: str, timeout: float) -> None:  # noqa: ANN001
         child = self.children[name]

@@ -1,0 +1,27 @@
+"""The clock-probe agent: kernel-timestamped UDP probe pairs for Huygens-style clock sync.
+
+- `wire`          the probe and follow-up datagrams
+- `timestamping`  the socket layer: SO_TIMESTAMPING options, NIC capabilities, control-message parsing
+- `probe_agent`   the prober/responder loops, emitting ClockProbe events to a sink; `python -m` runs one agent
+
+Nothing is imported here eagerly, so `python -m producers.clock.probe_agent` runs cleanly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PairIds": "probe_agent", "ProbeAgent": "probe_agent", "ProbeAgentConfig": "probe_agent",
+    "ProbeAgentError": "probe_agent", "parse_endpoint": "probe_agent",
+    "TimestampedSocket": "timestamping", "TimestampingError": "timestamping", "TimestampingModes": "timestamping",
+    "nic_timestamping": "timestamping",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"producers.clock.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'producers.clock' has no attribute {name!r}")
