@@ -54,14 +54,6 @@ def test_skipped_records_advance_offsets_without_rows() -> None:
     assert bs.take() == ([], {})
 
 
-def test_drop_forgets_revoked_partitions() -> None:
-    bs = BatchSet()
-    bs.add("telemetry.links", 0, 1, links(1))
-    bs.add("telemetry.links", 1, 1, links(1))
-    bs.drop({("telemetry.links", 0)})
-    assert list(bs.batches) == [("telemetry.links", 1)] and list(bs.offsets) == [("telemetry.links", 1)]
-
-
 def test_dedup_token_depends_on_offsets_only() -> None:
     a, b = BatchSet(), BatchSet()
     for bs in (a, b):

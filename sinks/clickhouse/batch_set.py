@@ -66,9 +66,3 @@ class BatchSet:
         batches = [b for k in keys if (b := self.batches.pop(k)).rows]
         offsets = {k: self.offsets.pop(k) for k in keys}
         return batches, offsets
-
-    def drop(self, keys: set[Key]) -> None:
-        """Forget revoked partitions; their next owner re-reads them from the stored offset."""
-        for key in keys:
-            self.batches.pop(key, None)
-            self.offsets.pop(key, None)
