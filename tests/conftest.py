@@ -22,10 +22,10 @@ class Pipeline:
     client: Client
 
 
-def start_pipeline(data_dir: Path, with_streams: bool = True) -> Pipeline:
+def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True) -> Pipeline:
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
                         kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5)
-    stack = Stack(settings, with_streams=with_streams)
+    stack = Stack(settings, with_streams=with_streams, with_sink=with_sink)
     stack.start()
     client = http_client(settings.clickhouse)
     return Pipeline(settings, stack, client)
@@ -51,11 +51,7 @@ def pipeline_without_streams(tmp_path: Path) -> Iterator[Pipeline]:
 
 def start_services(data_dir: Path) -> Pipeline:
     """Only the embedded broker and ClickHouse endpoint, for tests that run their own sink."""
-    settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
-                        kafka_bootstrap=None, clickhouse_url=None)
-    stack = Stack(settings, with_streams=False, with_sink=False)
-    stack.start()
-    return Pipeline(settings, stack, http_client(settings.clickhouse))
+    return start_pipeline(data_dir, with_streams=False, with_sink=False)
 
 
 @pytest.fixture

@@ -63,17 +63,22 @@ def _run_until_caught_up(sink: KafkaClickHouseSink, bootstrap: str, end: int) ->
         t.join(30)
 
 
+def _crash_after_first_insert(bootstrap: str, client, instance_id: str) -> None:
+    """Run a sink that inserts one 100-row batch and dies before committing it."""
+    first = KafkaClickHouseSink(bootstrap, CrashAfterFirstInsert(client), topics=["telemetry.links"],
+                                group_id=GROUP, policy=FlushPolicy(max_rows=100, max_age_s=60),
+                                instance_id=instance_id)
+    with pytest.raises(Crash):
+        first.run(threading.Event())
+
+
 def test_crash_between_insert_and_commit_doubles_nothing(services) -> None:
     s, client = services.settings, services.client
     writer = TableWriter(client)
     writer.ensure_schema()
     _publish(s.bootstrap, records=40, per_record=10)
 
-    first = KafkaClickHouseSink(s.bootstrap, CrashAfterFirstInsert(client), topics=["telemetry.links"],
-                                group_id=GROUP, policy=FlushPolicy(max_rows=100, max_age_s=60),
-                                instance_id="sink-a")
-    with pytest.raises(Crash):
-        first.run(threading.Event())
+    _crash_after_first_insert(s.bootstrap, client, instance_id="sink-a")
     stored = client.query("SELECT count() FROM link_states").result_rows[0][0]
     assert stored >= 100 and _committed(s.bootstrap) == 0, "rows are in, the offsets are not"
 
@@ -104,11 +109,7 @@ def test_offsets_of_rows_stored_before_a_crash_are_committed_on_restart(services
     writer = TableWriter(client)
     writer.ensure_schema()
     _publish(s.bootstrap, records=10, per_record=10)
-    first = KafkaClickHouseSink(s.bootstrap, CrashAfterFirstInsert(client), topics=["telemetry.links"],
-                                group_id=GROUP, policy=FlushPolicy(max_rows=100, max_age_s=60),
-                                instance_id="sink-b")
-    with pytest.raises(Crash):
-        first.run(threading.Event())
+    _crash_after_first_insert(s.bootstrap, client, instance_id="sink-b")
     assert _committed(s.bootstrap) == 0
     second = KafkaClickHouseSink(s.bootstrap, writer, topics=["telemetry.links"], group_id=GROUP,
                                  instance_id="sink-b")
