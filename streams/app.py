@@ -38,7 +38,6 @@ app = faust.App(
     producer_compression_type="lz4",
 )
 processors = Processors(settings.control_key_bytes())
-rejected = 0
 
 _INPUTS = ("telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links", "telemetry.gpu")
 _topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
@@ -53,13 +52,11 @@ def _out(topic: str) -> faust.TopicT:
 
 
 async def _process(name: str, stream: faust.StreamT) -> None:
-    global rejected
     async for event in stream.events():
         headers = [(k, v) for k, v in (event.headers or {}).items()]
         try:
             batch = decode_batch(name, event.key, event.value, headers)
         except DecodeError as exc:
-            rejected += 1
             log.warning("skipping bad record on %s: %s", name, exc)
             continue
         for topic, key, value, hdrs in records(processors.on_batch(batch.events)):

@@ -48,10 +48,6 @@ class BatchSet:
         self._batch(topic, partition)
         self.offsets[(topic, partition)] = offset + 1
 
-    @property
-    def rows(self) -> int:
-        return sum(b.rows for b in self.batches.values())
-
     def due_keys(self) -> list[Key]:
         """Partitions whose batch is full or older than max_age_s."""
         p = self.policy
