@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "
                                    "(default: the one installed with the noida-db package, else PATH)")
     streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
+    clock_pure_tolerance_ns: float = Field(
+        default=2_000.0, gt=0, description="a probe pair is pure when its arrival spacing is within this of its send "
+        "spacing: 2000 suits kernel software timestamps, ~100 hardware (NIC) timestamps")
+    clock_update_ms: float = Field(default=250.0, gt=0, description="probe time between clock estimates")
 
     @field_validator("clickhouse_url")
     @classmethod

@@ -71,7 +71,8 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
         if not drained:
             errors.append(f"pipeline did not drain within {drain_timeout:.0f} s (lag {lag(settings.bootstrap)})")
         produced = produced or publisher.acked
-        return build_summary(client, produced, sum(publisher.failed.values()), errors, rows_before, since_ns)
+        return build_summary(client, produced, sum(publisher.failed.values()), errors, rows_before, since_ns,
+                             sim.clocks)
     finally:
         stack.stop()
 

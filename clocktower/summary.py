@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from clickhouse_connect.driver.client import Client
 
+from clocktower.clock_report import clock_sync_report
+from producers.simulator.node_clock import NodeClock
 from schemas.topics import BY_SCHEMA, TOPICS
 
 # Which incident kind detects which injected fault kind.
@@ -22,8 +24,10 @@ def table_rows(client: Client) -> dict[str, int]:
 
 
 def build_summary(client: Client, produced: Mapping[str, int], delivery_failures: int,
-                  errors: list[str], rows_before: Mapping[str, int], since_ns: int) -> dict:
-    """Rows are counted as growth since `rows_before`; faults and incidents since `since_ns`."""
+                  errors: list[str], rows_before: Mapping[str, int], since_ns: int,
+                  clocks: Mapping[str, NodeClock] | None = None) -> dict:
+    """Rows are counted as growth since `rows_before`; faults and incidents since `since_ns`. With the
+    simulator's `clocks`, the clock estimates are also checked against ground truth."""
     rows = {t: n - rows_before.get(t, 0) for t, n in table_rows(client).items()}
     missing = {BY_SCHEMA[s].table: n - rows[BY_SCHEMA[s].table] for s, n in produced.items()
                if n != rows[BY_SCHEMA[s].table]}
@@ -47,12 +51,16 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         errs.append(f"row counts differ from events produced: {missing}")
     if rows["deadletter"]:
         errs.append(f"{rows['deadletter']} records dead-lettered")
+    clock = clock_sync_report(client, since_ns, clocks)
+    if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
+        errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")
     return {
         "events_produced": dict(sorted(produced.items())),
         "rows": rows,
         "faults_injected": faults,
         "incidents_detected": {k: int(v) for k, v in sorted(incidents.items())},
         "control_commands": {k: int(v) for k, v in sorted(commands.items())},
+        "clock_sync": clock,
         "deadletter": rows["deadletter"],
         "errors": errs,
     }

@@ -112,6 +112,13 @@ class GpuHealth(Event):
     xid: UInt32 = 0
     pcie_replay: UInt64 = 0
     nvlink_errors: list[UInt64] = Field(default_factory=list, max_length=64)
+    throttle: list[Name] = Field(default_factory=list, max_length=32,
+                                 description="throttle_reasons decoded: thermal, power, hw_slowdown, ...")
+    retired_pages: UInt64 = 0
+    remapped_rows_correctable: UInt64 = 0
+    remapped_rows_uncorrectable: UInt64 = 0
+    remap_pending: Bool = False
+    remap_failed: Bool = False
 
 
 class LinkState(Event):
@@ -125,3 +132,57 @@ class LinkState(Event):
     up: Bool
     carrier_changes: UInt64
     speed_mbps: UInt32 = 0
+    operstate: Name = "unknown"
+    carrier: Bool = False
+    # InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`); 0 where absent
+    ib_state: Name = "none"
+    port_xmit_data: UInt64 = 0
+    port_rcv_data: UInt64 = 0
+    port_xmit_packets: UInt64 = 0
+    port_rcv_packets: UInt64 = 0
+    port_rcv_errors: UInt64 = 0
+    port_xmit_discards: UInt64 = 0
+    symbol_error: UInt64 = 0
+    link_downed: UInt64 = 0
+    link_error_recovery: UInt64 = 0
+
+
+class FlowCounters(Event):
+    """Bytes (and packets, retransmits) of one flow in one direction over one drain interval, from eBPF.
+
+    `source` "sock" counts socket payload bytes (sock_send_length / sock_recv_length tracepoints, plus
+    tcp_retransmit_skb); "tc" counts packets and bytes on the wire per flow and skb priority at a tc
+    clsact classifier on `interface`. The 5-tuple is as seen from this node (src = local for tx).
+    """
+
+    SCHEMA = "flow_counters"
+    ORDER_BY = ("node", "src_ip", "dst_ip", "src_port", "dst_port", "ts_ns")
+
+    source: Literal["sock", "tc"]
+    interface: str = Field(default="", max_length=256)
+    direction: Literal["tx", "rx"]
+    src_ip: Name
+    dst_ip: Name
+    src_port: UInt16
+    dst_port: UInt16
+    proto: Protocol
+    priority: UInt32 = 0
+    bytes: UInt64 = 0
+    packets: UInt64 = 0
+    retransmits: UInt32 = 0
+    interval_ns: UInt64
+
+
+class ConnectionState(Event):
+    """A TCP connection changed state (sock:inet_sock_set_state): its lifecycle, as seen on this node."""
+
+    SCHEMA = "connection_state"
+    ORDER_BY = ("node", "src_ip", "dst_ip", "src_port", "dst_port", "ts_ns")
+
+    src_ip: Name
+    dst_ip: Name
+    src_port: UInt16
+    dst_port: UInt16
+    proto: Protocol = "tcp"
+    old_state: Name
+    new_state: Name

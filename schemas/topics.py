@@ -12,7 +12,16 @@ from schemas.analytics import ClockEstimate, FlowLatency, Incident, IterationBre
 from schemas.control import ControlAck, ControlCommand
 from schemas.event import Event
 from schemas.operations import DeadLetter, InjectedFault
-from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from schemas.telemetry import (
+    ClockProbe,
+    CollectiveEvent,
+    ConnectionState,
+    FlowCounters,
+    FlowSample,
+    GpuHealth,
+    IterationEvent,
+    LinkState,
+)
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -40,6 +49,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("telemetry.iterations", IterationEvent, "iterations", 2, 7 * DAY_MS, "training iterations per rank"),
     TopicSpec("telemetry.gpu", GpuHealth, "gpu_health", 2, 7 * DAY_MS, "NVML GPU health readings"),
     TopicSpec("telemetry.links", LinkState, "link_states", 1, 7 * DAY_MS, "network port state and flaps"),
+    TopicSpec("telemetry.flowcounters", FlowCounters, "flow_counters", 2, 3 * DAY_MS,
+              "per-flow bytes, packets and retransmits per drain interval (eBPF)"),
+    TopicSpec("telemetry.connections", ConnectionState, "connection_states", 1, 7 * DAY_MS,
+              "TCP connection lifecycle (eBPF)"),
     TopicSpec("analytics.flow_latency", FlowLatency, "flow_latency", 2, 7 * DAY_MS, "one-way latency per segment"),
     TopicSpec("analytics.clock", ClockEstimate, "clock_estimates", 1, 7 * DAY_MS, "clock offset/drift per node"),
     TopicSpec("analytics.iterations", IterationBreakdown, "iteration_breakdown", 1, 30 * DAY_MS,

@@ -37,9 +37,11 @@ app = faust.App(
     stream_wait_empty=False,
     producer_compression_type="lz4",
 )
-processors = Processors(settings.control_key_bytes())
+processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
+                        clock_update_ns=round(settings.clock_update_ms * 1e6))
 
-_INPUTS = ("telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links", "telemetry.gpu")
+_INPUTS = ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
+           "telemetry.gpu")
 _topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
            for name in _INPUTS}
 _outputs = {}

@@ -7,7 +7,8 @@ which keeps this testable without a broker.
 from __future__ import annotations
 
 from schemas.event import Event
-from schemas.telemetry import CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from streams.clocksync import ClockSynchronizer
 from streams.command_signing import CommandIssuer
 from streams.flow_latency_join import FlowLatencyJoin
 from streams.gpu_fault_detector import GpuFaultDetector
@@ -16,9 +17,17 @@ from streams.link_flap_detector import LinkFlapDetector
 
 
 class Processors:
-    def __init__(self, control_key: bytes) -> None:
+    """Every processor's state. Clock estimates are made on probe time (the newest probe rx_ns seen), every
+    `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one."""
+
+    def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
+                 clock_update_ns: int = 250_000_000) -> None:
         issuer = CommandIssuer(control_key)
-        self.flows = FlowLatencyJoin()
+        self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
+        self.clock_update_ns = clock_update_ns
+        self.probe_time_ns = 0
+        self._next_clock_update_ns = 0
+        self.flows = FlowLatencyJoin(clocks=self.clocks)
         self.iterations = IterationBreakdownAggregator()
         self.links = LinkFlapDetector(issuer)
         self.gpus = GpuFaultDetector(issuer)
@@ -26,7 +35,10 @@ class Processors:
     def on_batch(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
         for e in events:
-            if isinstance(e, FlowSample):
+            if isinstance(e, ClockProbe):
+                self.clocks.add_probe(e)
+                self.probe_time_ns = max(self.probe_time_ns, e.rx_ns)
+            elif isinstance(e, FlowSample):
                 r = self.flows.add(e)
                 if r is not None:
                     out.append(r)
@@ -38,4 +50,7 @@ class Processors:
                 out += self.links.on_link_state(e)
             elif isinstance(e, GpuHealth):
                 out += self.gpus.on_gpu_health(e)
+        if self.probe_time_ns >= self._next_clock_update_ns:   # once per grid step of probe time crossed
+            self._next_clock_update_ns = (self.probe_time_ns // self.clock_update_ns + 1) * self.clock_update_ns
+            out += self.clocks.update(self.probe_time_ns)
         return out

@@ -240,6 +240,32 @@ def test_agent_survives_garbage_and_a_failing_sink_and_stops_cleanly() -> None:
     b.stop()                                     # idempotent
 
 
+@pytest.mark.parametrize("probe_back", [True, False])
+def test_a_probed_agent_probes_back(probe_back: bool) -> None:
+    """b lists no peers; once a probes it, b probes a too (both directions per edge), unless told not to."""
+    at_a: list[ClockProbe] = []
+    at_b: list[ClockProbe] = []
+    b = ProbeAgent(ProbeAgentConfig(node="b", bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
+                                    probe_back=probe_back), at_b.extend).start()
+    a = ProbeAgent(ProbeAgentConfig(node="a", bind="127.0.0.1:0", peers=(f"127.0.0.1:{b.address[1]}",),
+                                    flush_interval_s=0.1, pairs_per_s=50), at_a.extend).start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (len(at_b) >= 20 and (len(at_a) >= 20 or not probe_back)):
+            time.sleep(0.05)
+        if not probe_back:
+            time.sleep(0.5)
+    finally:
+        a.stop()
+        b.stop()
+    assert len(at_b) >= 20 and {e.sender for e in at_b} == {"a"}
+    if probe_back:
+        assert b.stats()["peers"] == [f"127.0.0.1:{a.address[1]}"]
+        assert len(at_a) >= 20 and {(e.sender, e.receiver) for e in at_a} == {("b", "a")}
+    else:
+        assert b.stats()["peers"] == [] and at_a == []
+
+
 # -- two processes, real probes through the kernel ----------------------------------------------------------
 
 def _free_udp_port(host: str = "127.0.0.1") -> int:

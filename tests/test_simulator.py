@@ -126,7 +126,10 @@ def test_advance_windows() -> None:
 
 def test_every_telemetry_schema_is_emitted(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
-    assert set(sim.counts) == {spec.model.SCHEMA for spec in TELEMETRY}
+    # eBPF socket counters and connection lifecycle come from the real node agent only: the simulator
+    # models traffic as flow segments (FlowSample)
+    agent_only = {"flow_counters", "connection_state"}
+    assert set(sim.counts) == {spec.model.SCHEMA for spec in TELEMETRY} - agent_only
     assert sim.counts == Counter(type(e).SCHEMA for e in events)
 
 
@@ -416,6 +419,16 @@ def test_gpu_health_readings(demo: tuple[FleetSimulator, list[Event]]) -> None:
     assert min(used) > 55 and max(used) < 65
 
 
+def test_clock_probes_go_both_ways_on_a_sparse_graph() -> None:
+    """With K < N-1, every probed pair of nodes probes in both directions and a node has about K peers."""
+    sim = FleetSimulator(SimConfig(nodes=64, probe_peers=10, faults=False))
+    routes = {(s, r) for s, r, _ in sim.probes.routes}
+    assert all((r, s) in routes for s, r in routes)
+    degree = Counter(s for s, _ in routes)
+    assert len(degree) == 64 and min(degree.values()) >= 5
+    assert 8 <= statistics.mean(degree.values()) <= 12
+
+
 def test_clock_probes(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     probes = of(events, ClockProbe)
@@ -476,7 +489,8 @@ def test_large_fleet_addresses() -> None:
     events = sim.advance(START + S // 4)
     ips = {e.src_ip for e in of(events, FlowSample)}
     assert len(ips) == 300 and "198.18.43.2" in ips   # node-299 wraps into the last octet
-    assert {len(p) for p in sim.probes.peers.values()} == {10}
+    degree = [len(p) for p in sim.probes.peers.values()]
+    assert len(degree) == 300 and min(degree) >= 5 and 8 <= statistics.mean(degree) <= 12
 
 
 # --- runner --------------------------------------------------------------------------------------

@@ -17,6 +17,10 @@ Every agent does both jobs on one UDP socket (see `timestamping`):
   the 2-vCPU test VM at 50 pairs/s that made probe 0 ~3 us slower and left
   0-5 % of pairs pure; with the warm-up ~98 % are, and the achieved spacing
   fell from ~30 us to ~13 us (two sends) or ~7 us (sendmmsg).
+- Probe-back. A node probed by a sender it does not probe itself adds that
+  sender to its peers (up to `max_probed_back` of them), so every probed edge
+  carries probes both ways: the estimator needs both directions to separate
+  delay from offset, and each node still picks only K peers.
 - Responder. It timestamps every probe on arrival (kernel RX timestamp),
   joins the probes of a pair with the sender's follow-up by (sender, pair_id)
   and emits one ClockProbe per probe, with tx_ns on the sender's clock and
@@ -150,6 +154,8 @@ class ProbeAgentConfig:
     join_timeout_s: float = 2.0           # how long the responder keeps half-joined pairs
     purity_tolerance_ns: int = 2_000
     warm_up: bool = True                  # a WARM_UP datagram just before each pair (see the module docstring)
+    probe_back: bool = True               # probe every node that probes us (see the module docstring)
+    max_probed_back: int = 64             # bound on peers added by probe-back
     seed: int | None = None               # peer choice and phases, for reproducible tests
 
     def __post_init__(self) -> None:
@@ -162,7 +168,8 @@ class ProbeAgentConfig:
                   (self.max_batch >= 1, "max_batch must be >= 1"),
                   (self.tx_timeout_s > 0, "tx_timeout_s must be > 0"),
                   (self.join_timeout_s > 0, "join_timeout_s must be > 0"),
-                  (self.purity_tolerance_ns >= 0, "purity_tolerance_ns must be >= 0")]
+                  (self.purity_tolerance_ns >= 0, "purity_tolerance_ns must be >= 0"),
+                  (self.max_probed_back >= 0, "max_probed_back must be >= 0")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -209,6 +216,8 @@ class ProbeAgent:
         self._family, self._bind = parse_endpoint(config.bind, what="bind", allow_port_zero=True)
         self._sock: TimestampedSocket | None = None
         self._peers: list[_Peer] = []
+        self._peer_addresses: set[tuple] = set()
+        self._probed_back = 0
         self._out_pairs: dict[int, _OutPair] = {}
         self._tx_wait: dict[int, tuple[_OutPair, int]] = {}
         self._in_pairs: dict[tuple[str, int], _InPair] = {}
@@ -258,6 +267,7 @@ class ProbeAgent:
         period = self._period_ns()
         now = time.monotonic_ns()
         self._peers = [_Peer(label, address, now + self._rng.randrange(period)) for label, address in chosen]
+        self._peer_addresses = {p.address[:2] for p in self._peers}
         self._started_ns = now
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._io = threading.Thread(target=self._run, name=f"clock-probe-io[{self.node}]", daemon=True)
@@ -469,10 +479,24 @@ class ProbeAgent:
                 continue
             if isinstance(message, Probe):
                 self._on_probe(message, rx_ns)
+                self._maybe_probe_back(address)
             elif isinstance(message, WarmUp):
                 self._n["warm_ups_received"] += 1
             else:
                 self._on_follow_up(message)
+
+    def _maybe_probe_back(self, address: tuple) -> None:
+        if not self.config.probe_back or address[:2] in self._peer_addresses or address[:2] == self._address[:2]:
+            return
+        if self._probed_back >= self.config.max_probed_back:
+            self._n["probe_back_refused"] += 1
+            return
+        self._probed_back += 1
+        self._peer_addresses.add(address[:2])
+        host, port = address[:2]
+        label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._peers.append(_Peer(label, address, time.monotonic_ns() + self._rng.randrange(self._period_ns())))
+        log.info("clock-probe agent %s probes %s back", self.node, label)
 
     def _in_pair(self, sender: str, pair_id: int) -> _InPair | None:
         key = (sender, pair_id)
@@ -650,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="R: probe pairs per second per peer")
     parser.add_argument("--spacing-us", type=float, default=10.0, help="s: microseconds between a pair's probes")
     parser.add_argument("--no-warm-up", action="store_true", help="send no warm-up datagram before each pair")
+    parser.add_argument("--no-probe-back", action="store_true", help="do not probe the nodes that probe us")
     parser.add_argument("--timestamping", choices=("software", "hardware", "auto"), default="software")
     parser.add_argument("--interface", help="the NIC, for hardware timestamping")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (default: until a signal)")
@@ -667,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = ProbeAgentConfig(node=args.node, bind=args.bind, peers=_read_peers(args),
                                   probe_peers=args.probe_peers, pairs_per_s=args.rate,
                                   pair_spacing_us=args.spacing_us, timestamping=args.timestamping,
-                                  interface=args.interface, seed=args.seed, warm_up=not args.no_warm_up)
+                                  interface=args.interface, seed=args.seed, warm_up=not args.no_warm_up,
+                                  probe_back=not args.no_probe_back)
         if args.kafka:
             from producers.kafka_publisher import KafkaPublisher
             publisher = KafkaPublisher(args.kafka)

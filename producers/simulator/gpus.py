@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+from producers.gpu_throttle import decode_throttle
 from producers.simulator.config import SimConfig
 from producers.simulator.event_builder import EventBuilder
 from producers.simulator.fault_schedule import THERMAL_THROTTLE, XID_ECC, XID_GPU_LOST, FaultSchedule
@@ -92,7 +93,8 @@ class GpuMonitor:
             return self._build(node=node, ts_ns=ts, gpu=gpu.gpu, uuid=gpu.uuid, lost=True,
                                temperature_c=0.0, power_w=0.0, sm_clock_mhz=0, mem_clock_mhz=0,
                                gpu_util_pct=0, mem_util_pct=0, mem_used_bytes=0, throttle_reasons=0,
-                               ecc_corrected=0, ecc_uncorrected=0, xid=0, pcie_replay=0, nvlink_errors=[])
+                               ecc_corrected=0, ecc_uncorrected=0, xid=0, pcie_replay=0, nvlink_errors=[],
+                               throttle=[])
         xid = 0
         if 0 <= gpu.xid_at <= t:
             gpu.xid_sent = True
@@ -122,4 +124,5 @@ class GpuMonitor:
                            mem_clock_mhz=MEM_CLOCK_MHZ, gpu_util_pct=util, mem_util_pct=util // 2 + 5,
                            mem_used_bytes=gpu.mem_used, throttle_reasons=throttle,
                            ecc_corrected=gpu.ecc_corrected, ecc_uncorrected=ecc_uncorrected, xid=xid,
-                           pcie_replay=0, nvlink_errors=[0] * NVLINKS)
+                           pcie_replay=0, nvlink_errors=[0] * NVLINKS,
+                           throttle=decode_throttle(throttle))

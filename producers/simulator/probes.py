@@ -1,8 +1,11 @@
 """Huygens-style coded clock-probe pairs between nodes.
 
-Each node sends probe pairs to K = min(probe_peers, N-1) peers chosen at
-random (fixed per node), `probe_pairs_per_s` pairs per second per peer, the
-two probes 1 µs apart on the sender's clock. The receiver reports both probes
+Nodes probe each other in both directions (the estimator needs both to
+separate delay from offset): every node picks ceil(K/2) peers at random,
+K = min(probe_peers, N-1), and each picked pair of nodes probes both ways, so
+a node exchanges probes with about K peers (all of them when K = N-1).
+`probe_pairs_per_s` pairs per second per direction, the two probes 1 µs apart
+on the sender's clock. The receiver reports both probes
 (tx_ns on the sender's clock, rx_ns and ts_ns on its own). True one-way
 delay = 5 µs + small noise; now and then one probe of a pair is queued
 behind other traffic, and on a congested link most probes are.
@@ -42,12 +45,19 @@ class ClockProber:
         self.start_ns = start_ns
         self.slot = 0
         k = min(config.probe_peers, topo.nodes - 1)
-        # (sender, receiver, phase within the period) for every probed pair of nodes.
-        self.routes: list[tuple[int, int, int]] = []
+        edges: set[tuple[int, int]] = set()
         for s in range(topo.nodes):
-            others = [n for n in range(topo.nodes) if n != s] if topo.nodes <= 4 * k + 64 else None
-            peers = rng.sample(others, k) if others is not None else _sample_others(rng, topo.nodes, s, k)
-            for p in sorted(peers):
+            if k == topo.nodes - 1:
+                peers = [n for n in range(topo.nodes) if n != s]
+            elif topo.nodes <= 4 * k + 64:
+                peers = rng.sample([n for n in range(topo.nodes) if n != s], (k + 1) // 2)
+            else:
+                peers = _sample_others(rng, topo.nodes, s, (k + 1) // 2)
+            edges.update((min(s, p), max(s, p)) for p in peers)
+        # (sender, receiver, phase within the period) for every probed direction.
+        self.routes: list[tuple[int, int, int]] = []
+        for a, b in sorted(edges):
+            for s, p in ((a, b), (b, a)):
                 self.routes.append((s, p, 1 + int(rng.random() * (self.period - 1))))
         self.peers: dict[str, list[str]] = {}
         for s, p, _ in self.routes:
