@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from clocktower import agent_cli
 from clocktower.config import Settings
 from clocktower.data_dir import read_owner
 from clocktower.errors import UserError
@@ -48,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topics", help="list topics with their offsets and consumer lag")
     t.add_argument("--json", action="store_true")
     _common(t)
+    agent_cli.add_parser(sub)
     return ap
 
 
@@ -128,7 +130,8 @@ def cmd_topics(args: argparse.Namespace, console: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     console = Console()
-    handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics}[args.command]
+    handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics,
+               "agent": agent_cli.cmd_agent}[args.command]
     try:
         return handler(args, console)
     except UserError as exc:

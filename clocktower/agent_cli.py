@@ -1,0 +1,113 @@
+"""`clocktower agent`: run the node agent's sources on this node and publish what they see.
+
+Without `--stdout` events go to Kafka through the spooling publisher (nothing lost while the broker is
+away). At start a table says which sources are on and why any are off; with `--duration S --json` the
+run ends after S seconds with event counts per source as one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from clocktower.errors import UserError
+from producers.agent.config import ALL_SOURCES, AgentSettings
+from producers.agent.factory import build_sources
+from producers.agent.runner import AgentRunner, Sink
+from producers.agent.stdout_sink import JsonLinesSink
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    a = sub.add_parser("agent", help="run the node agent (GPU health, eBPF flows, links, clock probes)")
+    a.add_argument("--node", help="this node's name (default: hostname, or CLOCKTOWER_AGENT_NODE)")
+    a.add_argument("--stdout", action="store_true", help="print event batches as JSON lines instead of Kafka")
+    a.add_argument("--duration", type=float, help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
+    a.add_argument("--json", action="store_true", help="at the end, print event counts per source as JSON")
+    a.add_argument("--kafka", help="bootstrap servers (default CLOCKTOWER_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)")
+    a.add_argument("--sources", help=f"comma-separated subset of {','.join(ALL_SOURCES)} (default: all)")
+    a.add_argument("--gpu-hz", type=float, help="GPU readings per second per GPU (default 10)")
+    a.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 (default: the system's)")
+    a.add_argument("--flow-drain-ms", type=float, help="eBPF map drain period in ms (default 10)")
+    a.add_argument("--tc-interface", action="append", help="attach the tc flow classifier here (repeatable)")
+    a.add_argument("--link-interface", action="append", help="watch only these interfaces (default: all but lo)")
+    a.add_argument("--clock-peer", action="append", help="a clock-probe peer host:port (repeatable)")
+    a.add_argument("--clock-bind", help="clock-probe UDP address (default 0.0.0.0:7373)")
+    a.add_argument("--spool-dir", help="on-disk spool while the broker is away (default .clocktower-agent/spool)")
+
+
+def _settings(args: argparse.Namespace) -> AgentSettings:
+    pairs = {"node": args.node, "gpu_hz": args.gpu_hz, "nvml_library": args.nvml_library,
+             "flow_drain_ms": args.flow_drain_ms, "tc_interfaces": args.tc_interface,
+             "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,
+             "spool_dir": args.spool_dir,
+             "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
+    return AgentSettings(**{k: v for k, v in pairs.items() if v is not None})
+
+
+def _status_table(report: dict) -> Table:
+    t = Table(title="clocktower agent sources", title_justify="left")
+    for col in ("source", "state", "why"):
+        t.add_column(col, overflow="fold")
+    for name, s in report["sources"].items():
+        state = "[green]on[/green]" if s["enabled"] else "[yellow]off[/yellow]"
+        t.add_row(name, state, s.get("error") or s["reason"])
+    return t
+
+
+def _kafka_sink(args: argparse.Namespace, settings: AgentSettings) -> tuple[Sink, object]:
+    from producers.spooling_publisher import SpoolingPublisher
+
+    from clocktower.config import Settings
+
+    bootstrap = args.kafka or Settings().bootstrap
+    publisher = SpoolingPublisher(bootstrap, settings.spool_dir, max_spool_bytes=int(settings.spool_max_mb * 2**20))
+    return publisher.publish, publisher
+
+
+def cmd_agent(args: argparse.Namespace, console: Console) -> int:
+    if args.duration is not None and args.duration <= 0:
+        raise UserError("--duration must be > 0")
+    if args.json and args.duration is None:
+        raise UserError("--json needs --duration (the counts are printed at the end of the run)")
+    settings = _settings(args)
+    try:
+        sources = build_sources(settings)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    err = Console(stderr=True)
+    publisher = None
+    if args.stdout:
+        sink: Sink = JsonLinesSink()
+    else:
+        sink, publisher = _kafka_sink(args, settings)
+    runner = AgentRunner(sources, sink)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    started = time.monotonic()
+    try:
+        runner.start()
+        err.print(_status_table(runner.report()))
+        if not any(s.enabled for s in runner.status.values()):
+            err.print("[yellow]no source can run on this machine[/yellow]")
+        deadline = started + args.duration if args.duration else None
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runner.stop()
+        if publisher is not None:
+            publisher.flush(10)     # type: ignore[attr-defined]
+            publisher.close()       # type: ignore[attr-defined]
+    report = runner.report() | {"node": settings.node, "seconds": round(time.monotonic() - started, 3)}
+    if publisher is not None:
+        report["publisher"] = publisher.stats()    # type: ignore[attr-defined]
+    if args.json:
+        print(orjson.dumps(report).decode())
+    return 0

@@ -1,0 +1,31 @@
+"""The node agent's settings (CLOCKTOWER_AGENT_* environment variables; `clocktower agent` flags override)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_AGENT_", extra="ignore")
+
+    node: str = Field(default_factory=socket.gethostname, min_length=1, max_length=256)
+    sources: tuple[str, ...] = ALL_SOURCES
+    gpu_hz: float = Field(default=10.0, gt=0, le=1000)
+    nvml_library: str | None = Field(default=None, description="path of libnvidia-ml.so.1 (default: the system's)")
+    flow_drain_ms: float = Field(default=10.0, gt=0, le=60_000)
+    tc_interfaces: tuple[str, ...] = ()
+    kernel_source: str | None = Field(default=None, description="kernel headers for BCC (BCC_KERNEL_SOURCE)")
+    link_interfaces: tuple[str, ...] | None = None
+    ib_sysfs_root: Path = Path("/sys/class/infiniband")
+    ib_poll_s: float = Field(default=1.0, gt=0, le=3600)
+    clock_bind: str = "0.0.0.0:7373"
+    clock_peers: tuple[str, ...] = ()
+    clock_pairs_per_s: float = Field(default=10.0, gt=0, le=10_000)
+    spool_dir: Path = Path(".clocktower-agent/spool")
+    spool_max_mb: float = Field(default=256.0, gt=0)

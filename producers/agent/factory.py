@@ -1,0 +1,72 @@
+"""Builds the node agent's sources from its settings. A source whose module cannot even be imported here
+(a missing library) is still listed, off, with the import error as its reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from producers.agent.config import ALL_SOURCES, AgentSettings
+from producers.agent.source import Availability, Emit, Source
+
+
+class UnavailableSource:
+    """Stands in for a source that cannot be built on this machine; `check()` says why."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        self.counts: Counter[str] = Counter()
+
+    def check(self) -> Availability:
+        return Availability(False, self.reason)
+
+    def start(self, emit: Emit) -> None:
+        raise RuntimeError(self.reason)
+
+    def stop(self) -> None:
+        return None
+
+
+def _gpu(s: AgentSettings) -> Source:
+    from producers.agent.gpu_source import GpuSource
+    return GpuSource(s.node, hz=s.gpu_hz, library_path=s.nvml_library)
+
+
+def _flows(s: AgentSettings) -> Source:
+    from producers.agent.ebpf.flow_source import FlowSource
+    return FlowSource(s.node, drain_ms=s.flow_drain_ms, kernel_source=s.kernel_source, tc_interfaces=s.tc_interfaces)
+
+
+def _links(s: AgentSettings) -> Source:
+    from producers.agent.link_source import LinkSource
+    return LinkSource(s.node, interfaces=s.link_interfaces)
+
+
+def _ib(s: AgentSettings) -> Source:
+    from producers.agent.ib_sysfs import IbPortSource
+    return IbPortSource(s.node, root=s.ib_sysfs_root, poll_s=s.ib_poll_s)
+
+
+def _clock(s: AgentSettings) -> Source:
+    from producers.agent.clock_source import ClockProbeSource
+    return ClockProbeSource(s.node, s.clock_bind, s.clock_peers, pairs_per_s=s.clock_pairs_per_s)
+
+
+BUILDERS: dict[str, Callable[[AgentSettings], Source]] = {
+    "gpu": _gpu, "flows": _flows, "links": _links, "ib": _ib, "clock": _clock,
+}
+assert set(BUILDERS) == set(ALL_SOURCES)
+
+
+def build_sources(settings: AgentSettings) -> list[Source]:
+    unknown = set(settings.sources) - set(BUILDERS)
+    if unknown:
+        raise ValueError(f"unknown source(s) {sorted(unknown)}: choose from {', '.join(ALL_SOURCES)}")
+    out: list[Source] = []
+    for name in settings.sources:
+        try:
+            out.append(BUILDERS[name](settings))
+        except ImportError as exc:
+            out.append(UnavailableSource(name, f"cannot import its module: {exc}"))
+    return out

@@ -1,0 +1,140 @@
+"""The node agent's runner and `clocktower agent` CLI: sources on/off with reasons, batching to one sink,
+drop-oldest when the queue is full, and two real agents exchanging clock probes through the kernel."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+from clocktower.ports import free_port
+from producers.agent.factory import UnavailableSource
+from producers.agent.runner import AgentRunner
+from producers.agent.source import Availability, Emit
+from schemas.event import Event
+from schemas.telemetry import LinkState
+from tests.test_cli import _env, assert_one_error_line, clocktower
+
+T0 = time.time_ns()
+
+
+def _link(i: int) -> LinkState:
+    return LinkState(node="n", ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True, carrier_changes=i)
+
+
+class CountingSource:
+    """Emits `n` LinkState events from its own thread, in batches of 10."""
+
+    name = "count"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.counts: Counter[str] = Counter()
+        self.thread: threading.Thread | None = None
+
+    def check(self) -> Availability:
+        return Availability(True, "always")
+
+    def start(self, emit: Emit) -> None:
+        def run() -> None:
+            for i in range(0, self.n, 10):
+                batch = [_link(j) for j in range(i, min(i + 10, self.n))]
+                self.counts["link_state"] += len(batch)
+                emit(batch)
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+
+    def stop(self) -> None:
+        assert self.thread is not None
+        self.thread.join()
+
+
+def test_runner_delivers_everything_in_order_from_one_thread_and_reports_off_sources() -> None:
+    got: list[Event] = []
+    threads: set[str] = set()
+
+    def sink(events: list[Event]) -> None:
+        threads.add(threading.current_thread().name)
+        got.extend(events)
+
+    runner = AgentRunner([CountingSource(1000), UnavailableSource("gpu", "NVML library not found")], sink,
+                         flush_interval_s=0.02)
+    runner.start()
+    time.sleep(0.2)
+    runner.stop()
+    assert [e.carrier_changes for e in got] == list(range(1000))
+    assert threads == {"agent-delivery"}
+    report = runner.report()
+    assert report["sources"]["count"] == {"enabled": True, "reason": "always", "events": {"link_state": 1000}}
+    assert report["sources"]["gpu"]["enabled"] is False
+    assert report["sources"]["gpu"]["reason"] == "NVML library not found"
+    assert report["delivered"] == {"link_state": 1000} and report["dropped_events"] == 0
+
+
+def test_runner_drops_oldest_when_the_sink_stalls_and_counts_it() -> None:
+    release = threading.Event()
+    got: list[Event] = []
+
+    def slow_sink(events: list[Event]) -> None:
+        release.wait(10)
+        got.extend(events)
+
+    runner = AgentRunner([CountingSource(500)], slow_sink, flush_interval_s=0.01, max_queued_batches=5,
+                         max_batch_events=10)
+    runner.start()
+    time.sleep(0.3)
+    release.set()
+    runner.stop()
+    assert runner.dropped_events > 0
+    assert len(got) + runner.dropped_events == 500          # nothing lost without being counted
+    assert got[-1].carrier_changes == 499                    # the newest survive
+
+
+def test_sink_errors_are_counted_not_fatal() -> None:
+    calls = Counter()
+
+    def failing(events: list[Event]) -> None:
+        calls["n"] += 1
+        raise RuntimeError("broker away")
+
+    runner = AgentRunner([CountingSource(50)], failing, flush_interval_s=0.01)
+    runner.start()
+    time.sleep(0.1)
+    runner.stop()
+    assert runner.sink_errors == calls["n"] >= 1 and runner.delivered == {}
+
+
+def test_agent_cli_rejects_bad_input() -> None:
+    assert_one_error_line(clocktower("agent", "--sources", "gpu,bogus", "--stdout"), "bogus")
+    assert_one_error_line(clocktower("agent", "--stdout", "--json"), "--duration")
+    assert_one_error_line(clocktower("agent", "--stdout", "--duration", "0"), "--duration")
+    assert_one_error_line(clocktower("agent", "--stdout", "--duration", "1", "--gpu-hz", "-1"), "gpu_hz")
+
+
+def test_two_agents_exchange_clock_probes_and_report_counts() -> None:
+    """Two `clocktower agent --stdout` processes probe each other; the JSON lines and the final counts agree."""
+    import subprocess
+    import sys
+
+    pa, pb = free_port(), free_port()
+    procs = []
+    for node, own, peer in (("a", pa, pb), ("b", pb, pa)):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "clocktower", "agent", "--node", node, "--stdout", "--duration", "3", "--json",
+             "--sources", "clock,gpu", "--clock-bind", f"127.0.0.1:{own}", "--clock-peer", f"127.0.0.1:{peer}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+    for node, proc in zip("ab", procs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        lines = [json.loads(line) for line in out.splitlines()]
+        report, batches = lines[-1], lines[:-1]
+        assert report["node"] == node
+        assert report["sources"]["clock"]["enabled"] is True
+        assert report["sources"]["gpu"]["enabled"] is False and "NVML" in report["sources"]["gpu"]["reason"]
+        probes = [e for b in batches for e in b["events"]]
+        assert all(b["topic"] == "telemetry.clock" and b["schema"] == "clock_probe" for b in batches)
+        assert len(probes) == report["delivered"]["clock_probe"] == report["sources"]["clock"]["events"][
+            "clock_probe"] >= 20
+        assert {(p["sender"], p["receiver"]) for p in probes} == {("b" if node == "a" else "a", node)}
+        assert "clock" in err and "on" in err      # the status table on stderr
