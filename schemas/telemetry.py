@@ -134,7 +134,9 @@ class LinkState(Event):
     speed_mbps: UInt32 = 0
     operstate: Name = "unknown"
     carrier: Bool = False
-    # InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`); 0 where absent
+    # InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`); 0 where absent.
+    # port_*_data are bytes (sysfs counts 4-byte words). For IB ports `operstate` is the physical state
+    # (e.g. "LinkUp") and `carrier_changes` is the `link_downed` counter (one per flap, not two).
     ib_state: Name = "none"
     port_xmit_data: UInt64 = 0
     port_rcv_data: UInt64 = 0

@@ -45,7 +45,7 @@ def _links(s: AgentSettings) -> Source:
 
 def _ib(s: AgentSettings) -> Source:
     from producers.agent.ib_sysfs import IbPortSource
-    return IbPortSource(s.node, root=s.ib_sysfs_root, poll_s=s.ib_poll_s)
+    return IbPortSource(s.node, root=s.ib_sysfs_root, interval_s=s.ib_poll_s)
 
 
 def _clock(s: AgentSettings) -> Source:

@@ -1,0 +1,265 @@
+"""InfiniBand / RoCE port state and counters from sysfs, and the node agent's "ib" source that polls them.
+
+Layout read (root defaults to /sys/class/infiniband; tests point it at a fake tree)::
+
+    ROOT/DEV/ports/N/state          "4: ACTIVE"         -> ib_state "ACTIVE", up = ACTIVE
+    ROOT/DEV/ports/N/phys_state     "5: LinkUp"         -> operstate "LinkUp", carrier = LinkUp
+    ROOT/DEV/ports/N/rate           "100 Gb/sec (4X EDR)" -> speed_mbps 100000 (0 unless ACTIVE)
+    ROOT/DEV/ports/N/link_layer     "InfiniBand" | "Ethernet" (RoCE); read, not reported (no schema field)
+    ROOT/DEV/ports/N/counters/{port_xmit_data, port_rcv_data, port_xmit_packets, port_rcv_packets,
+                               port_rcv_errors, port_xmit_discards, symbol_error, link_downed,
+                               link_error_recovery}
+
+Units: `port_xmit_data` and `port_rcv_data` are counted in 4-byte words by the IB spec (and by every
+driver's sysfs file). They are reported in BYTES here (sysfs value x 4, wrapped to 64 bits), so they can be
+added to and compared with every other byte counter in the pipeline. The other counters are packet/event
+counts, reported as read. A counter file that is missing or unreadable reads 0 (older HCAs lack some; a
+32-bit counter that saturated is reported as read).
+
+Each port is one LinkState with kind "infiniband" and interface "DEV/N" (e.g. "mlx5_0/1"), for RoCE ports
+too (it is the RDMA port's view; the netdev over it is the LinkSource's). IB has no carrier-change count,
+so `carrier_changes` is the port's `link_downed` counter (times the link went down, by the hardware): a
+flap adds 1 here, where an Ethernet flap adds 2 (a down and an up).
+
+`IbPortSource` (name "ib") is kept apart from the netlink `LinkSource` ("links") because it has a different
+mechanism (sysfs has no change events, so it polls) and a different availability (most machines have no
+RDMA device): the runner can then run and report each on its own. It reads every port every `interval_s`
+(default 1 s) and emits, in one batch per poll:
+
+- every port, once per `report_interval_s` (default 1 s, i.e. every poll): the counter time series;
+- right away, at the poll that sees it, every port whose state (state, phys_state, rate) changed since the
+  previous poll, or that appeared or vanished (a vanished port is reported once with up=False and operstate
+  "deleted"). So with a longer report interval a state change still surfaces within one poll interval.
+
+`ts_ns` is time.time_ns() taken just before the port is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from producers.agent.source import Availability, Emit
+from schemas.telemetry import LinkState
+
+log = logging.getLogger(__name__)
+
+IB_ROOT = Path("/sys/class/infiniband")
+COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_rcv_errors",
+            "port_xmit_discards", "symbol_error", "link_downed", "link_error_recovery")
+WORD_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})   # 4-byte words in sysfs; reported in bytes
+U64 = 2**64 - 1
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([GM])b/sec", re.IGNORECASE)
+
+
+def parse_enum(text: str) -> str:
+    """"4: ACTIVE" -> "ACTIVE"; "5: LinkUp" -> "LinkUp"; a bare name is kept; empty -> "unknown"."""
+    name = text.strip().split(":", 1)[-1].strip()
+    return name or "unknown"
+
+
+def parse_rate_mbps(text: str) -> int:
+    """"100 Gb/sec (4X EDR)" -> 100000; "2.5 Gb/sec (1X SDR)" -> 2500; anything else -> 0."""
+    m = _RATE.match(text)
+    if not m:
+        return 0
+    value = float(m.group(1)) * (1000 if m.group(2).upper() == "G" else 1)
+    return int(round(value))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_counter(path: Path) -> int:
+    text = _read(path)
+    if text is None:
+        return 0
+    try:
+        value = int(text.strip(), 0)
+    except ValueError:
+        return 0
+    return value if value >= 0 else 0
+
+
+@dataclass(frozen=True)
+class IbPort:
+    """One RDMA port as read from sysfs. `counters` are in reporting units (data counters in bytes)."""
+
+    device: str
+    port: int
+    state: str
+    phys_state: str
+    link_layer: str
+    rate_mbps: int
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def up(self) -> bool:
+        return self.state.upper() == "ACTIVE"
+
+    @property
+    def state_key(self) -> tuple[str, str, int]:
+        """What a state change is: any of these differing between two polls."""
+        return (self.state, self.phys_state, self.rate_mbps)
+
+    def to_event(self, node: str, ts_ns: int) -> LinkState:
+        c = self.counters
+        return LinkState(node=node, ts_ns=ts_ns, interface=self.name, kind="infiniband", up=self.up,
+                         carrier_changes=c.get("link_downed", 0), speed_mbps=self.rate_mbps if self.up else 0,
+                         operstate=self.phys_state, carrier=self.phys_state.lower() == "linkup",
+                         ib_state=self.state, **{k: c.get(k, 0) for k in COUNTERS})
+
+
+def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
+    """(device, port number, port dir) for every DEV/ports/N under root, in order; [] if root is absent."""
+    out = []
+    try:
+        devices = sorted(p for p in root.iterdir())
+    except OSError:
+        return []
+    for dev in devices:
+        try:
+            ports = list((dev / "ports").iterdir())
+        except OSError:
+            continue
+        for p in ports:
+            if p.name.isdigit():
+                out.append((dev.name, int(p.name), p))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return out
+
+
+def read_port(device: str, port: int, path: Path) -> IbPort:
+    """Read one port directory. Missing files read as "unknown" / 0, never raise."""
+    counters = {}
+    for name in COUNTERS:
+        value = _read_counter(path / "counters" / name)
+        counters[name] = (value * 4) & U64 if name in WORD_COUNTERS else value & U64
+    return IbPort(device=device, port=port, state=parse_enum(_read(path / "state") or ""),
+                  phys_state=parse_enum(_read(path / "phys_state") or ""),
+                  link_layer=(_read(path / "link_layer") or "unknown").strip() or "unknown",
+                  rate_mbps=parse_rate_mbps(_read(path / "rate") or ""), counters=counters)
+
+
+def read_ports(root: Path = IB_ROOT) -> list[IbPort]:
+    """Every port of every RDMA device under root, sorted by device then port."""
+    return [read_port(dev, n, path) for dev, n, path in _port_dirs(root)]
+
+
+class IbPortSource:
+    """Polls InfiniBand/RoCE ports in sysfs ("ib"); see the module doc."""
+
+    name = "ib"
+
+    def __init__(self, node: str, root: Path | str = IB_ROOT, interval_s: float = 1.0,
+                 report_interval_s: float | None = None) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.node = node
+        self.root = Path(root)
+        self.interval_s = interval_s
+        self.report_interval_s = interval_s if report_interval_s is None else report_interval_s
+        self.counts: Counter[str] = Counter()
+        self.state_changes = 0
+        self._last: dict[str, IbPort] = {}
+        self._last_report: float | None = None     # monotonic time of the last full report
+        self._emit: Emit | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> Availability:
+        try:
+            if not self.root.exists():
+                return Availability(False, f"no {self.root}: no InfiniBand/RoCE device here "
+                                           "(or the ib_core driver is not loaded)")
+            if not self.root.is_dir():
+                return Availability(False, f"{self.root} is not a directory")
+            devices = sorted(p.name for p in self.root.iterdir())
+            if not devices:
+                return Availability(False, f"{self.root} lists no RDMA devices")
+            ports = _port_dirs(self.root)
+            if not ports:
+                return Availability(False, f"RDMA device(s) {', '.join(devices)} under {self.root} have no ports")
+            names = ", ".join(f"{d}/{n}" for d, n, _ in ports)
+            return Availability(True, f"{len(ports)} RDMA port(s) polled every {self.interval_s:g} s: {names}")
+        except OSError as e:
+            return Availability(False, f"cannot read {self.root}: {e}")
+
+    def poll(self, now: float | None = None) -> list[LinkState]:
+        """Read every port once and return the events due (see the module doc). Does not emit.
+
+        `now` is the monotonic time used for the report schedule (tests pass it; default time.monotonic()).
+        """
+        now = time.monotonic() if now is None else now
+        full = self._last_report is None or now - self._last_report >= self.report_interval_s - 1e-9
+        if full:
+            self._last_report = now
+        out: list[LinkState] = []
+        current: dict[str, IbPort] = {}
+        for dev, n, path in _port_dirs(self.root):
+            ts = time.time_ns()
+            port = read_port(dev, n, path)
+            current[port.name] = port
+            before = self._last.get(port.name)
+            changed = before is None or before.state_key != port.state_key
+            if changed and before is not None:
+                self.state_changes += 1
+            if full or changed:
+                out.append(port.to_event(self.node, ts))
+        for name, gone in self._last.items():
+            if name not in current:
+                self.state_changes += 1
+                out.append(gone.to_event(self.node, time.time_ns()).model_copy(
+                    update={"up": False, "carrier": False, "speed_mbps": 0, "operstate": "deleted"}))
+        self._last = current
+        return out
+
+    def start(self, emit: Emit) -> None:
+        if self._thread is not None:
+            raise RuntimeError("IbPortSource already started")
+        self._emit = emit
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="clocktower-ib", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            if self._thread.is_alive():
+                log.warning("ib: poller thread did not stop within 5 s")
+            self._thread = None
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                events = self.poll()
+            except Exception:
+                log.exception("ib: poll failed")
+                events = []
+            if events and self._emit is not None:
+                try:
+                    self._emit(events)
+                    self.counts[LinkState.SCHEMA] += len(events)
+                except Exception:
+                    log.exception("ib: emit failed; %d event(s) dropped", len(events))
+            next_at += self.interval_s
+            delay = next_at - time.monotonic()
+            if delay < 0:                          # fell behind (slow sysfs, suspended VM): skip, don't burst
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
