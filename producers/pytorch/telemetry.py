@@ -1,0 +1,204 @@
+"""Telemetry: one object a training script creates to publish its collectives and iterations."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from producers.pytorch._torch import require_torch
+from producers.pytorch.comm_hook import BucketTimingHook, SequenceCounter
+from producers.pytorch.event_buffer import EventBuffer, Publisher
+from producers.pytorch.flight_recorder import (
+    ENV_VARS,
+    FlightRecorderDump,
+    FlightRecorderReader,
+    buffer_size_from_env,
+    dump_json,
+)
+from producers.pytorch.iterations import IterationClock
+from schemas.telemetry import CollectiveEvent, IterationEvent
+
+torch = require_torch()
+dist = torch.distributed
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_ENV = "CLOCKTOWER_KAFKA_BOOTSTRAP"
+
+
+def default_publisher() -> Publisher:
+    bootstrap = os.environ.get(BOOTSTRAP_ENV)
+    if not bootstrap:
+        raise ValueError(f"Telemetry needs a Kafka broker: set {BOOTSTRAP_ENV}=host:port, "
+                         "or pass publisher= (any object with publish(events) and flush(timeout))")
+    from producers.kafka_publisher import KafkaPublisher
+    return KafkaPublisher(bootstrap)
+
+
+def group_label(pg: Any) -> str:
+    """The communicator of a comm-hook event: "default" for the world group (or None), else the group name."""
+    if pg is None or not dist.is_initialized() or pg is dist.group.WORLD:
+        return "default"
+    return getattr(pg, "group_name", "") or "default"
+
+
+class Telemetry:
+    """Publishes this rank's all-reduce buckets, iterations and flight-recorder collectives.
+
+    ```
+    tele = Telemetry(job="llm-7b")            # node = hostname, rank from torch.distributed
+    model = tele.instrument(DDP(model))       # times every all-reduce bucket
+    for batch in loader:
+        with tele.iteration():                # or tele.step() at the top of the loop body
+            ...
+    tele.close()                              # dumps the flight recorder, flushes the publisher
+    ```
+
+    Events are buffered and published in batches by a background thread (`interval_s`), never from
+    the training hot path. `publisher` is any object with `publish(list[Event])` and
+    `flush(timeout)`; by default a KafkaPublisher to $CLOCKTOWER_KAFKA_BOOTSTRAP.
+    """
+
+    def __init__(self, job: str, *, node: str | None = None, rank: int | None = None,
+                 publisher: Publisher | None = None, interval_s: float = 1.0, batch_size: int = 1000,
+                 start_iteration: int = 0, cuda_sync: bool = False) -> None:
+        self.job = job
+        self.node = node or socket.gethostname()
+        self._rank = rank
+        self.publisher = publisher if publisher is not None else default_publisher()
+        self.buffer = EventBuffer(self.publisher, interval_s=interval_s, batch_size=batch_size)
+        self.seq = SequenceCounter()
+        self.hooks: list[BucketTimingHook] = []
+        sync = torch.cuda.synchronize if cuda_sync and torch.cuda.is_available() else None
+        self.clock = IterationClock(self._record_iteration, start=start_iteration, before_end=sync)
+        self.fr_buffer_size = buffer_size_from_env()
+        self.flight_recorder_status = ("enabled" if self.fr_buffer_size else
+                                       f"disabled: set {ENV_VARS[0]}=<entries> before init_process_group")
+        self._fr: FlightRecorderReader | None = None
+        self._fr_warned = False
+        self.last_flight_recorder: FlightRecorderDump | None = None
+        self.closed = False
+        atexit.register(self._close_at_exit)   # a script that forgets close() still publishes its tail
+
+    # --- identity ---------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, else torch.distributed's (once initialized), else $RANK, else 0."""
+        if self._rank is None and dist.is_initialized():
+            self._rank = dist.get_rank()
+        if self._rank is not None:
+            return self._rank
+        return int(os.environ.get("RANK", "0"))
+
+    # --- all-reduce buckets -----------------------------------------------------
+    def instrument(self, model: Any, hook: Callable[[Any, Any], Any] | None = None, state: Any = None) -> Any:
+        """Register a comm hook on `model` (a DistributedDataParallel) that times every bucket; returns it.
+
+        `hook`/`state`: an inner comm hook to wrap (e.g. fp16_compress_hook) and its state; by default
+        allreduce_hook over the model's process group, which averages gradients as DDP does itself.
+        DDP accepts one comm hook per model, so register yours through this argument.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+        if not isinstance(model, DistributedDataParallel):
+            raise TypeError(f"instrument() takes a DistributedDataParallel model, got {type(model).__name__}")
+        pg = getattr(model, "process_group", None)
+        communicator = group_label(pg)
+        rank = self.rank
+
+        def record(seq: int, nbytes: int, start_ns: int, end_ns: int) -> None:
+            self.buffer.add(CollectiveEvent, {
+                "node": self.node, "ts_ns": time.time_ns(), "job": self.job, "rank": rank,
+                "communicator": communicator, "op": "allreduce", "seq": seq, "bytes": nbytes,
+                "start_ns": start_ns, "end_ns": end_ns})
+
+        timing = BucketTimingHook(record, self.seq, inner=hook)
+        self.hooks.append(timing)
+        model.register_comm_hook(pg if hook is None else state, timing.as_hook())
+        return model
+
+    # --- iterations -------------------------------------------------------------
+    def iteration(self, number: int | None = None) -> AbstractContextManager[int]:
+        """`with tele.iteration():` times one iteration (numbered from `start_iteration`)."""
+        return self.clock.iteration(number)
+
+    def step(self, number: int | None = None) -> int:
+        """Call at the top of each iteration: ends the previous one, begins the next; close() ends the last."""
+        return self.clock.step(number)
+
+    def _record_iteration(self, it: int, start_ns: int, end_ns: int) -> None:
+        self.buffer.add(IterationEvent, {"node": self.node, "ts_ns": time.time_ns(), "job": self.job,
+                                         "rank": self.rank, "iteration": it, "start_ns": start_ns,
+                                         "end_ns": end_ns})
+
+    # --- flight recorder ----------------------------------------------------------
+    def dump_flight_recorder(self, include_pending: bool = False) -> FlightRecorderDump:
+        """Emit a CollectiveEvent for every flight-recorder entry not emitted before (see flight_recorder)."""
+        if not self.fr_buffer_size:
+            if not self._fr_warned:
+                warnings.warn(f"the PyTorch flight recorder is off ({self.flight_recorder_status}); "
+                              "dump_flight_recorder() emits nothing", RuntimeWarning, stacklevel=2)
+                self._fr_warned = True
+            return FlightRecorderDump(status=self.flight_recorder_status)
+        if not dist.is_initialized():
+            return FlightRecorderDump(status="unavailable: torch.distributed is not initialized")
+        if self._fr is None:
+            self._fr = FlightRecorderReader(world_group_name=dist.group.WORLD.group_name)
+        try:
+            dump = dump_json(torch)
+        except (AttributeError, RuntimeError, ValueError) as exc:
+            self.flight_recorder_status = f"unavailable: {exc}"
+            log.warning("cannot read the flight recorder: %s", exc)
+            return FlightRecorderDump(status=self.flight_recorder_status)
+        events, summary = self._fr.read(dump, include_pending=include_pending)
+        rank, now = self.rank, time.time_ns()
+        for fields in events:
+            self.buffer.add(CollectiveEvent, {"node": self.node, "ts_ns": now, "job": self.job, "rank": rank,
+                                              **fields})
+        if summary.skipped_ops:
+            log.info("flight recorder: skipped ops with no schema value: %s", dict(summary.skipped_ops))
+        self.last_flight_recorder = summary
+        return summary
+
+    # --- lifecycle --------------------------------------------------------------
+    def flush(self) -> int:
+        """Publish everything buffered now (from the calling thread); returns the events published."""
+        return self.buffer.drain()
+
+    def close(self, timeout: float = 30.0) -> int:
+        """End an open step() iteration, dump the flight recorder (pending entries too), publish and flush.
+
+        Returns the deliveries still pending after `timeout`. Call before destroy_process_group().
+        """
+        if self.closed:
+            return 0
+        self.closed = True
+        atexit.unregister(self._close_at_exit)
+        self.clock.finish()
+        if self.fr_buffer_size and dist.is_initialized():
+            self.dump_flight_recorder(include_pending=True)
+        return self.buffer.close(timeout)
+
+    def _close_at_exit(self) -> None:
+        if not self.closed:
+            self.close(timeout=5.0)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"published": self.buffer.published, "dropped": self.buffer.dropped,
+                "invalid": self.buffer.invalid, "publish_errors": self.buffer.publish_errors,
+                "hook_failures": sum(h.failed for h in self.hooks),
+                "fr_missed": self._fr.missed if self._fr else 0,
+                "fr_skipped": sum(self._fr.skipped_ops.values()) if self._fr else 0}
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
