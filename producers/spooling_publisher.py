@@ -1,0 +1,510 @@
+"""A Kafka publisher that loses nothing while the broker is away: a local spool, replayed in order.
+
+`SpoolingPublisher` is a KafkaPublisher (same envelope records, compression, idempotence, counters) with a
+bounded on-disk spool (`producers.spool.Spool`) in front of the broker:
+
+* Broker up and spool empty: records go straight to librdkafka, as with KafkaPublisher.
+* Broker away: every new record is appended to the spool. So are the records librdkafka still holds
+  unacknowledged at that moment (they are written first, keeping the order), and any record whose
+  delivery later fails. A record leaves the spool only when the broker acknowledged it.
+* Broker back: the spool is replayed oldest first (at most `replay_window` records in flight). While
+  anything is spooled, new records are appended behind it, so the order per topic and key is kept;
+  once the spool is empty the publisher goes back to sending directly.
+
+How "away" is detected:
+  - librdkafka's error callback reporting _ALL_BROKERS_DOWN (it fires at once when the connection drops
+    or a connect is refused). A lone _TRANSPORT error does not count: on a cluster one broker may go.
+  - any delivery failure other than a permanent one (record too large, invalid): librdkafka gives up on
+    a record after `message_timeout_ms` (5 s by default, short on purpose) and the record is spooled.
+  - at start the broker is presumed away until the first probe answers.
+  How "back" is detected: while away, a metadata request (`list_topics`) every `probe_interval_s`; any
+  acknowledgement also counts.
+
+Duplicates. A record that reached the broker but whose acknowledgement was lost (the broker stopped
+mid-request; or this process died after the ack but before the spool noted it) is "in doubt". Every
+record carries a `ct-rid` header, unique per record. Before replaying after an outage, and after a restart
+with a non-empty spool, the publisher reads the spooled topics back from the time of the oldest in-doubt
+record (offsets_for_times) and does not resend a record whose ct-rid it finds. So replay is exactly-once
+as long as that check completes; if it cannot (the broker keeps failing it, or more than
+`dedup_scan_limit` records would have to be read) it is skipped with a warning, and a record may then be
+delivered twice. The order per partition also relies on librdkafka's idempotent producer, which keeps
+retrying a partition's records in order.
+
+What can still be lost: a crash of this process while records sit only in librdkafka's memory (sent
+directly and not yet acknowledged, at most `message_timeout_ms` of traffic while the broker is up), and,
+on a machine crash, the last `fsync_interval_s` of spooled records (see producers/spool.py). When the
+spool is full the oldest segments are dropped, counted (records and events) and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from producers.kafka_publisher import KafkaPublisher
+from producers.spool import Spool, SpoolEntry, SpoolRecord
+from schemas.codec import encode_batch
+from schemas.event import Event
+from schemas.topics import topic_for
+
+log = logging.getLogger(__name__)
+
+RID_HEADER = "ct-rid"
+DEFAULT_MAX_SPOOL_BYTES = 256 * 1024 * 1024
+_PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,
+              KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG_SIZE,
+              KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+DeliveryCallback = Callable[[KafkaError | None, Any], None]
+
+
+class _Pending:
+    """A record handed to librdkafka and not yet resolved."""
+
+    __slots__ = ("rec", "on_disk", "replay", "orphan")
+
+    def __init__(self, rec: SpoolRecord, on_disk: bool, replay: bool) -> None:
+        self.rec = rec
+        self.on_disk = on_disk        # also in the spool (sent from it, or written there while in flight)
+        self.replay = replay          # sent from the spool by the replayer
+        self.orphan = False           # its spool segment was dropped (spool full) while it was in flight
+
+
+class SpoolingPublisher(KafkaPublisher):
+    """KafkaPublisher with a bounded on-disk spool for the times the broker is unreachable."""
+
+    def __init__(self, bootstrap: str, spool_dir: str | Path, max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+                 compression: str = "lz4", max_events_per_record: int = 1000, *,
+                 message_timeout_ms: int = 5000, probe_interval_s: float = 0.5, probe_timeout_s: float = 1.0,
+                 fsync_interval_s: float = 1.0, replay_window: int = 500, dedup_scan_limit: int = 1_000_000,
+                 segment_bytes: int | None = None, extra_config: dict[str, object] | None = None) -> None:
+        if compression not in ("lz4", "zstd"):
+            raise ValueError(f"compression must be lz4 or zstd, not {compression!r}")
+        self._lock = threading.RLock()
+        self.bootstrap = bootstrap
+        self.spool = Spool(spool_dir, max_spool_bytes, segment_bytes)
+        self._compression = compression
+        self._extra: dict[str, object] = {
+            "message.timeout.ms": message_timeout_ms,
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 1000,
+            "error_cb": self._on_error,
+            **(extra_config or {}),
+        }
+        super().__init__(bootstrap, max_events_per_record, compression, self._extra)
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.fsync_interval_s = fsync_interval_s
+        self.replay_window = replay_window
+        self.dedup_scan_limit = dedup_scan_limit
+
+        self._instance = uuid.uuid4().hex[:16]     # with the seq, makes each record's ct-rid unique
+        self._seq = self.spool.next_seq
+        self._inflight: dict[int, _Pending] = {}
+        self._callbacks: dict[int, DeliveryCallback] = {}
+        self._broker_up = False                    # presumed away until the first probe answers
+        self._next_probe = 0.0
+        self._replay_after: int | None = None      # replay round in progress: last seq taken from the spool
+        self._present: set[bytes] = set()          # ct-rids of spooled records found already in Kafka
+        self._scan_failures = 0
+        self._fatal: str | None = None
+        self._closing = False
+        self._closed = False
+        restored = self.spool.entries()
+        self._doubt_since: int | None = min((e.ts_ms for e in restored), default=None)
+        self._doubt_topics: set[str] = {e.topic for e in restored}
+        if restored:
+            log.warning("spool %s holds %d records (%d events) from an earlier run; they will be replayed",
+                        self.spool.dir, len(restored), sum(e.events for e in restored))
+
+        self.acked_records = 0
+        self.spooled_records = 0
+        self.spooled_events = 0
+        self.replayed_records = 0
+        self.deduplicated_records = 0
+        self.dropped_records = 0
+        self.dropped_events = 0
+        self.rejected_records = 0
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="spool-pump", daemon=True)
+        self._thread.start()
+
+    # --- publishing ---------------------------------------------------------------
+    def publish_batch(self, events: list[Event]) -> None:
+        """Queue one pre-grouped batch (one schema, one node) as one record."""
+        key, value, headers = encode_batch(events)
+        self.publish_raw(topic_for(type(events[0])).name, key, value, headers)
+        with self._lock:
+            self.sent[type(events[0]).SCHEMA] += len(events)
+
+    def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None,
+                    on_delivery: DeliveryCallback | None = None) -> None:
+        """Queue one already-encoded record: to the broker, or behind the spool.
+
+        `on_delivery`, if given, is called once with (None, message) when the broker acknowledges the record,
+        or with an error when it is rejected or dropped from a full spool; it does not survive a restart."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("publish on a closed SpoolingPublisher")
+            seq = self._seq
+            self._seq += 1
+            rid = f"{self._instance}-{seq}".encode()
+            rec = SpoolRecord(seq, topic, key, value, [*(headers or []), (RID_HEADER, rid)], int(time.time() * 1000))
+            if on_delivery is not None:
+                self._callbacks[seq] = on_delivery
+            if self._broker_up and self.spool.pending_records == 0 and self._produce(rec, on_disk=False):
+                return
+            self._to_spool(rec)
+
+    def _produce(self, rec: SpoolRecord, on_disk: bool, replay: bool = False) -> bool:
+        """Hand `rec` to librdkafka; False when its queue is full (the caller spools or waits instead)."""
+        try:
+            self.producer.produce(rec.topic, key=rec.key, value=rec.value, headers=rec.headers,
+                                  timestamp=rec.ts_ms, on_delivery=partial(self._on_delivery, rec.seq))
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            log.warning("cannot hand record %d for %s to librdkafka: %s", rec.seq, rec.topic, exc)
+            return False
+        self._inflight[rec.seq] = _Pending(rec, on_disk, replay)
+        return True
+
+    def _to_spool(self, rec: SpoolRecord) -> None:
+        self._spill_memory()          # what librdkafka holds only in memory is older: it goes first
+        self._append(rec)
+
+    def _append(self, rec: SpoolRecord) -> None:
+        dropped = self.spool.append(rec)
+        self.spooled_records += 1
+        self.spooled_events += rec.events
+        if dropped:
+            self._count_dropped(dropped)
+
+    def _spill_memory(self) -> None:
+        for p in sorted((p for p in self._inflight.values() if not p.on_disk and not p.orphan),
+                        key=lambda p: p.rec.seq):
+            p.on_disk = True
+            self._append(p.rec)
+
+    def _count_dropped(self, entries: list[SpoolEntry]) -> None:
+        records = events = 0
+        for e in entries:
+            p = self._inflight.get(e.seq)
+            if p is not None:          # on its way: it counts as dropped only if its delivery fails
+                p.on_disk, p.orphan = False, True
+                continue
+            records += 1
+            events += e.events
+            self._final(e.seq, e.schema, e.events, KafkaError(KafkaError._QUEUE_FULL, "dropped: spool full"))
+        self.dropped_records += records
+        self.dropped_events += events
+        if records:
+            log.warning("spool full (%d bytes max): dropped the oldest %d records (%d events); %d records "
+                        "(%d events) dropped so far", self.spool.max_bytes, records, events,
+                        self.dropped_records, self.dropped_events)
+
+    def _final(self, seq: int, schema: str, events: int, err: KafkaError) -> None:
+        """A record is gone for good (dropped or rejected)."""
+        self.failed[schema] += events
+        cb = self._callbacks.pop(seq, None)
+        if cb is not None:
+            cb(err, None)
+
+    # --- librdkafka callbacks (served by poll, on the pump thread or in flush) ------------
+    def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
+        with self._lock:
+            p = self._inflight.pop(seq, None)
+            if p is None:
+                return
+            rec = p.rec
+            if err is None:
+                self._broker_up = True
+                self.acked[rec.schema] += rec.events
+                self.acked_records += 1
+                if p.on_disk:
+                    self.spool.ack(seq)
+                if p.replay:
+                    self.replayed_records += 1
+                cb = self._callbacks.pop(seq, None)
+                if cb is not None:
+                    cb(None, msg)
+                return
+            if self._closing:                       # purged at close: it is on disk already
+                return
+            if err.code() in _PERMANENT:
+                self.rejected_records += 1
+                self.errors.append(str(err))
+                log.error("broker rejected a record of %d %s events for %s: %s", rec.events, rec.schema,
+                          rec.topic, err)
+                if p.on_disk:
+                    self.spool.ack(seq)
+                self._final(seq, rec.schema, rec.events, err)
+                return
+            if p.orphan:
+                self.dropped_records += 1
+                self.dropped_events += rec.events
+                log.warning("a record of %d %s events dropped from the full spool failed delivery (%s): lost",
+                            rec.events, rec.schema, err)
+                self._final(seq, rec.schema, rec.events, err)
+                return
+            self._doubt_since = rec.ts_ms if self._doubt_since is None else min(self._doubt_since, rec.ts_ms)
+            self._doubt_topics.add(rec.topic)
+            if not p.on_disk:
+                self._inflight[seq] = p             # spilled in order with the others still in memory
+            self._go_down(f"delivery failed: {err.str()}")
+            self._inflight.pop(seq, None)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("librdkafka fatal error: %s; the producer will be recreated", err)
+            with self._lock:
+                self._fatal = str(err)
+                self._go_down(f"fatal: {err.str()}")
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            with self._lock:
+                self._go_down(err.str())
+        else:
+            log.debug("librdkafka: %s", err)
+
+    def _go_down(self, reason: str) -> None:
+        if self._broker_up:
+            log.warning("Kafka broker unreachable (%s): spooling to %s", reason, self.spool.dir)
+        self._broker_up = False
+        self._replay_after = None
+        self._next_probe = time.monotonic() + self.probe_interval_s
+        if not self._closing:
+            self._spill_memory()
+
+    # --- the pump: probe, replay, fsync ---------------------------------------------------
+    def _pump(self) -> None:
+        next_sync = time.monotonic() + self.fsync_interval_s
+        while not self._stop.is_set():
+            try:
+                self.producer.poll(0.05)
+                if self._fatal is not None:
+                    self._recreate_producer()
+                now = time.monotonic()
+                if now >= next_sync:
+                    with self._lock:
+                        self.spool.sync()
+                    next_sync = now + self.fsync_interval_s
+                if not self._broker_up:
+                    if now >= self._next_probe:
+                        self._probe()
+                    continue
+                self._replay_step()
+            except Exception:  # the pump must keep going; the spool holds the records meanwhile
+                log.exception("spool pump error")
+                time.sleep(0.5)
+
+    def _probe(self) -> None:
+        try:
+            self.producer.list_topics(timeout=self.probe_timeout_s)
+        except KafkaException:
+            with self._lock:
+                self._next_probe = time.monotonic() + self.probe_interval_s
+            return
+        with self._lock:
+            if not self._broker_up:
+                if self.spool.pending_records:
+                    log.info("Kafka broker reachable: replaying %d spooled records (%d events)",
+                             self.spool.pending_records, self.spool.pending_events)
+                self._broker_up = True
+
+    def _recreate_producer(self) -> None:
+        with self._lock:
+            old, self._fatal = self.producer, None
+            self.producer = KafkaPublisher(self.bootstrap, self.max_events, self._compression, self._extra).producer
+        old.purge()
+        old.flush(0)               # purged records fail into the spool (they are on disk already)
+
+    def _replay_step(self) -> None:
+        with self._lock:
+            if self.spool.pending_records == 0:
+                self._replay_after = None
+                return
+            start_round = self._replay_after is None
+            if start_round and self._inflight:   # earlier sends resolve first (acked, or back to the spool)
+                return
+            doubt = (self._doubt_since, set(self._doubt_topics)) if self._doubt_since is not None else None
+        if start_round:
+            present: set[bytes] = set()
+            if doubt is not None:
+                try:
+                    present = self._find_present(doubt[1], doubt[0])
+                except Exception as exc:
+                    self._scan_failures += 1
+                    if self._scan_failures < 3:
+                        log.warning("cannot check which spooled records Kafka already has (%s); will retry", exc)
+                        with self._lock:
+                            self._go_down(f"check failed: {exc}")
+                        return
+                    log.warning("cannot check which spooled records Kafka already has (%s): replaying all; "
+                                "records sent just before the outage may be duplicated", exc)
+            with self._lock:
+                if self._replay_after is not None or not self._broker_up or self._inflight:
+                    return
+                self._present = present
+                self._scan_failures = 0
+                if doubt is not None and self._doubt_since == doubt[0]:
+                    self._doubt_since, self._doubt_topics = None, set()
+                self._replay_after = self.spool.cursor
+        with self._lock:
+            if self._replay_after is None:
+                return
+            budget = self.replay_window - len(self._inflight)
+            while budget > 0:
+                rec = self.spool.read_next(self._replay_after, skip=self._inflight)
+                if rec is None:
+                    break
+                rid = rec.header(RID_HEADER)
+                if rid is not None and rid in self._present:    # it reached Kafka before: do not resend
+                    self._present.discard(rid)
+                    self._replay_after = rec.seq
+                    self.spool.ack(rec.seq)
+                    self.deduplicated_records += 1
+                    self.acked[rec.schema] += rec.events
+                    self.acked_records += 1
+                    continue
+                if not self._produce(rec, on_disk=True, replay=True):
+                    break
+                self._replay_after = rec.seq
+                budget -= 1
+
+    def _find_present(self, topics: Iterable[str], since_ms: int) -> set[bytes]:
+        """The ct-rids in `topics` from `since_ms` (less a second) on: what already reached Kafka."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
+                             "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
+                             "log.connection.close": False})
+        try:
+            meta = consumer.list_topics(timeout=5)
+            wanted = [TopicPartition(t, p, since_ms - 1000) for t in sorted(topics)
+                      if (tm := meta.topics.get(t)) is not None and tm.error is None for p in sorted(tm.partitions)]
+            if not wanted:
+                return set()
+            ends: dict[tuple[str, int], int] = {}
+            assign = []
+            total = 0
+            for tp in consumer.offsets_for_times(wanted, timeout=10):
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+                start = tp.offset if tp.offset >= 0 else high
+                if start < high:
+                    ends[(tp.topic, tp.partition)] = high
+                    assign.append(TopicPartition(tp.topic, tp.partition, start))
+                    total += high - start
+            if total > self.dedup_scan_limit:
+                raise RuntimeError(f"{total} records to check, over the limit of {self.dedup_scan_limit}")
+            found: set[bytes] = set()
+            if not assign:
+                return found
+            consumer.assign(assign)
+            deadline = time.monotonic() + 30
+            while ends:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading back {sorted(ends)} took over 30 s")
+                for m in consumer.consume(1000, timeout=0.2):
+                    if m.error() is not None:
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(m.error())
+                    else:
+                        for k, v in m.headers() or ():
+                            if k == RID_HEADER and v is not None:
+                                found.add(v)
+                    tp = (m.topic(), m.partition())
+                    if tp in ends and m.offset() >= ends[tp] - 1:
+                        del ends[tp]
+            return found
+        finally:
+            consumer.close()
+
+    # --- flush, close, stats --------------------------------------------------------------
+    def _outstanding(self) -> int:
+        return self.spool.pending_records + sum(1 for p in self._inflight.values() if not p.on_disk)
+
+    def flush(self, timeout: float = 30.0) -> int:
+        """Wait until everything published (spool included) is acknowledged; returns the records still
+        outstanding (spooled or in flight) when `timeout` ran out. The spool is fsynced either way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                left = self._outstanding()
+            if left == 0 or time.monotonic() >= deadline:
+                break
+            self.producer.poll(0.05)
+        with self._lock:
+            self.spool.sync()
+        return left
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Deliver what can be delivered within `timeout`, spool the rest, and stop; returns records left in the
+        spool (a later SpoolingPublisher on the same spool_dir replays them)."""
+        if self._closed:
+            return self.spool.pending_records
+        if timeout > 0:
+            self.flush(timeout)
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            self._spill_memory()
+            self._closing = True
+            self._closed = True
+        self.producer.purge()
+        self.producer.flush(0)
+        with self._lock:
+            self.spool.close()
+            left = self.spool.pending_records
+        if left:
+            log.warning("closing with %d records (%d events) in the spool %s", left, self.spool.pending_events,
+                        self.spool.dir)
+        return left
+
+    def __enter__(self) -> SpoolingPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def broker_up(self) -> bool:
+        return self._broker_up
+
+    def stats(self) -> dict[str, int | bool]:
+        """Counters since this object was made, and the spool's state now.
+
+        acked: events the broker acknowledged (replayed and deduplicated ones included); acked_records: records.
+        spooled / spooled_events: records (events) written to the spool. replayed: records sent from the spool
+        and acknowledged. deduplicated: spooled records found already in Kafka and so not resent.
+        dropped_events / dropped_records: lost to a full spool. rejected_records: refused by the broker for
+        good (too large, invalid). corrupt_records: spool frames that failed their checksum and were skipped.
+        spool_bytes / spool_records / spool_events: what the spool holds now. broker_up: the current verdict.
+        """
+        with self._lock:
+            return {
+                "acked": sum(self.acked.values()),
+                "acked_records": self.acked_records,
+                "spooled": self.spooled_records,
+                "spooled_events": self.spooled_events,
+                "replayed": self.replayed_records,
+                "deduplicated": self.deduplicated_records,
+                "dropped_events": self.dropped_events,
+                "dropped_records": self.dropped_records,
+                "rejected_records": self.rejected_records,
+                "corrupt_records": self.spool.corrupt_records,
+                "spool_bytes": self.spool.bytes,
+                "spool_records": self.spool.pending_records,
+                "spool_events": self.spool.pending_events,
+                "in_flight": len(self._inflight),
+                "broker_up": self._broker_up,
+            }
+
