@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo up test lint bench clean docs
+.PHONY: setup setup-ebpf demo up test lint bench bench-agent clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# BCC (python3-bpfcc via apt), kernel headers unpacked into .cache/, tracefs: the agent's eBPF source.
+setup-ebpf: $(STAMP)
+	scripts/setup_bcc.sh $(VENV)
 
 demo: setup
 	$(VENV)/bin/clocktower demo $(ARGS)
@@ -23,14 +27,17 @@ up: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup lint
+test: setup setup-ebpf lint
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: setup
 	$(PY) benchmarks/pipeline_throughput.py $(ARGS)
 
+bench-agent: setup setup-ebpf
+	$(PY) benchmarks/agent_overhead.py $(ARGS)
+
 docs: setup
 	$(PY) -m schemas.docs > docs/SCHEMA.md
 
 clean:
-	rm -rf $(VENV) .clocktower .pytest_cache .ruff_cache
+	rm -rf $(VENV) .clocktower .clocktower-agent .cache .pytest_cache .ruff_cache

@@ -1,0 +1,218 @@
+"""What the BCC-based sources share: finding kernel headers, checking the machine, compiling, draining.
+
+BCC (Debian's python3-bpfcc) is imported lazily, so this package imports on any machine; `check()`
+says what is missing. `scripts/setup_bcc.sh` makes a Debian machine ready.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+HEADERS_CACHE = REPO / ".cache" / "kernel-headers"
+TRACEFS = Path("/sys/kernel/tracing")
+SETUP_HINT = "run scripts/setup_bcc.sh (make setup) as root"
+
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+_compile_lock = threading.Lock()         # BCC_KERNEL_SOURCE is process-wide; compile one program at a time
+
+
+def _headers_ok(path: Path) -> bool:
+    return (path / "include" / "linux" / "kconfig.h").is_file() and (
+        path / "include" / "generated" / "autoconf.h").is_file()
+
+
+def find_kernel_source(explicit: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
+    """The kernel headers tree to compile against, and where it came from (or why none was found).
+
+    Order: `explicit` (no fallback when given), $BCC_KERNEL_SOURCE, the running kernel's own headers
+    (/lib/modules/$(uname -r)/build, what real nodes use), then the newest tree that
+    scripts/setup_bcc.sh unpacked into .cache/kernel-headers/.
+    """
+    if explicit is not None:
+        path = Path(explicit)
+        if _headers_ok(path):
+            return path, f"kernel_source={path}"
+        return None, (f"kernel headers not found at kernel_source={path} (no include/linux/kconfig.h and "
+                      f"include/generated/autoconf.h there)")
+    env = os.environ.get("BCC_KERNEL_SOURCE")
+    if env:
+        if _headers_ok(Path(env)):
+            return Path(env), f"BCC_KERNEL_SOURCE={env}"
+        return None, f"BCC_KERNEL_SOURCE={env} holds no kernel headers (no include/linux/kconfig.h); {SETUP_HINT}"
+    build = Path("/lib/modules") / platform.release() / "build"
+    if _headers_ok(build):
+        return build, str(build)
+    cached = sorted((p for p in HEADERS_CACHE.glob("linux-headers-*") if _headers_ok(p)),
+                    key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.replace("-", ".").split(".")])
+    if cached:
+        return cached[-1], str(cached[-1])
+    return None, (f"no kernel headers: {build} is missing, BCC_KERNEL_SOURCE is unset and {HEADERS_CACHE} is "
+                  f"empty; {SETUP_HINT}")
+
+
+def bcc_problem() -> str | None:
+    try:
+        import bcc  # noqa: F401
+    except ImportError as exc:
+        return f"BCC is not importable ({exc}); {SETUP_HINT}"
+    except OSError as exc:                              # libbcc.so missing
+        return f"BCC cannot load libbcc ({exc}); {SETUP_HINT}"
+    return None
+
+
+def effective_caps() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def privilege_problem(need_net_admin: bool = False) -> str | None:
+    caps = effective_caps()
+    has = lambda cap: bool(caps >> cap & 1)  # noqa: E731
+    if not (has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON))):
+        return "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON)"
+    if need_net_admin and not has(CAP_NET_ADMIN):
+        return "attaching tc classifiers needs CAP_NET_ADMIN"
+    return None
+
+
+def tracepoints_problem(tracepoints: Iterable[str]) -> str | None:
+    events = TRACEFS / "events"
+    if not events.is_dir() and not Path("/sys/kernel/debug/tracing/events").is_dir():
+        return f"tracefs is not mounted (mount -t tracefs tracefs {TRACEFS}; {SETUP_HINT})"
+    base = events if events.is_dir() else Path("/sys/kernel/debug/tracing/events")
+    missing = [tp for tp in tracepoints if not (base / tp.replace(":", "/") / "format").is_file()]
+    if missing:
+        return f"this kernel lacks the tracepoints {', '.join(missing)}"
+    return None
+
+
+def compile_bpf(text: str, kernel_source: Path, cflags: list[str]) -> Any:
+    """BPF(text=...) against `kernel_source`; autoloads and attaches TRACEPOINT_PROBEs."""
+    from bcc import BPF
+
+    with _compile_lock:
+        saved = os.environ.get("BCC_KERNEL_SOURCE")
+        os.environ["BCC_KERNEL_SOURCE"] = str(kernel_source)
+        try:
+            return BPF(text=text.encode(), cflags=cflags)
+        finally:
+            if saved is None:
+                os.environ.pop("BCC_KERNEL_SOURCE", None)
+            else:
+                os.environ["BCC_KERNEL_SOURCE"] = saved
+
+
+class DoubleBuffer:
+    """Two BPF hash maps written alternately, chosen by `sel[0]`; a drain flips and reads the idle one.
+
+    After the flip, programs that already read the old selector finish within microseconds (they run
+    with preemption or BH disabled); `grace_s` waits far longer before the old map is read and deleted,
+    so every increment lands in exactly one drain.
+    """
+
+    def __init__(self, bpf: Any, names: tuple[str, str], grace_s: float = 0.001) -> None:
+        self.sel = bpf[b"sel"]
+        self.maps = (bpf[names[0].encode()], bpf[names[1].encode()])
+        self.grace_s = grace_s
+        self.active = 0
+        self.sel[ctypes.c_int(0)] = ctypes.c_uint32(0)
+
+    def flip_and_read(self) -> list[tuple[Any, Any]]:
+        old = self.active
+        self.active = 1 - old
+        self.sel[ctypes.c_int(0)] = ctypes.c_uint32(self.active)
+        time.sleep(self.grace_s)
+        return read_and_delete(self.maps[old])
+
+    def read_all(self) -> list[tuple[Any, Any]]:
+        """Both maps, for the final drain after the programs are detached."""
+        return read_and_delete(self.maps[0]) + read_and_delete(self.maps[1])
+
+
+def read_and_delete(table: Any) -> list[tuple[Any, Any]]:
+    try:
+        return [(_copy(k), _copy(v)) for k, v in table.items_lookup_and_delete_batch()]
+    except Exception:                                   # kernels or maps without batch ops
+        out = []
+        for k in list(table.keys()):
+            try:
+                v = table[k]
+            except KeyError:
+                continue
+            out.append((_copy(k), _copy(v)))
+            del table[k]
+        return out
+
+
+def _copy(obj: Any) -> Any:
+    return type(obj).from_buffer_copy(obj)
+
+
+def format_ip(family: int, raw: bytes) -> str:
+    """AF_INET: the first 4 bytes; AF_INET6: 16 bytes, with IPv4-mapped addresses shown as IPv4."""
+    if family == 2:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    addr = ipaddress.IPv6Address(raw[:16])
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
+
+
+def lost_count(bpf: Any, index: int = 0) -> int:
+    try:
+        return int(bpf[b"lost"][ctypes.c_int(index)].value)
+    except Exception:
+        return 0
+
+
+# -- network namespaces -------------------------------------------------------------------------------------
+
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextmanager
+def in_netns(name: str | None) -> Iterator[None]:
+    """Run the block with this thread in network namespace `name` (/run/netns/NAME); None: stay.
+
+    Sockets (netlink included) created inside stay in that namespace after the block.
+    """
+    if name is None:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)

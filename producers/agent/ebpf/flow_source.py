@@ -1,0 +1,212 @@
+"""The node agent's flow source: exact per-flow socket bytes, TCP retransmits and connection lifecycle.
+
+BPF (flows.bpf.c, compiled by BCC, tracepoints only since this kernel has no kprobes/fentry):
+
+- sock:sock_send_length / sock:sock_recv_length: payload bytes of every TCP or connected-UDP socket
+  call that moved data (ret > 0; recv with MSG_PEEK is skipped), by 5-tuple and direction. The
+  5-tuple is read from sk->__sk_common (IPv4 and IPv6; IPv4-mapped IPv6 addresses are reported as
+  IPv4). It is the packet's direction: tx has src = this node's end, rx has src = the remote end, so
+  a sender's tx and the receiver's rx of one flow carry the same 5-tuple.
+- tcp:tcp_retransmit_skb: retransmitted segments, counted on the tx 5-tuple.
+- sock:inet_sock_set_state: every TCP state change, through a ring buffer, as ConnectionState
+  (5-tuple with src = local end, states named as in the kernel without the TCP_ prefix: SYN_SENT,
+  ESTABLISHED, FIN_WAIT1, ..., CLOSE). Its ts_ns is the kernel's time of the change.
+
+A thread drains every `drain_ms`: it flips the double-buffered counter maps, waits 1 ms and reads and
+deletes the idle map, so each byte lands in exactly one FlowCounters (source "sock"; `packets` is 0,
+the socket layer sees no packets). Only flows with activity are emitted; `interval_ns` is the time
+between two flips and `ts_ns` the wall clock at the drain. With `tc_interfaces`, a TcClassifier on
+those interfaces is drained by the same thread (FlowCounters with source "tc").
+
+Runtime needs: root (CAP_BPF + CAP_PERFMON, CAP_NET_ADMIN for tc), tracefs mounted, Debian's
+python3-bpfcc importable, and kernel headers: `kernel_source`, $BCC_KERNEL_SOURCE,
+/lib/modules/$(uname -r)/build, or .cache/kernel-headers/ (scripts/setup_bcc.sh sets all this up).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from producers.agent.ebpf._bcc import (
+    DoubleBuffer,
+    bcc_problem,
+    compile_bpf,
+    find_kernel_source,
+    format_ip,
+    lost_count,
+    privilege_problem,
+    tracepoints_problem,
+)
+from producers.agent.ebpf.tc_classifier import Interface, TcClassifier
+from producers.agent.source import Availability, Emit
+from schemas.event import Event
+from schemas.telemetry import ConnectionState, FlowCounters
+
+PROGRAM = Path(__file__).with_name("flows.bpf.c")
+TRACEPOINTS = ("sock:sock_send_length", "sock:sock_recv_length", "tcp:tcp_retransmit_skb",
+               "sock:inet_sock_set_state")
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING",
+              12: "NEW_SYN_RECV", 13: "BOUND_INACTIVE"}
+PROTO = {6: "tcp", 17: "udp"}
+
+
+class FlowSource:
+    name = "flows"
+
+    def __init__(self, node: str, drain_ms: float = 10.0, kernel_source: str | Path | None = None,
+                 tc_interfaces: Sequence[Interface] = (), max_flows: int = 65536,
+                 ringbuf_pages: int = 256) -> None:
+        if drain_ms <= 0:
+            raise ValueError("drain_ms must be positive")
+        self.node = node
+        self.drain_s = drain_ms / 1000.0
+        self.kernel_source = kernel_source
+        self.tc_interfaces = tuple(tc_interfaces)
+        self.max_flows = max_flows
+        self.ringbuf_pages = ringbuf_pages
+        self.counts: Counter[str] = Counter()
+        self.lost = 0                          # map updates or state events the kernel side had to drop
+        self.unattributed = 0                  # socket calls whose 5-tuple could not be read (not counted)
+        self.errors: Counter[str] = Counter()  # drain failures, by exception type (the thread keeps going)
+        self.compile_s = 0.0
+        self.tc: TcClassifier | None = None
+        self._bpf: Any = None
+        self._buffer: DoubleBuffer | None = None
+        self._emit: Emit | None = None
+        self._states: list[ConnectionState] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._last_flip = 0
+
+    # -- Source protocol --------------------------------------------------------------------------------
+
+    def check(self) -> Availability:
+        try:
+            problems = [p for p in (bcc_problem(), tracepoints_problem(TRACEPOINTS),
+                                    privilege_problem(need_net_admin=bool(self.tc_interfaces))) if p]
+            headers, where = find_kernel_source(self.kernel_source)
+            if headers is None:
+                problems.append(where)
+        except Exception as exc:                       # check() never raises
+            return Availability(False, f"cannot check the eBPF flow source: {exc!r}")
+        if problems:
+            return Availability(False, "; ".join(problems))
+        tc = f", tc on {', '.join(self._tc_labels())}" if self.tc_interfaces else ""
+        return Availability(True, f"eBPF tracepoints (sock, tcp) with kernel headers from {where}{tc}")
+
+    def start(self, emit: Emit) -> None:
+        if self._thread is not None:
+            raise RuntimeError("FlowSource already started")
+        availability = self.check()
+        if not availability.ok:
+            raise RuntimeError(f"the eBPF flow source cannot run here: {availability.reason}")
+        headers, _ = find_kernel_source(self.kernel_source)
+        assert headers is not None
+        started = time.monotonic()
+        self._bpf = compile_bpf(PROGRAM.read_text(), headers, [
+            f"-DMAX_FLOWS={self.max_flows}", f"-DRINGBUF_PAGES={self.ringbuf_pages}"])
+        try:
+            self._buffer = DoubleBuffer(self._bpf, ("flows0", "flows1"))
+            self._bpf[b"states"].open_ring_buffer(self._on_state)
+            if self.tc_interfaces:
+                self.tc = TcClassifier(self.node, self.tc_interfaces, headers, self.max_flows)
+                self.tc.start()
+        except Exception:
+            self._bpf.cleanup()
+            self._bpf = None
+            raise
+        self.compile_s = time.monotonic() - started
+        self._emit = emit
+        self._stop.clear()
+        self._last_flip = time.monotonic_ns()
+        self._thread = threading.Thread(target=self._run, name="flows-drain", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop draining, detach every program (and tc filter/qdisc), emit what was counted last."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        interval = time.monotonic_ns() - self._last_flip
+        tc_out: list[FlowCounters] = []
+        if self.tc is not None:
+            tc_out = self.tc.stop(interval)
+            self.tc = None
+        bpf = self._bpf
+        for tp in list(bpf.tracepoint_fds):            # detach first, so the last read is final
+            bpf.detach_tracepoint(tp)
+        bpf.ring_buffer_consume()
+        flows = self._flow_counters(self._buffer.read_all(), interval) + tc_out
+        self.lost, self.unattributed = lost_count(bpf), lost_count(bpf, 1)
+        bpf.cleanup()
+        self._bpf = None
+        self._buffer = None
+        self._publish(flows)
+
+    # -- draining ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_at = time.monotonic() + self.drain_s
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += self.drain_s
+            if next_at < time.monotonic():              # fell behind (a slow emit): skip, do not burst
+                next_at = time.monotonic() + self.drain_s
+            try:
+                self.drain()
+            except Exception as exc:                    # a bad drain must not kill the source
+                self.errors[type(exc).__name__] += 1
+
+    def drain(self) -> None:
+        """One drain: flip and read the counters, consume state events, emit. Called by the thread."""
+        assert self._bpf is not None and self._buffer is not None
+        items = self._buffer.flip_and_read()
+        now = time.monotonic_ns()
+        interval, self._last_flip = now - self._last_flip, now
+        flows = self._flow_counters(items, interval)
+        if self.tc is not None:
+            flows += self.tc.drain(interval)
+        self._bpf.ring_buffer_consume()
+        self.lost, self.unattributed = lost_count(self._bpf), lost_count(self._bpf, 1)
+        self._publish(flows)
+
+    def _publish(self, flows: list[FlowCounters]) -> None:
+        states, self._states = self._states, []
+        for batch in (states, flows):
+            if batch and self._emit is not None:
+                events: list[Event] = [*batch]
+                self._emit(events)
+                self.counts[batch[0].SCHEMA] += len(batch)
+
+    def _flow_counters(self, items: list[tuple[Any, Any]], interval_ns: int) -> list[FlowCounters]:
+        now = time.time_ns()
+        out = []
+        for k, v in items:
+            if not (v.bytes or v.retransmits):
+                continue
+            out.append(FlowCounters(
+                node=self.node, ts_ns=now, source="sock", direction="tx" if k.dir == 0 else "rx",
+                src_ip=format_ip(k.family, bytes(k.saddr)), dst_ip=format_ip(k.family, bytes(k.daddr)),
+                src_port=k.sport, dst_port=k.dport, proto=PROTO.get(k.proto, "tcp"),
+                bytes=v.bytes, packets=0, retransmits=min(v.retransmits, 2**32 - 1), interval_ns=interval_ns))
+        return out
+
+    def _on_state(self, _ctx: Any, data: Any, _size: int) -> None:
+        e = self._bpf[b"states"].event(data)
+        wall_offset = time.time_ns() - time.monotonic_ns()   # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+        self._states.append(ConnectionState(
+            node=self.node, ts_ns=e.ts_ns + wall_offset,
+            src_ip=format_ip(e.family, bytes(e.saddr)), dst_ip=format_ip(e.family, bytes(e.daddr)),
+            src_port=e.sport, dst_port=e.dport,
+            old_state=TCP_STATES.get(e.oldstate, str(e.oldstate)),
+            new_state=TCP_STATES.get(e.newstate, str(e.newstate))))
+
+    def _tc_labels(self) -> list[str]:
+        return [i if isinstance(i, str) else f"{i[0]}/{i[1]}" for i in self.tc_interfaces]

@@ -1,0 +1,162 @@
+"""A tc clsact BPF classifier on chosen interfaces: packets and bytes per flow (5-tuple) and skb->priority.
+
+One program (tc_flows.bpf.c) is attached as a direct-action filter on the ingress and egress hooks
+of each interface, through pyroute2. It never drops: it counts and returns TC_ACT_OK. `drain()`
+returns FlowCounters(source="tc") with `interface` set; the FlowSource's drain thread calls it.
+
+Interfaces are names in this process's network namespace, or (netns, ifname) pairs for an interface
+in a named namespace (/run/netns/NETNS); those are reported as "NETNS/ifname".
+
+Hook for marking and shaping: `set_priority(...)` writes the `prio` map (5-tuple -> priority), which
+the classifier applies to skb->priority before counting; on egress that selects an HTB class.
+
+`stop()` removes the filters, and the clsact qdisc where this classifier added it (a clsact that was
+there before is left, with only our filters removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.agent.ebpf._bcc import DoubleBuffer, compile_bpf, format_ip, in_netns, lost_count
+from schemas.telemetry import FlowCounters
+
+PROGRAM = Path(__file__).with_name("tc_flows.bpf.c")
+INGRESS = "ffff:fff2"
+EGRESS = "ffff:fff3"
+FILTER_PRIO = 0xC7A1 & 0xFFFF                  # our filters' tc priority, so stop() removes only ours
+PROTO = {6: "tcp", 17: "udp"}
+
+Interface = str | tuple[str, str]
+
+
+@dataclass
+class _Attached:
+    netns: str | None
+    ifname: str
+    index: int
+    label: str
+    created_qdisc: bool
+
+
+class TcClassifier:
+    def __init__(self, node: str, interfaces: Sequence[Interface], kernel_source: Path,
+                 max_flows: int = 65536) -> None:
+        self.node = node
+        self.interfaces = [(None, i) if isinstance(i, str) else (i[0], i[1]) for i in interfaces]
+        self.kernel_source = kernel_source
+        self.max_flows = max_flows
+        self.bpf: Any = None
+        self.buffer: DoubleBuffer | None = None
+        self.attached: list[_Attached] = []
+        self._labels: dict[int, str] = {}
+        self.lost = 0
+
+    def start(self) -> None:
+        self.bpf = compile_bpf(PROGRAM.read_text(), self.kernel_source, [f"-DMAX_FLOWS={self.max_flows}"])
+        from bcc import BPF
+
+        ingress = self.bpf.load_func(b"tc_ingress", BPF.SCHED_CLS)
+        egress = self.bpf.load_func(b"tc_egress", BPF.SCHED_CLS)
+        self.buffer = DoubleBuffer(self.bpf, ("counts0", "counts1"))
+        try:
+            for netns, ifname in self.interfaces:
+                self._attach(netns, ifname, ingress, egress)
+        except Exception:
+            self.stop()
+            raise
+
+    def _attach(self, netns: str | None, ifname: str, ingress: Any, egress: Any) -> None:
+        from pyroute2 import IPRoute
+
+        with in_netns(netns):
+            ip = IPRoute()
+        with ip:
+            found = ip.link_lookup(ifname=ifname)
+            if not found:
+                raise OSError(f"no interface {ifname!r}" + (f" in network namespace {netns}" if netns else ""))
+            index = found[0]
+            label = f"{netns}/{ifname}" if netns else ifname
+            if index in self._labels:
+                raise OSError(f"{label} and {self._labels[index]} share ifindex {index}; "
+                              "the classifier keys its counters by ifindex")
+            has_clsact = any(q.get_attr("TCA_KIND") == "clsact" for q in ip.get_qdiscs(index=index))
+            if not has_clsact:
+                ip.tc("add", "clsact", index)
+            entry = _Attached(netns, ifname, index, label, created_qdisc=not has_clsact)
+            self.attached.append(entry)
+            self._labels[index] = label
+            for parent, fn in ((INGRESS, ingress), (EGRESS, egress)):
+                ip.tc("add-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=parent,
+                      classid=1, direct_action=True, prio=FILTER_PRIO)
+
+    def set_priority(self, src_ip: str, dst_ip: str, src_port: int, dst_port: int, proto: str,
+                     priority: int | None) -> None:
+        """Mark packets of this 5-tuple (as they appear on the wire) with skb->priority; None clears."""
+        table = self.bpf[b"prio"]
+        key = table.Key()
+        src, dst = ipaddress.ip_address(src_ip), ipaddress.ip_address(dst_ip)
+        key.family = 2 if src.version == 4 else 10
+        ctypes.memmove(key.saddr, src.packed, len(src.packed))
+        ctypes.memmove(key.daddr, dst.packed, len(dst.packed))
+        key.sport, key.dport = src_port, dst_port
+        key.proto = {"tcp": 6, "udp": 17}[proto]
+        if priority is None:
+            with contextlib.suppress(KeyError):
+                del table[key]
+        else:
+            table[key] = ctypes.c_uint32(priority)
+
+    def drain(self, interval_ns: int, final: bool = False) -> list[FlowCounters]:
+        if self.buffer is None:
+            return []
+        items = self.buffer.read_all() if final else self.buffer.flip_and_read()
+        self.lost = lost_count(self.bpf)
+        now = time.time_ns()
+        out = []
+        for k, v in items:
+            t = k.t
+            out.append(FlowCounters(
+                node=self.node, ts_ns=now, source="tc", interface=self._labels.get(k.ifindex, str(k.ifindex)),
+                direction="tx" if k.dir == 0 else "rx",
+                src_ip=format_ip(t.family, bytes(t.saddr)), dst_ip=format_ip(t.family, bytes(t.daddr)),
+                src_port=t.sport, dst_port=t.dport, proto=PROTO.get(t.proto, "tcp"), priority=k.priority,
+                bytes=v.bytes, packets=v.packets, interval_ns=interval_ns))
+        return out
+
+    def detach(self) -> None:
+        """Remove our filters (and the clsact qdiscs we added). Safe to call twice."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        for entry in reversed(self.attached):
+            try:
+                with in_netns(entry.netns):
+                    ip = IPRoute()
+                with ip:
+                    if entry.created_qdisc:
+                        ip.tc("del", "clsact", entry.index)
+                    else:
+                        for parent in (INGRESS, EGRESS):
+                            ip.tc("del-filter", "bpf", entry.index, ":1", parent=parent, prio=FILTER_PRIO)
+            except (NetlinkError, OSError):
+                pass                                    # interface or namespace already gone
+        self.attached.clear()
+
+    def stop(self, interval_ns: int = 0) -> list[FlowCounters]:
+        """Detach, then return what was counted since the last drain."""
+        self.detach()
+        out: list[FlowCounters] = []
+        if self.bpf is not None:
+            out = self.drain(interval_ns, final=True)
+            self.bpf.cleanup()
+            self.bpf = None
+            self.buffer = None
+        return out
