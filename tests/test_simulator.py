@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from producers.event_builder import EventBuilder
 from producers.simulator import FleetSimulator, SimConfig, run_simulation
-from producers.simulator.event_builder import EventBuilder
 from producers.simulator.fault_schedule import KINDS, THERMAL_THROTTLE
 from producers.simulator.node_clock import NodeClock
 from schemas.codec import decode_batch, encode_batch

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from math import log
 
-from producers.simulator.event_builder import EventBuilder
+from producers.event_builder import EventBuilder
 from producers.simulator.fault_schedule import FaultSchedule
 from producers.simulator.node_clock import NodeClock
 from producers.simulator.topology import BACKUP, PRIMARY, ROCE_PORT, Topology

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import random
 
+from producers.event_builder import EventBuilder
 from producers.gpu_throttle import decode_throttle
 from producers.simulator.config import SimConfig
-from producers.simulator.event_builder import EventBuilder
 from producers.simulator.fault_schedule import THERMAL_THROTTLE, XID_ECC, XID_GPU_LOST, FaultSchedule
 from producers.simulator.flows import Planned
 from producers.simulator.node_clock import NodeClock

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
+from producers.event_builder import EventBuilder
 from producers.simulator.config import SimConfig
-from producers.simulator.event_builder import EventBuilder
 from producers.simulator.fault_schedule import FaultSchedule
 from producers.simulator.flows import Planned
 from producers.simulator.node_clock import NodeClock
