@@ -24,6 +24,7 @@ def _grafana_to_sql(sql: str) -> str:
     """Expand the ClickHouse datasource's macros the way the plugin does, for the last hour."""
     last_hour = r"(\1 >= now() - INTERVAL 1 HOUR AND \1 <= now() + INTERVAL 1 MINUTE)"
     sql = re.sub(r"\$__timeFilter\((\w+)\)", last_hour, sql)
+    sql = sql.replace("$__interval_s", "10")        # the same 10 s interval as $__timeInterval below
     return re.sub(r"\$__timeInterval\((\w+)\)", r"toStartOfInterval(\1, INTERVAL 10 second)", sql)
 
 
