@@ -16,11 +16,13 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from clocktower.config import Settings
 from clocktower.errors import UserError
 from producers.agent.config import ALL_SOURCES, AgentSettings
 from producers.agent.factory import build_sources
 from producers.agent.runner import AgentRunner, Sink
 from producers.agent.stdout_sink import JsonLinesSink
+from producers.spooling_publisher import SpoolingPublisher
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--sources", help=f"comma-separated subset of {','.join(ALL_SOURCES)} (default: all)")
     a.add_argument("--gpu-hz", type=float, help="GPU readings per second per GPU (default 10)")
     a.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 (default: the system's)")
-    a.add_argument("--flow-drain-ms", type=float, help="eBPF map drain period in ms (default 10)")
+    a.add_argument("--flow-drain-ms", type=float, help="eBPF map drain period in ms (default 100)")
+    a.add_argument("--flow-slot-ms", type=float, help="eBPF flow counter resolution in ms (default 10)")
     a.add_argument("--tc-interface", action="append", help="attach the tc flow classifier here (repeatable)")
     a.add_argument("--link-interface", action="append", help="watch only these interfaces (default: all but lo)")
     a.add_argument("--clock-peer", action="append", help="a clock-probe peer host:port (repeatable)")
@@ -43,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _settings(args: argparse.Namespace) -> AgentSettings:
     pairs = {"node": args.node, "gpu_hz": args.gpu_hz, "nvml_library": args.nvml_library,
-             "flow_drain_ms": args.flow_drain_ms, "tc_interfaces": args.tc_interface,
+             "flow_drain_ms": args.flow_drain_ms, "flow_slot_ms": args.flow_slot_ms,
+             "tc_interfaces": args.tc_interface,
              "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,
              "spool_dir": args.spool_dir,
              "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
@@ -61,10 +65,6 @@ def _status_table(report: dict) -> Table:
 
 
 def _kafka_sink(args: argparse.Namespace, settings: AgentSettings) -> tuple[Sink, object]:
-    from producers.spooling_publisher import SpoolingPublisher
-
-    from clocktower.config import Settings
-
     bootstrap = args.kafka or Settings().bootstrap
     publisher = SpoolingPublisher(bootstrap, settings.spool_dir, max_spool_bytes=int(settings.spool_max_mb * 2**20))
     return publisher.publish, publisher

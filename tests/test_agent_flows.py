@@ -1,9 +1,9 @@
 """The node agent's eBPF flow source against real BPF programs and real TCP traffic.
 
-One FlowSource (tracepoints + a tc classifier on one end of a veth pair) is compiled once for the
-module and runs for all tests; every test picks out its own connection by 5-tuple. Traffic runs
-between two network namespaces joined by the veth pair (client 10.214.0.1 in A, server 10.214.0.2
-in B), and over IPv6 loopback. Needs root, Debian's python3-bpfcc and kernel headers
+One FlowSource (tracepoints + a tc classifier on one end of a veth pair, default 100 ms drain and
+10 ms slots) is compiled once for the module and runs for all tests; every test picks out its own
+connection by 5-tuple. Traffic runs between two network namespaces joined by the veth pair (client
+10.214.0.1 in A, server 10.214.0.2 in B), and over IPv6 loopback. Needs root, Debian's python3-bpfcc and kernel headers
 (scripts/setup_bcc.sh); a machine without them skips with the reason.
 """
 
@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from producers.agent.ebpf._bcc import (
+    SlotAggregator,
+    WallClock,
     bcc_problem,
     compile_bpf,
     find_kernel_source,
@@ -35,6 +37,7 @@ from schemas.telemetry import ConnectionState, FlowCounters
 
 CLIENT_IP, SERVER_IP = "10.214.0.1", "10.214.0.2"
 WAIT_S = 5.0
+SETTLE_S = 0.3          # three more drains at the default 100 ms: nothing more may arrive
 
 DROP_PROGRAM = r"""
 #include <uapi/linux/bpf.h>
@@ -170,7 +173,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(veth: Veth) -> Iterator[Running]:
     """One FlowSource for the module: tracepoints everywhere, tc on the client's veth end (in A)."""
-    source = FlowSource("node-a", drain_ms=10.0, tc_interfaces=[(veth.namespaces[0], veth.links[0])])
+    source = FlowSource("node-a", tc_interfaces=[(veth.namespaces[0], veth.links[0])])
+    assert (source.drain_ms, source.slot_ns) == (100.0, 10_000_000)
     assert source.check().ok, source.check().reason
     got = Collected()
     started = time.monotonic()
@@ -193,8 +197,11 @@ class Transfer:
 
 def transfer(nbytes: int, *, server_ns: str | None, client_ns: str | None, server_ip: str, client_ip: str | None,
              family: int = socket.AF_INET, priority: int | None = None,
-             before_connect=None) -> Transfer:  # type: ignore[no-untyped-def]
-    """Send `nbytes` from a client to a server over TCP; the server answers with the count (8 bytes)."""
+             before_connect=None, chunk: int = 1 << 16, pause_s: float = 0.0) -> Transfer:  # type: ignore[no-untyped-def]
+    """Send `nbytes` from a client to a server over TCP; the server answers with the count (8 bytes).
+
+    The client sends at most `chunk` bytes per call and sleeps `pause_s` after each.
+    """
     with in_netns(server_ns):
         srv = socket.socket(family, socket.SOCK_STREAM)
     with srv:
@@ -228,10 +235,12 @@ def transfer(nbytes: int, *, server_ns: str | None, client_ns: str | None, serve
                 before_connect(cli.getsockname()[1], server_port)
             cli.connect((server_ip, server_port))
             client = cli.getsockname()[:2]
-            payload = os.urandom(1 << 16)
+            payload = os.urandom(chunk)
             left = nbytes
             while left:
                 left -= cli.send(payload[:min(left, len(payload))])
+                if pause_s:
+                    time.sleep(pause_s)
             cli.shutdown(socket.SHUT_WR)
             reply = b""
             while len(reply) < 8 and (chunk := cli.recv(8 - len(reply))):
@@ -252,7 +261,7 @@ def assert_exact(got: Collected, t: Transfer) -> None:
     expect = {(t.client, t.server, "tx"): t.sent, (t.client, t.server, "rx"): t.sent,
               (t.server, t.client, "tx"): t.reply, (t.server, t.client, "rx"): t.reply}
     got.wait_for(lambda: all(sock_bytes(got, *key)[0] >= n for key, n in expect.items()))
-    time.sleep(0.1)                                         # ten more drains: nothing is counted twice
+    time.sleep(SETTLE_S)                                    # more drains: nothing is counted twice
     seen = {key: sock_bytes(got, *key)[0] for key in expect}
     assert seen == expect, [f for f in got.flows() if t.client[1] in (f.src_port, f.dst_port)]
 
@@ -352,7 +361,7 @@ def test_tc_counts_packets_bytes_and_priority_per_flow(running: Running) -> None
 
     got.wait_for(lambda: sum(f.bytes for f in tc(t.client, t.server, "tx")) > n
                  and tc(t.server, t.client, "rx"))
-    time.sleep(0.1)
+    time.sleep(SETTLE_S)
     out, back = tc(t.client, t.server, "tx"), tc(t.server, t.client, "rx")
     # SO_PRIORITY 5 on the client socket: every packet the socket sends carries it. Once in a while
     # (1 run in ~30) one bare control packet, sent by the kernel after the socket closed (not through
@@ -376,6 +385,94 @@ def test_tc_counts_packets_bytes_and_priority_per_flow(running: Running) -> None
                   before_connect=mark)
     got.wait_for(lambda: sum(f.bytes for f in tc(t2.client, t2.server, "tx")) > 100_000)
     assert {f.priority for f in tc(t2.client, t2.server, "tx")} == {3}
+
+
+def test_slot_rows_are_distinct_and_slot_aligned(running: Running) -> None:
+    """A flow paced over ~300 ms (three drains, ~30 slots) comes out as one row per (direction, slot).
+
+    Sending 8 KiB every ~2 ms keeps the flow busy across every flip, so the slot current at a flip has
+    counts in both maps: they are merged into one row, never emitted as two partial rows.
+    """
+    ns_a, ns_b = running.veth.namespaces
+    source, got = running.source, running.got
+    slot = source.slot_ns
+    merged_before = source._slots.merged
+    started = time.time_ns()
+    t = transfer(1_200_000, server_ns=ns_b, client_ns=ns_a, server_ip=SERVER_IP, client_ip=CLIENT_IP,
+                 chunk=8192, pause_s=0.002)
+    ended = time.time_ns()
+    assert_exact(got, t)                                    # bytes summed over the slot rows are exact
+    link = f"{ns_a}/{running.veth.links[0]}"
+    got.wait_for(lambda: sum(f.bytes for f in got.flows(source="tc", src_port=t.client[1], direction="tx"))
+                 > t.sent)
+    time.sleep(SETTLE_S)
+    rows: list[FlowCounters] = []
+    for src, dst in ((t.client, t.server), (t.server, t.client)):
+        for kind in ("sock", "tc"):
+            flow = got.flows(source=kind, src_ip=src[0], src_port=src[1], dst_ip=dst[0], dst_port=dst[1])
+            assert flow, (kind, src, dst)
+            assert all(f.interface == (link if kind == "tc" else "") for f in flow)
+            keys = [(f.direction, f.priority, f.ts_ns) for f in flow]
+            assert len(set(keys)) == len(keys), sorted(keys)        # no (flow, slot) emitted twice
+            rows += flow
+    assert all(f.interval_ns == slot for f in rows)
+    # Slot starts on CLOCK_MONOTONIC moved to the wall clock by one offset: all rows, both sources and
+    # directions, lie a whole number of slots apart.
+    assert all((f.ts_ns - rows[0].ts_ns) % slot == 0 for f in rows), sorted({f.ts_ns % slot for f in rows})
+    sent = [f for f in rows if f.source == "sock" and f.direction == "tx" and f.src_port == t.client[1]]
+    assert all(started - slot <= f.ts_ns <= ended for f in sent), (started, ended, sorted(f.ts_ns for f in sent))
+    assert len(sent) >= 10, len(sent)                       # 10 ms resolution, not one row per drain
+    assert source._slots.merged > merged_before             # slots straddling a flip were merged
+    print(f"\npaced flow over {(ended - started) / 1e6:.0f} ms: {len(sent)} sock tx rows of {slot // 10**6} ms, "
+          f"{source._slots.merged - merged_before} entries merged across flips")
+
+
+def test_slot_aggregator_holds_a_slot_until_both_maps_are_read() -> None:
+    class Key(ctypes.Structure):
+        _fields_ = [("flow", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("slot", ctypes.c_uint64)]
+
+    class Val(ctypes.Structure):
+        _fields_ = [("calls", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+    ms = 1_000_000
+    agg = SlotAggregator(10 * ms, Key, Val, ("bytes", "calls"))
+
+    def entry(flow: int, slot: int, nbytes: int) -> tuple[bytes, bytes]:
+        return bytes(Key(flow, 0, slot)), bytes(Val(1, nbytes))
+
+    def rows(out: list) -> set[tuple[int, int, int, int]]:  # type: ignore[type-arg]
+        return {(agg.key(flow).flow, slot, sums[0], sums[1]) for flow, slot, sums in out}
+
+    # The map read was written until a flip at 25 ms: slot 2 (20-30 ms) may go on in the other map.
+    out = agg.add([entry(1, 0, 5), entry(1, 1, 7), entry(1, 2, 3), entry(2, 2, 1)], settled_ns=25 * ms)
+    assert rows(out) == {(1, 0, 5, 1), (1, 1, 7, 1)}
+    assert out[0][0] == bytes(Key(1, 0, 0))[:8] and agg.key(out[0][0]).slot == 0
+    # The next map (flip at 30.05 ms): slot 2 merged; slot 3 is open, and so is slot 2 within the margin.
+    out = agg.add([entry(1, 2, 4), entry(1, 3, 1)], settled_ns=30 * ms + SlotAggregator.MARGIN_NS // 2)
+    assert out == [] and agg.merged == 1
+    out = agg.add([entry(1, 3, 2)], settled_ns=47 * ms)
+    assert rows(out) == {(1, 2, 7, 2), (2, 2, 1, 1), (1, 3, 3, 2)}
+    out = agg.add([entry(1, 4, 9), entry(1, 4, 1)], settled_ns=41 * ms)
+    assert out == [] and len(agg.pending) == 1
+    assert rows(agg.add([], None)) == {(1, 4, 10, 2)} and not agg.pending   # the final drain: everything
+
+
+def test_flow_rows_equal_validated_events(running: Running) -> None:
+    """Rows are built without validation (EventBuilder) from per-flow cached fields: they must validate."""
+    ns_a, ns_b = running.veth.namespaces
+    t = transfer(20_000, server_ns=ns_b, client_ns=ns_a, server_ip=SERVER_IP, client_ip=CLIENT_IP)
+    got = running.got
+    got.wait_for(lambda: got.flows(source="tc", src_port=t.client[1]) and got.flows(source="sock",
+                                                                                       src_port=t.client[1]))
+    for row in got.flows(src_port=t.client[1]):
+        assert FlowCounters.model_validate(row.model_dump()) == row
+
+
+def test_wall_clock_offset_is_stable() -> None:
+    clock = WallClock()
+    offsets = {clock.offset() for _ in range(2000)}
+    assert len(offsets) == 1
+    assert abs(offsets.pop() - (time.time_ns() - time.monotonic_ns())) < 1_000_000
 
 
 def test_check_reasons() -> None:

@@ -36,7 +36,7 @@ def _gpu(s: AgentSettings) -> Source:
 def _flows(s: AgentSettings) -> Source:
     from producers.agent.ebpf.flow_source import FlowSource
     return FlowSource(s.node, drain_ms=s.flow_drain_ms, kernel_source=s.kernel_source, tc_interfaces=s.tc_interfaces,
-                      max_flows=s.flow_max_entries)
+                      max_flows=s.flow_max_entries, slot_ms=s.flow_slot_ms)
 
 
 def _links(s: AgentSettings) -> Source:

@@ -2,6 +2,11 @@
 
 BCC (Debian's python3-bpfcc) is imported lazily, so this package imports on any machine; `check()`
 says what is missing. `scripts/setup_bcc.sh` makes a Debian machine ready.
+
+Draining: the BPF programs count per (flow, time slot) into two maps written alternately (DoubleBuffer);
+the drain thread reads the idle map every drain period, and SlotAggregator merges the entries of a slot
+that straddles a flip and holds them until the slot is complete, so one slot of one flow is emitted once.
+WallClock turns the slots' CLOCK_MONOTONIC times into wall-clock timestamps.
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ import ctypes
 import errno
 import functools
 import ipaddress
+import math
 import os
 import platform
+import struct
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,25 +141,133 @@ class DoubleBuffer:
     """
 
     def __init__(self, bpf: Any, names: tuple[str, str]) -> None:
+        self.key_type, self.leaf_type = bpf[names[0].encode()].Key, bpf[names[0].encode()].Leaf
         self.sel = bpf[b"sel"]
         self.dirty = bpf[b"dirty"]
         self.maps = (BatchDrainer(bpf[names[0].encode()]), BatchDrainer(bpf[names[1].encode()]))
         self.active = 0
+        self.flipped_ns = time.monotonic_ns()            # CLOCK_MONOTONIC just before the last flip
         self.sel[ctypes.c_int(0)] = ctypes.c_uint32(0)
 
-    def flip_and_read(self) -> list[tuple[Any, Any]]:
+    def flip_and_read(self) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The idle map's entries, and the monotonic time before which it got all its counts.
+
+        That time is taken just before the flip that made the map idle: the programs read the clock after
+        the selector, so every count in the other map has a slot at or after that time's slot.
+        """
         idle = 1 - self.active                           # written until the previous drain, a period ago
-        items: list[tuple[Any, Any]] = []
+        items: list[tuple[bytes, bytes]] = []
         if self.dirty[ctypes.c_int(idle)].value:         # skip the bucket walk of a map nothing touched
             self.dirty[ctypes.c_int(idle)] = ctypes.c_uint64(0)
             items = self.maps[idle].drain()
+        settled_ns, self.flipped_ns = self.flipped_ns, time.monotonic_ns()
         self.active = idle
         self.sel[ctypes.c_int(0)] = ctypes.c_uint32(idle)
-        return items
+        return items, settled_ns
 
-    def read_all(self) -> list[tuple[Any, Any]]:
+    def read_all(self) -> list[tuple[bytes, bytes]]:
         """Both maps, for the final drain after the programs are detached (dirty or not)."""
         return self.maps[0].drain() + self.maps[1].drain()
+
+
+def slot_map_entries(max_flows: int, drain_ms: float, slot_ms: float) -> int:
+    """Entries of one (flow, slot) counter map that holds `max_flows` flows for a drain period.
+
+    A map is written for one drain period, which touches ceil(drain / slot) + 1 slots; one more spare
+    slot covers a drain that runs late.
+    """
+    return max_flows * (math.ceil(drain_ms / slot_ms - 1e-9) + 2)
+
+
+class SlotAggregator:
+    """Counters keyed by (flow, slot) out of a DoubleBuffer, merged and held until their slot is complete.
+
+    A slot current at a flip gets counts in both maps, which two drains read a period apart: its
+    entries are summed here, and a (flow, slot) is returned once, when every map that could hold it has
+    been read. Entries are raw bytes (BatchDrainer): the key, whose u64 `slot` field is part of the
+    identity, and the value, whose u64 `fields` are summed.
+    """
+
+    # Slots that end this long before a flip are complete; the margin covers the programs' clock reads
+    # racing the flip (microseconds), at worst delaying a slot by one drain.
+    MARGIN_NS = 100_000
+
+    def __init__(self, slot_ns: int, key_type: Any, leaf_type: Any, fields: tuple[str, ...]) -> None:
+        self.slot_ns = slot_ns
+        self.key_type = key_type
+        self.slot_at = key_type.slot.offset
+        self._slot = struct.Struct("=Q")
+        layout, at = "=", 0
+        for f in sorted(fields, key=lambda f: getattr(leaf_type, f).offset):
+            desc = getattr(leaf_type, f)
+            if desc.size != 8:
+                raise TypeError(f"{leaf_type.__name__}.{f} is not a u64")
+            layout += "x" * (desc.offset - at) + "Q"
+            at = desc.offset + 8
+        self._value = struct.Struct(layout)
+        self._order = [sorted(fields, key=lambda f: getattr(leaf_type, f).offset).index(f) for f in fields]
+        self.pending: dict[bytes, list[int]] = {}
+        self.merged = 0                                  # entries added to a held slot (a stat)
+
+    def add(self, items: list[tuple[bytes, bytes]], settled_ns: int | None) -> list[tuple[bytes, int, list[int]]]:
+        """Merge `items`; return (flow, slot, sums) of every held slot that ends before `settled_ns` (None: all).
+
+        `flow` is the key's bytes without the slot (see `key()`); sums are in the order of `fields`.
+        """
+        pending, unpack = self.pending, self._value.unpack
+        for k, v in items:
+            held = pending.get(k)
+            if held is None:
+                pending[k] = list(unpack(v))
+            else:
+                self.merged += 1
+                for i, n in enumerate(unpack(v)):
+                    held[i] += n
+        slot_of, at = self._slot.unpack_from, self.slot_at
+        if settled_ns is None:
+            done = list(pending)
+        else:
+            open_slot = (settled_ns - self.MARGIN_NS) // self.slot_ns   # may still get counts in the other map
+            done = [k for k in pending if slot_of(k, at)[0] < open_slot]
+        order = self._order
+        out = []
+        for k in done:
+            sums = pending.pop(k)
+            out.append((k[:at] + k[at + 8:], slot_of(k, at)[0], [sums[i] for i in order]))
+        return out
+
+    def key(self, flow: bytes) -> Any:
+        """The key structure of a `flow` from add() (slot 0)."""
+        at = self.slot_at
+        return self.key_type.from_buffer_copy(flow[:at] + bytes(8) + flow[at:])
+
+
+class WallClock:
+    """The offset that turns CLOCK_MONOTONIC (bpf_ktime_get_ns) into the wall clock.
+
+    The offset changes only when the wall clock is stepped (NTP slews both clocks alike), but one reading is
+    off by the time between its clock reads: ~100 ns, far more if the thread is preempted between them.
+    `offset()` measures again and keeps the previous value unless it moved by more than `step_ns`, so slots
+    of one flow stay exact multiples of the slot length apart on the wall clock too.
+    """
+
+    def __init__(self, step_ns: int = 1_000_000) -> None:
+        self.step_ns = step_ns
+        self._offset: int | None = None
+
+    def offset(self) -> int:
+        for _ in range(3):
+            before = time.monotonic_ns()
+            wall = time.time_ns()
+            after = time.monotonic_ns()
+            if after - before < 50_000:                  # not preempted in between
+                sample = wall - (before + after) // 2
+                if self._offset is None or abs(sample - self._offset) > self.step_ns:
+                    self._offset = sample
+                break
+        if self._offset is None:
+            self._offset = time.time_ns() - time.monotonic_ns()
+        return self._offset
 
 
 class BatchDrainer:
@@ -159,7 +275,8 @@ class BatchDrainer:
 
     BCC's `items_lookup_and_delete_batch()` allocates key and value buffers for the map's max_entries on
     every call (MBs for a 64k-entry map): at 100 drains/s that alone cost ~7 % of a core on an idle node.
-    The buffers here are allocated once, and an empty map costs one syscall.
+    The buffers here are allocated once, and an empty map costs one syscall. Entries come back as raw
+    (key, value) bytes: copying each into ctypes structures cost more than the syscall.
     """
 
     def __init__(self, table: Any, chunk: int = 1024) -> None:
@@ -170,12 +287,14 @@ class BatchDrainer:
         self.chunk = chunk
         self.keys = (table.Key * chunk)()
         self.values = (table.Leaf * chunk)()
+        self.key_size, self.value_size = ctypes.sizeof(table.Key), ctypes.sizeof(table.Leaf)
         self.batch_api = True
 
-    def drain(self) -> list[tuple[Any, Any]]:
+    def drain(self) -> list[tuple[bytes, bytes]]:
         if not self.batch_api:
             return _read_and_delete_one_by_one(self.table)
-        out: list[tuple[Any, Any]] = []
+        out: list[tuple[bytes, bytes]] = []
+        ks, vs = self.key_size, self.value_size
         token = ctypes.c_uint32(0)
         first = True
         while True:
@@ -183,7 +302,9 @@ class BatchDrainer:
             res = self._batch(self.table.map_fd, None if first else ctypes.byref(token), ctypes.byref(token),
                               ctypes.byref(self.keys), ctypes.byref(self.values), ctypes.byref(count))
             err = ctypes.get_errno() if res != 0 else 0
-            out += [(_copy(self.keys[i]), _copy(self.values[i])) for i in range(count.value)]
+            if n := count.value:
+                keys, values = ctypes.string_at(self.keys, n * ks), ctypes.string_at(self.values, n * vs)
+                out += [(keys[i * ks:(i + 1) * ks], values[i * vs:(i + 1) * vs]) for i in range(n)]
             if res == 0:
                 first = False
                 continue
@@ -197,20 +318,16 @@ class BatchDrainer:
             raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
 
 
-def _read_and_delete_one_by_one(table: Any) -> list[tuple[Any, Any]]:
+def _read_and_delete_one_by_one(table: Any) -> list[tuple[bytes, bytes]]:
     out = []
     for k in list(table.keys()):
         try:
             v = table[k]
         except KeyError:
             continue
-        out.append((_copy(k), _copy(v)))
+        out.append((bytes(k), bytes(v)))
         del table[k]
     return out
-
-
-def _copy(obj: Any) -> Any:
-    return type(obj).from_buffer_copy(obj)
 
 
 @functools.lru_cache(maxsize=65536)   # the same few addresses every drain: ipaddress formatting is slow

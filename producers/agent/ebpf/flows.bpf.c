@@ -1,9 +1,15 @@
 /* Per-flow socket bytes, TCP retransmits and TCP state changes, from tracepoints only
  * (no kprobes/fentry needed). Compiled by BCC; see flow_source.py.
  *
- * Counters are double-buffered: `sel[0]` says which of flows0/flows1 the programs add to. The drain
- * thread flips it, waits a grace period far longer than any program run, then reads and deletes the
- * map that is no longer written, so no byte is lost or counted twice between drains.
+ * Counters are kept per time slot: the key holds slot = bpf_ktime_get_ns() / SLOT_NS (CLOCK_MONOTONIC,
+ * SLOT_NS a -D flag, 10 ms by default), so the kernel aggregates at the slot's resolution and the drain
+ * thread can wake far less often than once per slot (a Python wake-up costs ~150 us of CPU; the data is
+ * cheap). Counters are double-buffered: `sel[0]` says which of flows0/flows1 the programs add to. Each
+ * drain reads and deletes the map the previous drain flipped away from (a whole period ago, far longer
+ * than any program run), then flips, so no byte is lost or counted twice. A slot that straddles a flip
+ * has entries in both maps; the drain merges them before emitting the slot (flow_source.py).
+ *
+ * Compile flags: MAX_FLOWS (entries per map: flows x slots per drain period), SLOT_NS, RINGBUF_PAGES.
  */
 #include <uapi/linux/ptrace.h>
 #include <net/sock.h>
@@ -23,6 +29,7 @@ struct flow_key {
     u8  proto;            /* IPPROTO_TCP or IPPROTO_UDP */
     u8  dir;              /* DIR_TX or DIR_RX; tx: src = local, rx: src = remote */
     u8  pad;
+    u64 slot;             /* bpf_ktime_get_ns() / SLOT_NS when counted */
 };
 
 struct flow_val {
@@ -47,7 +54,7 @@ BPF_ARRAY(sel, u32, 1);
 BPF_HASH(flows0, struct flow_key, struct flow_val, MAX_FLOWS);
 BPF_HASH(flows1, struct flow_key, struct flow_val, MAX_FLOWS);
 /* dirty[i] = 1 once map i got an entry since its last drain: the drain skips empty maps (walking the
- * buckets of an empty 64k-entry hash map costs ~80 us, at 100 drains/s most of an idle agent's CPU). */
+ * buckets of an empty 64k-entry hash map costs ~80 us, most of an idle agent's CPU at 100 drains/s). */
 BPF_ARRAY(dirty, u64, 2);
 BPF_ARRAY(lost, u64, 2);              /* [0] updates refused (a map full), [1] calls with no 5-tuple */
 /* The local port of each TCP socket, from inet_sock_set_state: once a socket reaches CLOSE and its port
@@ -59,6 +66,9 @@ static __always_inline void add(struct flow_key *k, u64 bytes, u64 calls, u64 re
     int zero = 0;
     u32 *s = sel.lookup(&zero);
     u32 which = s ? *s : 0;
+    /* The clock is read after the selector: a count that lands in the map the drain just flipped to
+     * has a slot at or after the flip (the drain's rule for which slots are complete relies on it). */
+    k->slot = bpf_ktime_get_ns() / SLOT_NS;
     struct flow_val init = {};
     struct flow_val *v;
     if (which == 0)

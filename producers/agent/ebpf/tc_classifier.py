@@ -4,6 +4,11 @@ One program (tc_flows.bpf.c) is attached as a direct-action filter on the ingres
 of each interface, through pyroute2. It never drops: it counts and returns TC_ACT_OK. `drain()`
 returns FlowCounters(source="tc") with `interface` set; the FlowSource's drain thread calls it.
 
+Counters are per time slot (`slot_ms`, 10 ms by default) and double-buffered, as in flow_source.py: the
+kernel keys them by (flow, priority, slot), a drain reads the idle map and flips, and a slot is returned
+once, merged across both maps, when it is complete; `ts_ns` is the slot's start on the wall clock and
+`interval_ns` the slot length. The maps hold `max_flows` flows per `drain_ms` period.
+
 Interfaces are names in this process's network namespace, or (netns, ifname) pairs for an interface
 in a named namespace (/run/netns/NETNS); those are reported as "NETNS/ifname".
 
@@ -19,13 +24,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.agent.ebpf._bcc import DoubleBuffer, compile_bpf, format_ip, in_netns, lost_count
+from producers.agent.ebpf._bcc import (
+    DoubleBuffer,
+    SlotAggregator,
+    WallClock,
+    compile_bpf,
+    format_ip,
+    in_netns,
+    lost_count,
+    slot_map_entries,
+)
 from producers.event_builder import EventBuilder
 from schemas.telemetry import FlowCounters
 
@@ -37,6 +50,7 @@ PROTO = {6: "tcp", 17: "udp"}
 # Kernel counters are valid by construction (u16 ports, u64 counts, formatted addresses): build events
 # without pydantic validation, which was a tenth of the drain thread's CPU at 100 drains/s.
 _build = EventBuilder(FlowCounters)
+FIELDS = ("bytes", "packets")
 
 Interface = str | tuple[str, str]
 
@@ -52,25 +66,37 @@ class _Attached:
 
 class TcClassifier:
     def __init__(self, node: str, interfaces: Sequence[Interface], kernel_source: Path,
-                 max_flows: int = 8192) -> None:
+                 max_flows: int = 8192, slot_ms: float = 10.0, drain_ms: float = 100.0) -> None:
+        if slot_ms <= 0 or slot_ms * 1e6 < 1 or drain_ms <= 0:
+            raise ValueError("slot_ms (at least 1 ns) and drain_ms must be positive")
         self.node = node
         self.interfaces = [(None, i) if isinstance(i, str) else (i[0], i[1]) for i in interfaces]
         self.kernel_source = kernel_source
         self.max_flows = max_flows
+        self.slot_ms = slot_ms
+        self.slot_ns = round(slot_ms * 1e6)
+        self.drain_ms = drain_ms
         self.bpf: Any = None
         self.buffer: DoubleBuffer | None = None
+        self.slots: SlotAggregator | None = None
+        self._described: dict[bytes, dict[str, Any]] = {}   # a flow key's fields, built once per flow
+        self.clock = WallClock()
         self.attached: list[_Attached] = []
         self._labels: dict[int, str] = {}
         self.lost = 0
         self._drains = 0
+        self._stats_every = max(1, round(1000 / drain_ms))
 
     def start(self) -> None:
-        self.bpf = compile_bpf(PROGRAM.read_text(), self.kernel_source, [f"-DMAX_FLOWS={self.max_flows}"])
+        entries = slot_map_entries(self.max_flows, self.drain_ms, self.slot_ms)
+        self.bpf = compile_bpf(PROGRAM.read_text(), self.kernel_source,
+                               [f"-DMAX_FLOWS={entries}", f"-DSLOT_NS={self.slot_ns}ULL"])
         from bcc import BPF
 
         ingress = self.bpf.load_func(b"tc_ingress", BPF.SCHED_CLS)
         egress = self.bpf.load_func(b"tc_egress", BPF.SCHED_CLS)
         self.buffer = DoubleBuffer(self.bpf, ("counts0", "counts1"))
+        self.slots = SlotAggregator(self.slot_ns, self.buffer.key_type, self.buffer.leaf_type, FIELDS)
         try:
             for netns, ifname in self.interfaces:
                 self._attach(netns, ifname, ingress, egress)
@@ -120,24 +146,43 @@ class TcClassifier:
         else:
             table[key] = ctypes.c_uint32(priority)
 
-    def drain(self, interval_ns: int, final: bool = False) -> list[FlowCounters]:
-        if self.buffer is None:
+    def drain(self, wall_offset_ns: int | None = None, final: bool = False) -> list[FlowCounters]:
+        """The (flow, slot) counters that are complete; `final` (programs detached): all of them.
+
+        `wall_offset_ns` turns CLOCK_MONOTONIC into the wall clock (FlowSource passes its own, so both
+        sources stamp a slot alike); None measures it here.
+        """
+        if self.buffer is None or self.slots is None:
             return []
-        items = self.buffer.read_all() if final else self.buffer.flip_and_read()
+        items, settled_ns = (self.buffer.read_all(), None) if final else self.buffer.flip_and_read()
+        rows = self.slots.add(items, settled_ns)
         self._drains += 1
-        if final or self._drains % 100 == 1:          # a stat: one map read (a syscall) per second
+        if final or self._drains % self._stats_every == 1 % self._stats_every:   # a stat: one map read a second
             self.lost = lost_count(self.bpf)
-        now = time.time_ns()
+        offset = self.clock.offset() if wall_offset_ns is None else wall_offset_ns
+        slot_ns = self.slot_ns
+        described = self._described
         out = []
-        for k, v in items:
-            t = k.t
-            out.append(_build(
-                node=self.node, ts_ns=now, source="tc", interface=self._labels.get(k.ifindex, str(k.ifindex)),
-                direction="tx" if k.dir == 0 else "rx",
-                src_ip=format_ip(t.family, bytes(t.saddr)), dst_ip=format_ip(t.family, bytes(t.daddr)),
-                src_port=t.sport, dst_port=t.dport, proto=PROTO.get(t.proto, "tcp"), priority=k.priority,
-                bytes=v.bytes, packets=v.packets, interval_ns=interval_ns))
+        for flow, slot, (nbytes, packets) in rows:
+            fields = described.get(flow) or self._describe(flow)
+            out.append(_build(**fields, ts_ns=slot * slot_ns + offset, bytes=nbytes, packets=packets,
+                              interval_ns=slot_ns))
         return out
+
+    def _describe(self, flow: bytes) -> dict[str, Any]:
+        """The fields of a flow's rows that its key gives (parsed once per flow, not once per slot)."""
+        assert self.slots is not None
+        if len(self._described) >= 65536:                    # ephemeral ports: do not grow forever
+            self._described.clear()
+        k = self.slots.key(flow)
+        t = k.t
+        fields = self._described[flow] = dict(
+            node=self.node, source="tc", interface=self._labels.get(k.ifindex, str(k.ifindex)),
+            direction="tx" if k.dir == 0 else "rx",
+            src_ip=format_ip(t.family, bytes(t.saddr)), dst_ip=format_ip(t.family, bytes(t.daddr)),
+            src_port=t.sport, dst_port=t.dport, proto=PROTO.get(t.proto, "tcp"), priority=k.priority,
+            retransmits=0)
+        return fields
 
     def detach(self) -> None:
         """Remove our filters (and the clsact qdiscs we added). Safe to call twice."""
@@ -158,12 +203,12 @@ class TcClassifier:
                 pass                                    # interface or namespace already gone
         self.attached.clear()
 
-    def stop(self, interval_ns: int = 0) -> list[FlowCounters]:
-        """Detach, then return what was counted since the last drain."""
+    def stop(self, wall_offset_ns: int | None = None) -> list[FlowCounters]:
+        """Detach, then return everything counted since the last drain or still held."""
         self.detach()
         out: list[FlowCounters] = []
         if self.bpf is not None:
-            out = self.drain(interval_ns, final=True)
+            out = self.drain(wall_offset_ns, final=True)
             self.bpf.cleanup()
             self.bpf = None
             self.buffer = None

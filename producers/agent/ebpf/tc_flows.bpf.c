@@ -3,7 +3,8 @@
  *
  * Hook for marking/shaping: `prio` maps a 5-tuple (as seen in the packet) to an skb->priority that
  * is applied before counting (egress priority selects an HTB class through the qdisc's mapping).
- * Counters are double-buffered like flows.bpf.c (sel[0] picks counts0 or counts1).
+ * Counters are per time slot (slot = bpf_ktime_get_ns() / SLOT_NS in the key) and double-buffered, like
+ * flows.bpf.c (sel[0] picks counts0 or counts1); tc_classifier.py merges a slot's entries across maps.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -30,7 +31,8 @@ struct tc_key {
     u32 ifindex;
     u32 priority;
     u8  dir;
-    u8  pad[3];
+    u8  pad[7];
+    u64 slot;         /* bpf_ktime_get_ns() / SLOT_NS when counted */
 };
 
 struct tc_val {
@@ -42,7 +44,7 @@ BPF_ARRAY(sel, u32, 1);
 BPF_HASH(counts0, struct tc_key, struct tc_val, MAX_FLOWS);
 BPF_HASH(counts1, struct tc_key, struct tc_val, MAX_FLOWS);
 /* dirty[i] = 1 once map i got an entry since its last drain: the drain skips empty maps (walking the
- * buckets of an empty 64k-entry hash map costs ~80 us, at 100 drains/s most of an idle agent's CPU). */
+ * buckets of an empty 64k-entry hash map costs ~80 us, most of an idle agent's CPU at 100 drains/s). */
 BPF_ARRAY(dirty, u64, 2);
 BPF_ARRAY(lost, u64, 1);
 BPF_HASH(prio, struct tuple, u32, 4096);
@@ -97,6 +99,7 @@ static __always_inline int classify(struct __sk_buff *skb, u8 dir) {
     int zero = 0;
     u32 *s = sel.lookup(&zero);
     u32 which = s ? *s : 0;
+    k.slot = bpf_ktime_get_ns() / SLOT_NS;     /* after the selector: see flows.bpf.c */
     struct tc_val init = {};
     struct tc_val *v;
     if (which == 0)
