@@ -38,6 +38,8 @@ def clock_sync_report(client: Client, since_ns: int, clocks: Mapping[str, NodeCl
     }
     if clocks:
         errors, within = [], 0
+        est = [r for r in est if r[0] in clocks and r[1] in clocks]      # this run's simulated nodes only
+        flows = [f for f in flows if f[0] in clocks and f[1] in clocks]
         for node, ref, ts, offset, bound in est:
             t = clocks[ref].to_true(ts)
             err = abs(offset - (clocks[node].offset_ns(t) - clocks[ref].offset_ns(t)))
