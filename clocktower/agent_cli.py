@@ -22,6 +22,7 @@ from producers.agent.config import ALL_SOURCES, AgentSettings
 from producers.agent.factory import build_sources
 from producers.agent.runner import AgentRunner, Sink
 from producers.agent.stdout_sink import JsonLinesSink
+from producers.spool import SpoolInUse
 from producers.spooling_publisher import SpoolingPublisher
 
 
@@ -66,7 +67,11 @@ def _status_table(report: dict) -> Table:
 
 def _kafka_sink(args: argparse.Namespace, settings: AgentSettings) -> tuple[Sink, object]:
     bootstrap = args.kafka or Settings().bootstrap
-    publisher = SpoolingPublisher(bootstrap, settings.spool_dir, max_spool_bytes=int(settings.spool_max_mb * 2**20))
+    try:
+        publisher = SpoolingPublisher(bootstrap, settings.spool_dir,
+                                      max_spool_bytes=int(settings.spool_max_mb * 2**20))
+    except SpoolInUse as exc:
+        raise UserError(f"{exc} (--spool-dir)") from None
     return publisher.publish, publisher
 
 

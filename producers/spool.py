@@ -25,6 +25,7 @@ and the unacknowledged records in them are returned to the caller, which counts 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -183,6 +184,25 @@ class _Segment:
     size: int
 
 
+class SpoolInUse(RuntimeError):
+    """Another process (or another Spool in this one) has this spool directory open."""
+
+
+def _lock_dir(directory: Path) -> int:
+    """An exclusive flock on `directory/lock`, held until close: two writers would interleave segments."""
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise SpoolInUse(f"spool directory {directory} is in use by another publisher (pid {owner}); "
+                         "give each process its own spool directory") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class Spool:
     """Append-only, bounded, ordered. `append`, `read_next`, `ack`; whole segments are deleted once acked."""
 
@@ -190,6 +210,7 @@ class Spool:
                  segment_bytes: int | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_dir(self.dir)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or min(16 * 1024 * 1024, max(4096, max_bytes // 8))
         self.corrupt_records = 0          # corrupt or cut-short frames skipped (found at open or on read)
@@ -421,3 +442,6 @@ class Spool:
     def close(self) -> None:
         self.sync()
         self._close_active(sync=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)           # releases the flock
+            self._lock_fd = None

@@ -12,6 +12,7 @@ from clocktower.ports import free_port
 from producers.agent.factory import UnavailableSource
 from producers.agent.runner import AgentRunner
 from producers.agent.source import Availability, Emit
+from producers.spool import Spool
 from schemas.event import Event
 from schemas.telemetry import LinkState
 from tests.test_cli import _env, assert_one_error_line, clocktower
@@ -105,8 +106,14 @@ def test_sink_errors_are_counted_not_fatal() -> None:
     assert runner.sink_errors == calls["n"] >= 1 and runner.delivered == {}
 
 
-def test_agent_cli_rejects_bad_input() -> None:
+def test_agent_cli_rejects_bad_input(tmp_path) -> None:  # noqa: ANN001
     assert_one_error_line(clocktower("agent", "--sources", "gpu,bogus", "--stdout"), "bogus")
+    held = Spool(tmp_path / "spool")              # another publisher owns this spool directory
+    try:
+        assert_one_error_line(clocktower("agent", "--kafka", "127.0.0.1:1", "--duration", "1", "--spool-dir",
+                                         str(tmp_path / "spool")), "in use", "--spool-dir")
+    finally:
+        held.close()
     assert_one_error_line(clocktower("agent", "--stdout", "--json"), "--duration")
     assert_one_error_line(clocktower("agent", "--stdout", "--duration", "0"), "--duration")
     assert_one_error_line(clocktower("agent", "--stdout", "--duration", "1", "--gpu-hz", "-1"), "gpu_hz")

@@ -136,10 +136,19 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
         bootstrap = services.settings.bootstrap
         monkeypatch.setenv("CLOCKTOWER_KAFKA_BOOTSTRAP", bootstrap)
         monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "4000")
+        monkeypatch.setenv("CLOCKTOWER_SPOOL_DIR", str(tmp_path / "spool"))   # the default SpoolingPublisher's
         if sys.platform.startswith("linux"):
             monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
         mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
         t_ranks = time.monotonic() - t0
+        # each rank published through its own SpoolingPublisher and closed it with nothing left to replay
+        from producers.spool import Spool
+        spools = sorted((tmp_path / "spool").iterdir())
+        assert len(spools) == 2
+        for path in spools:
+            spool = Spool(path)
+            assert spool.pending_records == 0, path
+            spool.close()
         results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
         expected = {s: sum(res["sent"].get(s, 0) for res in results.values())
                     for s in (CollectiveEvent.SCHEMA, IterationEvent.SCHEMA)}

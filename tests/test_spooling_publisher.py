@@ -360,3 +360,13 @@ def test_unreachable_broker_is_detected_and_records_spool_in_order(tmp_path: Pat
     finally:
         pub.close(timeout=0)
     assert st["broker_up"] is False and st["spool_records"] == 5 and st["acked"] == 0
+
+
+def test_a_spool_directory_has_one_writer(tmp_path: Path) -> None:
+    from producers.spool import SpoolInUse
+
+    first = Spool(tmp_path / "spool")
+    with pytest.raises(SpoolInUse, match=f"in use by another publisher \\(pid {os.getpid()}\\)"):
+        Spool(tmp_path / "spool")
+    first.close()
+    Spool(tmp_path / "spool").close()          # free again once closed

@@ -6,10 +6,12 @@ import atexit
 import logging
 import os
 import socket
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from producers.pytorch._torch import require_torch
@@ -31,15 +33,26 @@ dist = torch.distributed
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENV = "CLOCKTOWER_KAFKA_BOOTSTRAP"
+SPOOL_ENV = "CLOCKTOWER_SPOOL_DIR"
 
 
-def default_publisher() -> Publisher:
+def default_spool_dir(job: str, node: str) -> Path:
+    """One spool per job, node and rank ($RANK as torchrun sets it, else the pid): a rank restarted under the
+    same job replays what its previous run could not deliver."""
+    root = Path(os.environ.get(SPOOL_ENV) or Path(tempfile.gettempdir()) / "clocktower-spool")
+    who = f"rank{os.environ['RANK']}" if os.environ.get("RANK", "").isdigit() else f"pid{os.getpid()}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{node}-{who}")
+    return root / safe
+
+
+def default_publisher(job: str, node: str) -> Publisher:
+    """The node agent's publisher: a SpoolingPublisher, so a broker outage mid-training loses nothing."""
     bootstrap = os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         raise ValueError(f"Telemetry needs a Kafka broker: set {BOOTSTRAP_ENV}=host:port, "
                          "or pass publisher= (any object with publish(events) and flush(timeout))")
-    from producers.kafka_publisher import KafkaPublisher
-    return KafkaPublisher(bootstrap)
+    from producers.spooling_publisher import SpoolingPublisher
+    return SpoolingPublisher(bootstrap, default_spool_dir(job, node))
 
 
 def group_label(pg: Any) -> str:
@@ -63,7 +76,8 @@ class Telemetry:
 
     Events are buffered and published in batches by a background thread (`interval_s`), never from
     the training hot path. `publisher` is any object with `publish(list[Event])` and
-    `flush(timeout)`; by default a KafkaPublisher to $CLOCKTOWER_KAFKA_BOOTSTRAP.
+    `flush(timeout)`; by default a SpoolingPublisher to $CLOCKTOWER_KAFKA_BOOTSTRAP, spooling under
+    $CLOCKTOWER_SPOOL_DIR (default: the temp dir) while the broker is away; closed by `close()`.
     """
 
     def __init__(self, job: str, *, node: str | None = None, rank: int | None = None,
@@ -72,7 +86,8 @@ class Telemetry:
         self.job = job
         self.node = node or socket.gethostname()
         self._rank = rank
-        self.publisher = publisher if publisher is not None else default_publisher()
+        self._owns_publisher = publisher is None
+        self.publisher = publisher if publisher is not None else default_publisher(job, self.node)
         self.buffer = EventBuffer(self.publisher, interval_s=interval_s, batch_size=batch_size)
         self.seq = SequenceCounter()
         self.hooks: list[BucketTimingHook] = []
@@ -183,7 +198,11 @@ class Telemetry:
         self.clock.finish()
         if self.fr_buffer_size and dist.is_initialized():
             self.dump_flight_recorder(include_pending=True)
-        return self.buffer.close(timeout)
+        pending = self.buffer.close(timeout)
+        close = getattr(self.publisher, "close", None)
+        if self._owns_publisher and close is not None:
+            close()      # the spool keeps what is still undelivered; the next run of this rank replays it
+        return pending
 
     def _close_at_exit(self) -> None:
         if not self.closed:
