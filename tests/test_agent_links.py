@@ -126,7 +126,7 @@ def test_link_source_sees_down_and_up_in_netns(veth_netns: tuple[str, str, str])
 
     ns, a, b = veth_netns
     threads_before = set(threading.enumerate())
-    src = LinkSource("node-7", netns=ns)
+    src = LinkSource("node-7", netns=ns, report_interval_s=None)     # changes only: none expected below
     assert src.check().ok, src.check().reason
     got = Collector()
     with IPRoute(netns=ns, flags=0) as ip:
@@ -237,7 +237,7 @@ def test_link_source_resyncs_after_overflow(veth_netns: tuple[str, str, str],
             release.wait(5)                             # the source's thread is stuck in a slow sink
         got(batch)
 
-    src = LinkSource("node-7", interfaces=[a], netns=ns)
+    src = LinkSource("node-7", interfaces=[a], netns=ns, report_interval_s=None)
     with IPRoute(netns=ns, flags=0) as ip:
         ib = ip.link_lookup(ifname=b)[0]
         src.start(emit)
@@ -371,3 +371,28 @@ def test_ib_source_thread_emits_and_stops_promptly(ib_root: Path) -> None:
     assert time.monotonic() - t_stop < 0.5
     assert [t for t in set(threading.enumerate()) - threads_before if t.is_alive()] == []
     assert src.counts["link_state"] == len(got)
+
+
+def test_link_source_reports_every_link_periodically(veth_netns: tuple[str, str, str]) -> None:
+    """With nothing changing, each link's state is re-sent every report interval with a fresh timestamp."""
+    from pyroute2 import IPRoute
+
+    ns, a, b = veth_netns
+    with IPRoute(netns=ns, flags=0) as ip:                     # settled first: no change during the test
+        deadline = time.monotonic() + 5
+        while any(ip.link("get", index=ip.link_lookup(ifname=n)[0])[0].get("operstate") != "UP" for n in (a, b)):
+            assert time.monotonic() < deadline, "veths did not come up"
+            time.sleep(0.01)
+    src = LinkSource("node-7", netns=ns, report_interval_s=0.2)
+    got = Collector()
+    src.start(got)
+    try:
+        time.sleep(0.75)
+    finally:
+        src.stop()
+    for name in (a, b):
+        reports = [e for e in got.events if e.interface == name]
+        assert len(reports) >= 3, reports                       # the snapshot plus >= 2 periodic reports
+        assert len({(e.up, e.carrier, e.operstate, e.carrier_changes) for e in reports}) == 1
+        stamps = [e.ts_ns for e in reports]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)

@@ -28,6 +28,8 @@ class AgentSettings(BaseSettings):
     tc_interfaces: tuple[str, ...] = ()
     kernel_source: str | None = Field(default=None, description="kernel headers for BCC (BCC_KERNEL_SOURCE)")
     link_interfaces: tuple[str, ...] | None = None
+    link_report_s: float = Field(default=1.0, ge=0, le=3600, description=(
+        "re-send every link's state this often (0: changes only); detectors need reports to see stability"))
     ib_sysfs_root: Path = Path("/sys/class/infiniband")
     ib_poll_s: float = Field(default=1.0, gt=0, le=3600)
     clock_bind: str = "0.0.0.0:7373"

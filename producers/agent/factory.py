@@ -41,7 +41,7 @@ def _flows(s: AgentSettings) -> Source:
 
 def _links(s: AgentSettings) -> Source:
     from producers.agent.link_source import LinkSource
-    return LinkSource(s.node, interfaces=s.link_interfaces)
+    return LinkSource(s.node, interfaces=s.link_interfaces, report_interval_s=s.link_report_s)
 
 
 def _ib(s: AgentSettings) -> Source:

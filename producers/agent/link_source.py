@@ -6,14 +6,17 @@ and watches it from a thread of its own:
 - `start()` binds the socket first and then dumps every link on it (RTM_GETLINK), so no change can fall
   between the snapshot and the stream; each selected link is emitted once (the snapshot) before `start()`
   returns. Messages that arrive during the dump are applied after it.
-- The thread then blocks in `select()` on the socket and a wake-up socketpair (no timeout, no polling) and
-  emits a LinkState for every RTM_NEWLINK that changes something relevant: admin up (IFF_UP), carrier,
+- The thread then blocks in `select()` on the socket and a wake-up socketpair (no polling: the kernel pushes
+  every change) and emits a LinkState for every RTM_NEWLINK that changes something relevant: admin up (IFF_UP), carrier,
   operstate or IFLA_CARRIER_CHANGES. RTM_NEWLINK messages that change nothing of that (MTU, alias,
   statistics, master, ...) are dropped. A deleted link is emitted once with up=False, carrier=False,
   operstate "deleted".
 - `ts_ns` is `time.time_ns()` taken right after `recv()` returns the datagram, before it is parsed (pyroute2's
   parser costs ~0.25 ms per link message on the test VM, so stamping after it would add that, and more for
   later messages of a multi-message datagram). All messages of one datagram share its stamp.
+- Every `report_interval_s` (1 s) the last known state of each link is re-sent from memory with a fresh
+  ts_ns, the way the simulator reports: downstream detectors run on event time and need to see a port stay
+  stable to resolve a flap incident.
 - `stop()` sends one byte on the socketpair: the thread wakes at once, and the sockets are closed.
 - If the socket's buffer overflows (ENOBUFS: an event storm, events were lost) the source dumps again and
   emits whatever differs from what it last emitted: the state stays right, and a lost flap still shows in
@@ -123,8 +126,12 @@ class LinkSource:
     name = "links"
 
     def __init__(self, node: str, interfaces: Sequence[str] | None = None, netns: str | None = None,
-                 sysfs_net: Path = SYSFS_NET) -> None:
+                 sysfs_net: Path = SYSFS_NET, report_interval_s: float | None = 1.0) -> None:
         self.node = node
+        # Every link's last known state is re-sent this often (from memory, no netlink request): the
+        # link-flap detector runs on event time, so it needs reports after the last change to see that a
+        # port has been stable and resolve the incident. None or 0: changes only.
+        self.report_interval_s = report_interval_s or None
         self.interfaces = frozenset(interfaces) if interfaces is not None else None
         self.netns = netns
         self.sysfs_net = sysfs_net
@@ -232,10 +239,18 @@ class LinkSource:
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_READ, "netlink")
             sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            period = self.report_interval_s
+            next_report = time.monotonic() + period if period else None
             while True:
-                ready = [key.data for key, _ in sel.select()]   # blocks: no timeout, no polling
+                timeout = None if next_report is None else max(0.0, next_report - time.monotonic())
+                ready = [key.data for key, _ in sel.select(timeout)]   # blocks until a message or a report
                 if "wake" in ready:
                     return
+                if next_report is not None and time.monotonic() >= next_report:
+                    next_report += period                 # type: ignore[operator]
+                    self._send([self._event(seen, time.time_ns()) for seen in self._seen.values()])
+                if "netlink" not in ready:
+                    continue
                 try:
                     ts, data = self._recv()
                     self._send([ev for msg in self._marshal.parse(data) if (ev := self._on_message(msg, ts))])
@@ -334,9 +349,12 @@ class LinkSource:
         if not force and self._seen.get(index) == seen:
             return None
         self._seen[index] = seen
+        return self._event(seen, ts_ns)
+
+    def _event(self, seen: _Seen, ts_ns: int) -> LinkState:
         up = link_up(seen.operstate, seen.admin_up, seen.carrier)
-        speed = read_speed_mbps(ifname, self.sysfs_net) if self.netns is None and up else 0
-        return LinkState(node=self.node, ts_ns=ts_ns, interface=ifname, kind="ethernet", up=up,
+        speed = read_speed_mbps(seen.ifname, self.sysfs_net) if self.netns is None and up else 0
+        return LinkState(node=self.node, ts_ns=ts_ns, interface=seen.ifname, kind="ethernet", up=up,
                          carrier_changes=seen.carrier_changes, speed_mbps=speed, operstate=seen.operstate,
                          carrier=seen.carrier)
 

@@ -1,0 +1,93 @@
+"""A real link flap, end to end: a veth named eth0 flapped inside a network namespace, seen by the agent's
+netlink source, published through the spooling publisher, detected by the stream processors, and stored in
+ClickHouse as a link_flap incident with a signed failover command, then a restore once the port is stable
+(which needs the source's periodic reports)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from clocktower.config import DEV_CONTROL_KEY
+from producers.agent.link_source import LinkSource
+from producers.agent.runner import AgentRunner
+from producers.spooling_publisher import SpoolingPublisher
+from schemas.control import ControlCommand
+from streams.command_signing import verify
+
+NODE = "flap-e2e"
+
+
+@pytest.fixture
+def eth0_netns():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a network namespace and veths")
+    from pyroute2 import IPRoute, netns
+
+    ns = f"ctflap{os.getpid()}"
+    try:
+        netns.create(ns)
+    except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
+        pytest.skip(f"network namespaces unsupported here: {e}")
+    try:
+        with IPRoute(netns=ns, flags=0) as ip:
+            ip.link("add", ifname="eth0", kind="veth", peer="peer0")   # eth0 fails over to eth1 by default
+            for name in ("peer0", "eth0"):
+                ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
+        yield ns
+    finally:
+        netns.remove(ns)
+
+
+def _rows(client, sql: str, want: int, deadline: float, pipeline) -> list:  # noqa: ANN001
+    rows: list = []
+    while time.monotonic() < deadline:
+        rows = client.query(sql).result_rows
+        if len(rows) >= want:
+            return rows
+        pipeline.stack.supervise()
+        time.sleep(0.3)
+    return rows
+
+
+def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth0_netns: str,
+                                                                   tmp_path: Path) -> None:
+    from pyroute2 import IPRoute
+
+    publisher = SpoolingPublisher(pipeline.settings.bootstrap, tmp_path / "spool")
+    runner = AgentRunner([LinkSource(NODE, interfaces=["eth0"], netns=eth0_netns, report_interval_s=0.5)],
+                         publisher.publish)
+    runner.start()
+    try:
+        with IPRoute(netns=eth0_netns, flags=0) as ip:
+            peer = ip.link_lookup(ifname="peer0")[0]
+            time.sleep(1.0)
+            for _ in range(3):                       # 3 down/up cycles: 6 carrier changes within 10 s
+                ip.link("set", index=peer, state="down")
+                time.sleep(0.3)
+                ip.link("set", index=peer, state="up")
+                time.sleep(0.3)
+        time.sleep(6.5)                              # stable for more than the detector's 5 s
+    finally:
+        runner.stop()
+        assert publisher.flush(30) == 0
+        publisher.close()
+    client = pipeline.client
+    deadline = time.monotonic() + 60
+    opened = _rows(client, f"SELECT target FROM incidents FINAL WHERE node = '{NODE}' AND state = 'open'", 1,
+                   deadline, pipeline)
+    assert opened == [(f"{NODE}/eth0",)]
+    cmds = client.query(f"SELECT * FROM control_commands FINAL WHERE node = '{NODE}' ORDER BY ts_ns")
+    assert [r[cmds.column_names.index("action")] for r in cmds.result_rows][:1] == ["failover"]
+    cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
+                            if k in ControlCommand.model_fields})
+    assert cmd.target == "eth0" and cmd.params["to"] == "eth1" and verify(cmd, DEV_CONTROL_KEY.encode())
+    resolved = _rows(client, f"SELECT count() FROM incidents FINAL WHERE node = '{NODE}' AND state = 'resolve' "
+                     "HAVING count() > 0", 1, deadline, pipeline)
+    assert resolved, "the incident was never resolved: no report after the port became stable?"
+    restore = _rows(client, f"SELECT params FROM control_commands FINAL WHERE node = '{NODE}' "
+                    "AND action = 'restore'", 1, deadline, pipeline)
+    assert restore and restore[0][0]["to"] == "eth0"
