@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--clock-peer", action="append", help="a clock-probe peer host:port (repeatable)")
     a.add_argument("--clock-bind", help="clock-probe UDP address (default 0.0.0.0:7373)")
     a.add_argument("--spool-dir", help="on-disk spool while the broker is away (default .clocktower-agent/spool)")
+    a.add_argument("--compression", choices=("lz4", "zstd"), help="Kafka record compression (default lz4)")
 
 
 def _settings(args: argparse.Namespace) -> AgentSettings:
@@ -50,7 +51,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
              "flow_drain_ms": args.flow_drain_ms, "flow_slot_ms": args.flow_slot_ms,
              "tc_interfaces": args.tc_interface,
              "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,
-             "spool_dir": args.spool_dir,
+             "spool_dir": args.spool_dir, "compression": args.compression,
              "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
     return AgentSettings(**{k: v for k, v in pairs.items() if v is not None})
 
@@ -68,7 +69,7 @@ def _status_table(report: dict) -> Table:
 def _kafka_sink(args: argparse.Namespace, settings: AgentSettings) -> tuple[Sink, object]:
     bootstrap = args.kafka or Settings().bootstrap
     try:
-        publisher = SpoolingPublisher(bootstrap, settings.spool_dir,
+        publisher = SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
                                       max_spool_bytes=int(settings.spool_max_mb * 2**20))
     except SpoolInUse as exc:
         raise UserError(f"{exc} (--spool-dir)") from None

@@ -17,7 +17,8 @@ def test_agent_events_land_in_clickhouse(pipeline, tmp_path: Path) -> None:
     s, client = pipeline.settings, pipeline.client
     proc = subprocess.run(
         [sys.executable, "-m", "clocktower", "agent", "--node", "agent-e2e", "--kafka", s.bootstrap, "--sources",
-         "links,gpu,ib", "--duration", "2", "--json", "--spool-dir", str(tmp_path / "spool")],
+         "links,gpu,ib", "--duration", "2", "--json", "--spool-dir", str(tmp_path / "spool"),
+         "--compression", "zstd"],
         capture_output=True, text=True, env=_env(), timeout=90)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

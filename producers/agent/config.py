@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,5 +36,6 @@ class AgentSettings(BaseSettings):
     clock_bind: str = "0.0.0.0:7373"
     clock_peers: tuple[str, ...] = ()
     clock_pairs_per_s: float = Field(default=10.0, gt=0, le=10_000)
+    compression: Literal["lz4", "zstd"] = "lz4"
     spool_dir: Path = Path(".clocktower-agent/spool")
     spool_max_mb: float = Field(default=256.0, gt=0)
