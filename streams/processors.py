@@ -9,6 +9,7 @@ from __future__ import annotations
 from schemas.event import Event
 from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
 from streams.clocksync import ClockSynchronizer
+from streams.clocksync.probe_time import ProbeTime
 from streams.command_signing import CommandIssuer
 from streams.flow_latency_join import FlowLatencyJoin
 from streams.gpu_fault_detector import GpuFaultDetector
@@ -17,7 +18,7 @@ from streams.link_flap_detector import LinkFlapDetector
 
 
 class Processors:
-    """Every processor's state. Clock estimates are made on probe time (the newest probe rx_ns seen), every
+    """Every processor's state. Clock estimates are made on probe time (see clocksync/probe_time.py), every
     `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one."""
 
     def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
@@ -25,6 +26,7 @@ class Processors:
         issuer = CommandIssuer(control_key)
         self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
         self.clock_update_ns = clock_update_ns
+        self._probe_time = ProbeTime()
         self.probe_time_ns = 0
         self._next_clock_update_ns = 0
         self.flows = FlowLatencyJoin(clocks=self.clocks)
@@ -34,10 +36,12 @@ class Processors:
 
     def on_batch(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
+        saw_probes = False
         for e in events:
             if isinstance(e, ClockProbe):
                 self.clocks.add_probe(e)
-                self.probe_time_ns = max(self.probe_time_ns, e.rx_ns)
+                self._probe_time.observe(e.receiver, e.rx_ns)
+                saw_probes = True
             elif isinstance(e, FlowSample):
                 r = self.flows.add(e)
                 if r is not None:
@@ -50,6 +54,8 @@ class Processors:
                 out += self.links.on_link_state(e)
             elif isinstance(e, GpuHealth):
                 out += self.gpus.on_gpu_health(e)
+        if saw_probes:
+            self.probe_time_ns = self._probe_time.advance()
         if self.probe_time_ns >= self._next_clock_update_ns:   # once per grid step of probe time crossed
             self._next_clock_update_ns = (self.probe_time_ns // self.clock_update_ns + 1) * self.clock_update_ns
             out += self.clocks.update(self.probe_time_ns)

@@ -59,3 +59,23 @@ def test_estimates_and_corrected_latency_match_ground_truth() -> None:
     raw_error = sorted(abs(f.latency_ns - (sim.clocks[f.node].to_true(f.rx_ns)
                                            - sim.clocks[f.src_node].to_true(f.tx_ns))) for f in corrected)
     assert raw_error[len(raw_error) // 2] > 10_000     # without correction the ms offsets swamp the delay
+
+
+def test_one_node_with_a_clock_an_hour_ahead_does_not_stop_the_others() -> None:
+    """Probe time follows most receivers, not the fastest: a rogue receiver an hour ahead changes nothing."""
+    from schemas.telemetry import ClockProbe
+
+    sim = FleetSimulator(SimConfig(nodes=4, duration_s=10, faults=False))
+    processors = Processors(b"k" * 32)
+    steps_with_estimates = []
+    for step in range(1, 41):
+        events = sim.advance(sim.start_ns + step * S // 4)
+        if step == 12:
+            t = events[-1].ts_ns
+            events.append(ClockProbe(node="rogue", ts_ns=t + 3600 * S, pair_id=1, idx=0, sender="node-0",
+                                     receiver="rogue", tx_ns=t, rx_ns=t + 3600 * S))
+        out = processors.on_batch(events)
+        if step > 12:
+            steps_with_estimates.append({e.node for e in out if isinstance(e, ClockEstimate)} >= set(sim.clocks))
+    assert processors.probe_time_ns < sim.start_ns + 3600 * S
+    assert sum(steps_with_estimates) >= len(steps_with_estimates) - 1      # every step still estimates all 4

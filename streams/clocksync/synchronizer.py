@@ -58,6 +58,7 @@ from streams.clocksync.pair_fit import PairFits, fit_pairs, floor_drops
 from streams.clocksync.probe_filter import ProbePairFilter, PurePairs
 
 NS = 1_000_000_000
+_BUF_LIMIT = 100_000           # probes buffered by add_probe before they are handed to the filter
 _STORE = ("edge", "fwd", "tau", "y", "sender", "pair_id")
 _STORE_DT = (np.int64, bool, np.int64, np.float64, np.int64, np.uint64)
 
@@ -164,6 +165,15 @@ class ClockSynchronizer:
 
     def add_probe(self, p: ClockProbe) -> None:
         self._buf.append((self._node(p.sender), self._node(p.receiver), p.pair_id, p.idx, p.tx_ns, p.rx_ns))
+        if len(self._buf) >= _BUF_LIMIT:   # bounded even if updates stall: the filter ages halves out itself
+            self._flush_buf()
+
+    def _flush_buf(self) -> None:
+        if self._buf:
+            cols = list(zip(*self._buf, strict=True))
+            self._buf = []
+            self.filter.push(*(np.array(c, dtype=d) for c, d in zip(
+                cols, (np.int64, np.int64, np.uint64, np.int8, np.int64, np.int64), strict=True)))
 
     def add_probes(self, probes: Iterable[ClockProbe]) -> None:
         for p in probes:
@@ -193,11 +203,7 @@ class ClockSynchronizer:
 
     def update(self, now_ns: int) -> list[ClockEstimate]:
         now_ns = int(now_ns)
-        if self._buf:
-            cols = list(zip(*self._buf, strict=True))
-            self._buf = []
-            self.filter.push(*(np.array(c, dtype=d) for c, d in zip(
-                cols, (np.int64, np.int64, np.uint64, np.int8, np.int64, np.int64), strict=True)))
+        self._flush_buf()
         new = self._samples(self.filter.pop(now_ns))
         new = self._drop_replays(new, now_ns)
         new = self._reset_stepped_edges(new)
