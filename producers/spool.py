@@ -25,6 +25,8 @@ and the unacknowledged records in them are returned to the caller, which counts 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -190,7 +192,7 @@ class SpoolInUse(RuntimeError):
 
 def _lock_dir(directory: Path) -> int:
     """An exclusive flock on `directory/lock`, held until close: two writers would interleave segments."""
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -293,7 +295,17 @@ class Spool:
         if self._active is None or self._active.size >= self.segment_bytes:
             self._roll()
         assert self._active is not None and self._fd is not None
-        os.write(self._fd, frame)
+        try:
+            written = os.write(self._fd, frame)
+        except OSError:
+            written = -1
+            raise
+        finally:
+            if written != len(frame):          # a full disk or an I/O error: no torn frame stays behind
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._active.size)
+        if written != len(frame):
+            raise OSError(errno.ENOSPC, f"short write to the spool ({written} of {len(frame)} bytes)")
         entry.segment, entry.offset = self._active.number, self._active.size
         self._active.size += len(frame)
         self._bytes += len(frame)

@@ -91,6 +91,16 @@ class SpoolingPublisher(KafkaPublisher):
         self._lock = threading.RLock()
         self.bootstrap = bootstrap
         self.spool = Spool(spool_dir, max_spool_bytes, segment_bytes)
+        try:
+            self._init(bootstrap, max_events_per_record, compression, message_timeout_ms, probe_interval_s,
+                       probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config)
+        except BaseException:
+            self.spool.close()                     # release the spool's lock: a retry must be able to open it
+            raise
+
+    def _init(self, bootstrap: str, max_events_per_record: int, compression: str, message_timeout_ms: int,
+              probe_interval_s: float, probe_timeout_s: float, fsync_interval_s: float, replay_window: int,
+              dedup_scan_limit: int, extra_config: dict[str, object] | None) -> None:
         self._compression = compression
         self._extra: dict[str, object] = {
             "message.timeout.ms": message_timeout_ms,
@@ -182,18 +192,31 @@ class SpoolingPublisher(KafkaPublisher):
         self._spill_memory()          # what librdkafka holds only in memory is older: it goes first
         self._append(rec)
 
-    def _append(self, rec: SpoolRecord) -> None:
-        dropped = self.spool.append(rec)
+    def _append(self, rec: SpoolRecord) -> bool:
+        """Spool `rec`; False if the disk refused it (full, I/O error): then it is counted as dropped."""
+        try:
+            dropped = self.spool.append(rec)
+        except OSError as exc:
+            self.dropped_records += 1
+            self.dropped_events += rec.events
+            log.error("cannot write to the spool %s (%s): a record of %d %s events is lost; %d records "
+                      "(%d events) dropped so far", self.spool.dir, exc, rec.events, rec.schema,
+                      self.dropped_records, self.dropped_events)
+            self._final(rec.seq, rec.schema, rec.events, KafkaError(KafkaError._FS, f"spool write failed: {exc}"))
+            return False
         self.spooled_records += 1
         self.spooled_events += rec.events
         if dropped:
             self._count_dropped(dropped)
+        return True
 
     def _spill_memory(self) -> None:
         for p in sorted((p for p in self._inflight.values() if not p.on_disk and not p.orphan),
                         key=lambda p: p.rec.seq):
-            p.on_disk = True
-            self._append(p.rec)
+            if self._append(p.rec):
+                p.on_disk = True
+            else:
+                p.orphan = True        # not on disk: if its delivery fails too, it is gone (counted above)
 
     def _count_dropped(self, entries: list[SpoolEntry]) -> None:
         records = events = 0
@@ -260,8 +283,10 @@ class SpoolingPublisher(KafkaPublisher):
             self._doubt_topics.add(rec.topic)
             if not p.on_disk:
                 self._inflight[seq] = p             # spilled in order with the others still in memory
-            self._go_down(f"delivery failed: {err.str()}")
-            self._inflight.pop(seq, None)
+            try:
+                self._go_down(f"delivery failed: {err.str()}")
+            finally:
+                self._inflight.pop(seq, None)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

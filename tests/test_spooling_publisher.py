@@ -370,3 +370,47 @@ def test_a_spool_directory_has_one_writer(tmp_path: Path) -> None:
         Spool(tmp_path / "spool")
     first.close()
     Spool(tmp_path / "spool").close()          # free again once closed
+
+
+def test_a_full_disk_loses_only_the_records_it_refused_and_counts_them(tmp_path: Path, monkeypatch) -> None:
+    """A write the disk refuses (ENOSPC, or a short write) leaves no torn frame; the record is counted as
+    dropped, and spooling goes on once the disk takes writes again."""
+    import errno
+
+    import producers.spool as spool_module
+
+    real_write = os.write
+    full = {"on": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if full["on"]:
+            if len(data) > 8:
+                real_write(fd, data[:8])          # a short write first: the torn bytes must be cut off
+                return 8
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(spool_module.os, "write", write)
+    pub = SpoolingPublisher(f"127.0.0.1:{free_port()}", tmp_path / "spool", probe_timeout_s=0.2)
+    try:
+        for r in range(3):
+            pub.publish_batch(link_batch(r))
+        full["on"] = True
+        for r in range(3, 5):
+            pub.publish_batch(link_batch(r))
+        full["on"] = False
+        for r in range(5, 8):
+            pub.publish_batch(link_batch(r))
+        st = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert st["dropped_records"] == 2 and st["dropped_events"] == 20 and st["spool_records"] == 6
+    assert sum(pub.failed.values()) == 20 and st["in_flight"] == 0
+    spool = Spool(tmp_path / "spool")
+    kept, after = [], 0
+    while (rec := spool.read_next(after)) is not None:
+        kept.append(decode_batch("telemetry.links", rec.key, rec.value, rec.headers).events[0].carrier_changes // 10)
+        after = rec.seq
+    assert spool.corrupt_records == 0
+    spool.close()
+    assert kept == [0, 1, 2, 5, 6, 7]
