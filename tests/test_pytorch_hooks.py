@@ -334,3 +334,23 @@ def test_iteration_clock_context_and_steps() -> None:
     clock.finish()
     assert [s[0] for s in seen] == [5, 7, 8]
     assert all(start <= end for _, start, end in seen)
+
+
+@needs_torch
+def test_a_taken_spool_falls_back_to_one_of_this_process(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Two Telemetry publishers for the same job, node and rank never stop training: the second gets its own."""
+    from clocktower.ports import free_port
+    from producers.pytorch.telemetry import default_publisher, default_spool_dir
+
+    monkeypatch.setenv("CLOCKTOWER_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("CLOCKTOWER_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("RANK", "3")
+    assert default_spool_dir("job/1", "n1") == tmp_path / "spool" / "job_1-n1-rank3"
+    first = default_publisher("job/1", "n1")
+    second = default_publisher("job/1", "n1")
+    try:
+        assert first.spool.dir == tmp_path / "spool" / "job_1-n1-rank3"
+        assert second.spool.dir != first.spool.dir and second.spool.dir.parent == first.spool.dir.parent
+    finally:
+        first.close(timeout=0)
+        second.close(timeout=0)

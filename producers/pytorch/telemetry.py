@@ -6,7 +6,6 @@ import atexit
 import logging
 import os
 import socket
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -37,22 +36,36 @@ SPOOL_ENV = "CLOCKTOWER_SPOOL_DIR"
 
 
 def default_spool_dir(job: str, node: str) -> Path:
-    """One spool per job, node and rank ($RANK as torchrun sets it, else the pid): a rank restarted under the
-    same job replays what its previous run could not deliver."""
-    root = Path(os.environ.get(SPOOL_ENV) or Path(tempfile.gettempdir()) / "clocktower-spool")
+    """One spool per job, node and rank ($RANK as torchrun sets it, else the pid), in a per-user directory
+    ($CLOCKTOWER_SPOOL_DIR, else $XDG_CACHE_HOME or ~/.cache): a rank restarted under the same job replays
+    what its previous run could not deliver."""
+    env = os.environ.get(SPOOL_ENV)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = Path(env) if env else cache / "clocktower" / "spool"
     who = f"rank{os.environ['RANK']}" if os.environ.get("RANK", "").isdigit() else f"pid{os.getpid()}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{node}-{who}")
     return root / safe
 
 
 def default_publisher(job: str, node: str) -> Publisher:
-    """The node agent's publisher: a SpoolingPublisher, so a broker outage mid-training loses nothing."""
+    """The node agent's publisher: a SpoolingPublisher, so a broker outage mid-training loses nothing.
+
+    If the spool is taken (the same job name twice on a node, or a second Telemetry in this process) a
+    spool of this process's own is used instead, with a warning: telemetry never stops training."""
     bootstrap = os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         raise ValueError(f"Telemetry needs a Kafka broker: set {BOOTSTRAP_ENV}=host:port, "
                          "or pass publisher= (any object with publish(events) and flush(timeout))")
+    from producers.spool import SpoolInUse
     from producers.spooling_publisher import SpoolingPublisher
-    return SpoolingPublisher(bootstrap, default_spool_dir(job, node))
+
+    spool_dir = default_spool_dir(job, node)
+    try:
+        return SpoolingPublisher(bootstrap, spool_dir)
+    except SpoolInUse as exc:
+        own = spool_dir.with_name(f"{spool_dir.name}-pid{os.getpid()}-{id(exc):x}")
+        log.warning("%s; using %s", exc, own)
+        return SpoolingPublisher(bootstrap, own)
 
 
 def group_label(pg: Any) -> str:
@@ -77,7 +90,7 @@ class Telemetry:
     Events are buffered and published in batches by a background thread (`interval_s`), never from
     the training hot path. `publisher` is any object with `publish(list[Event])` and
     `flush(timeout)`; by default a SpoolingPublisher to $CLOCKTOWER_KAFKA_BOOTSTRAP, spooling under
-    $CLOCKTOWER_SPOOL_DIR (default: the temp dir) while the broker is away; closed by `close()`.
+    $CLOCKTOWER_SPOOL_DIR (default ~/.cache/clocktower/spool) while the broker is away; closed by `close()`.
     """
 
     def __init__(self, job: str, *, node: str | None = None, rank: int | None = None,
