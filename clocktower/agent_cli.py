@@ -108,9 +108,8 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         pass
     finally:
         runner.stop()
-        if publisher is not None:
-            publisher.flush(10)     # type: ignore[attr-defined]
-            publisher.close()       # type: ignore[attr-defined]
+        if publisher is not None:   # deliver for up to 10 s if the broker is there; else it stays spooled
+            publisher.close(timeout=10.0 if publisher.broker_up else 0.0)   # type: ignore[attr-defined]
     report = runner.report() | {"node": settings.node, "seconds": round(time.monotonic() - started, 3)}
     if publisher is not None:
         report["publisher"] = publisher.stats()    # type: ignore[attr-defined]

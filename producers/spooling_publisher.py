@@ -479,7 +479,9 @@ class SpoolingPublisher(KafkaPublisher):
         if timeout > 0:
             self.flush(timeout)
         self._stop.set()
-        self._thread.join()
+        self._thread.join(max(timeout, 0) + 30.0)  # a read-back scan in progress can take a while
+        if self._thread.is_alive():
+            log.warning("the spool pump thread did not stop within %.0f s; closing anyway", timeout + 30.0)
         with self._lock:
             self._spill_memory()
             self._closing = True

@@ -145,3 +145,27 @@ def test_two_agents_exchange_clock_probes_and_report_counts() -> None:
             "clock_probe"] >= 20
         assert {(p["sender"], p["receiver"]) for p in probes} == {("b" if node == "a" else "a", node)}
         assert "clock" in err and "on" in err      # the status table on stderr
+
+
+def test_agent_with_the_broker_away_spools_and_stops_promptly(tmp_path) -> None:  # noqa: ANN001
+    """No broker: the agent's events go to the spool, and stopping does not wait on a delivery that can't
+    happen."""
+    import subprocess
+    import sys
+
+    from producers.spool import Spool
+
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "clocktower", "agent", "--kafka", f"127.0.0.1:{free_port()}", "--sources", "links",
+         "--duration", "1", "--json", "--spool-dir", str(tmp_path / "spool")],
+        capture_output=True, text=True, env=_env(), timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    links = report["delivered"]["link_state"]
+    assert report["publisher"]["broker_up"] is False and report["publisher"]["spool_events"] == links >= 1
+    assert elapsed < 20, f"took {elapsed:.1f} s to stop"
+    spool = Spool(tmp_path / "spool")                  # left for the next run to replay
+    assert spool.pending_events == links
+    spool.close()
