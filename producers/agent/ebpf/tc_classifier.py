@@ -185,7 +185,7 @@ class TcClassifier:
         return fields
 
     def detach(self) -> None:
-        """Remove our filters (and the clsact qdiscs we added). Safe to call twice."""
+        """Remove our filters, and a clsact qdisc we added once no filter of anyone is left on it. Safe twice."""
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
@@ -194,11 +194,13 @@ class TcClassifier:
                 with in_netns(entry.netns):
                     ip = IPRoute()
                 with ip:
-                    if entry.created_qdisc:
-                        ip.tc("del", "clsact", entry.index)
-                    else:
-                        for parent in (INGRESS, EGRESS):
+                    for parent in (INGRESS, EGRESS):   # only ours: other tools may have filters on this clsact
+                        with contextlib.suppress(NetlinkError):
                             ip.tc("del-filter", "bpf", entry.index, ":1", parent=parent, prio=FILTER_PRIO)
+                    if entry.created_qdisc and not any(
+                            f.get_attr("TCA_KIND") for parent in (INGRESS, EGRESS)
+                            for f in ip.get_filters(index=entry.index, parent=parent)):
+                        ip.tc("del", "clsact", entry.index)   # we added it and nobody else uses it
             except (NetlinkError, OSError):
                 pass                                    # interface or namespace already gone
         self.attached.clear()
