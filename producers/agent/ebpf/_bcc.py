@@ -15,6 +15,7 @@ import ctypes
 import errno
 import functools
 import ipaddress
+import logging
 import math
 import os
 import platform
@@ -37,6 +38,8 @@ CAP_PERFMON = 38
 CAP_BPF = 39
 
 _compile_lock = threading.Lock()         # BCC_KERNEL_SOURCE is process-wide; compile one program at a time
+
+log = logging.getLogger(__name__)
 
 
 def _headers_ok(path: Path) -> bool:
@@ -158,8 +161,12 @@ class DoubleBuffer:
         idle = 1 - self.active                           # written until the previous drain, a period ago
         items: list[tuple[bytes, bytes]] = []
         if self.dirty[ctypes.c_int(idle)].value:         # skip the bucket walk of a map nothing touched
+            drainer = self.maps[idle]
+            drainer.incomplete = False
+            items = drainer.drain()          # raises only if nothing was read: no flip, the next drain retries
+            if drainer.incomplete:           # partly read: keep it dirty and idle, read the rest next time
+                return items, self.flipped_ns
             self.dirty[ctypes.c_int(idle)] = ctypes.c_uint64(0)
-            items = self.maps[idle].drain()
         settled_ns, self.flipped_ns = self.flipped_ns, time.monotonic_ns()
         self.active = idle
         self.sel[ctypes.c_int(0)] = ctypes.c_uint32(idle)
@@ -285,6 +292,7 @@ class BatchDrainer:
         self.table = table
         self._batch = lib.bpf_lookup_and_delete_batch
         self.chunk = chunk
+        self.incomplete = False      # the last drain stopped on an error after reading some entries
         self.keys = (table.Key * chunk)()
         self.values = (table.Leaf * chunk)()
         self.key_size, self.value_size = ctypes.sizeof(table.Key), ctypes.sizeof(table.Leaf)
@@ -315,6 +323,11 @@ class BatchDrainer:
                 return _read_and_delete_one_by_one(self.table)
             if err == errno.ENOSPC and count.value == 0:   # a bucket larger than the chunk: fall back now
                 return out + _read_and_delete_one_by_one(self.table)
+            if out:   # what was read is already deleted from the map: hand it over; the caller retries the rest
+                log.warning("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed after %d entries: %s", len(out),
+                            os.strerror(err))
+                self.incomplete = True
+                return out
             raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
 
 
