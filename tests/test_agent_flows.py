@@ -422,7 +422,8 @@ def test_slot_rows_are_distinct_and_slot_aligned(running: Running) -> None:
     sent = [f for f in rows if f.source == "sock" and f.direction == "tx" and f.src_port == t.client[1]]
     assert all(started - slot <= f.ts_ns <= ended for f in sent), (started, ended, sorted(f.ts_ns for f in sent))
     assert len(sent) >= 10, len(sent)                       # 10 ms resolution, not one row per drain
-    assert source._slots.merged > merged_before             # slots straddling a flip were merged
+    # Whether a slot straddled a flip with counts on both sides depends on scheduling (one run in ~40 had
+    # none); the merge itself is checked deterministically in the SlotAggregator test below.
     print(f"\npaced flow over {(ended - started) / 1e6:.0f} ms: {len(sent)} sock tx rows of {slot // 10**6} ms, "
           f"{source._slots.merged - merged_before} entries merged across flips")
 

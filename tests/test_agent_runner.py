@@ -104,6 +104,7 @@ def test_sink_errors_are_counted_not_fatal() -> None:
     time.sleep(0.1)
     runner.stop()
     assert runner.sink_errors == calls["n"] >= 1 and runner.delivered == {}
+    assert runner.dropped_events == 50                     # every event the sink refused is counted
 
 
 def test_agent_cli_rejects_bad_input(tmp_path) -> None:  # noqa: ANN001

@@ -246,8 +246,9 @@ class LinkSource:
                 ready = [key.data for key, _ in sel.select(timeout)]   # blocks until a message or a report
                 if "wake" in ready:
                     return
-                if next_report is not None and time.monotonic() >= next_report:
-                    next_report += period                 # type: ignore[operator]
+                if "netlink" not in ready and next_report is not None and time.monotonic() >= next_report:
+                    # after a stall, one report and back on the period (no burst); a pending message goes first
+                    next_report = max(next_report + period, time.monotonic())   # type: ignore[operator]
                     self._send([self._event(seen, time.time_ns()) for seen in self._seen.values()])
                 if "netlink" not in ready:
                     continue

@@ -50,6 +50,7 @@ class AgentRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def start(self) -> dict[str, SourceStatus]:
         self._thread = threading.Thread(target=self._deliver, name="agent-delivery", daemon=True)
@@ -74,6 +75,11 @@ class AgentRunner:
     def emit(self, events: list[Event]) -> None:
         """Thread-safe: queue a batch for the sink; when the queue is full, drop the oldest batch."""
         if not events:
+            return
+        if self._closed:               # a source thread that outlived its stop(): too late, but counted
+            with self._lock:
+                self.dropped_events += len(events)
+            log.warning("dropped %d events emitted after the agent stopped", len(events))
             return
         while True:
             try:
@@ -108,7 +114,9 @@ class AgentRunner:
             self.sink(batch)
         except Exception as exc:   # the sink (spooling publisher) owns durability; count and go on
             self.sink_errors += 1
-            log.error("sink failed for %d events: %s", len(batch), exc)
+            with self._lock:
+                self.dropped_events += len(batch)
+            log.error("sink failed for %d events (dropped): %s", len(batch), exc)
             return
         for e in batch:
             self.delivered[type(e).SCHEMA] += 1
@@ -124,6 +132,10 @@ class AgentRunner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._closed = True
+        if self._thread is None or not self._thread.is_alive():   # the sink is only ever called from one thread
+            while not self._queue.empty():   # raced in after the delivery thread's last look
+                self._send(self._queue.get_nowait())
         for src in self.sources:
             st = self.status.get(src.name)
             if st is not None:
