@@ -266,6 +266,26 @@ def test_a_probed_agent_probes_back(probe_back: bool) -> None:
         assert b.stats()["peers"] == [] and at_a == []
 
 
+def test_probe_back_stops_when_the_prober_goes_away() -> None:
+    b = ProbeAgent(ProbeAgentConfig(node="b", bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
+                                    probe_back_expiry_s=0.5), lambda events: None).start()
+    a = ProbeAgent(ProbeAgentConfig(node="a", bind="127.0.0.1:0", peers=(f"127.0.0.1:{b.address[1]}",),
+                                    pairs_per_s=50), lambda events: None).start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not b.stats()["peers"]:
+            time.sleep(0.05)
+        assert b.stats()["peers"] == [f"127.0.0.1:{a.address[1]}"]
+        a.stop()                                  # a leaves: b drops it after the expiry
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and b.stats()["peers"]:
+            time.sleep(0.05)
+        assert b.stats()["peers"] == [] and b.stats()["counts"]["probe_back_expired"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
 # -- two processes, real probes through the kernel ----------------------------------------------------------
 
 def _free_udp_port(host: str = "127.0.0.1") -> int:

@@ -20,7 +20,9 @@ Every agent does both jobs on one UDP socket (see `timestamping`):
 - Probe-back. A node probed by a sender it does not probe itself adds that
   sender to its peers (up to `max_probed_back` of them), so every probed edge
   carries probes both ways: the estimator needs both directions to separate
-  delay from offset, and each node still picks only K peers.
+  delay from offset, and each node still picks only K peers. A probed-back
+  node that has not probed us for `probe_back_expiry_s` is dropped again (it
+  left, or the source was spoofed).
 - Responder. It timestamps every probe on arrival (kernel RX timestamp),
   joins the probes of a pair with the sender's follow-up by (sender, pair_id)
   and emits one ClockProbe per probe, with tx_ns on the sender's clock and
@@ -155,7 +157,8 @@ class ProbeAgentConfig:
     purity_tolerance_ns: int = 2_000
     warm_up: bool = True                  # a WARM_UP datagram just before each pair (see the module docstring)
     probe_back: bool = True               # probe every node that probes us (see the module docstring)
-    max_probed_back: int = 64             # bound on peers added by probe-back
+    max_probed_back: int = 64             # bound on peers added by probe-back at any time
+    probe_back_expiry_s: float = 10.0     # a probed-back node silent this long is dropped
     seed: int | None = None               # peer choice and phases, for reproducible tests
 
     def __post_init__(self) -> None:
@@ -169,7 +172,8 @@ class ProbeAgentConfig:
                   (self.tx_timeout_s > 0, "tx_timeout_s must be > 0"),
                   (self.join_timeout_s > 0, "join_timeout_s must be > 0"),
                   (self.purity_tolerance_ns >= 0, "purity_tolerance_ns must be >= 0"),
-                  (self.max_probed_back >= 0, "max_probed_back must be >= 0")]
+                  (self.max_probed_back >= 0, "max_probed_back must be >= 0"),
+                  (self.probe_back_expiry_s > 0, "probe_back_expiry_s must be > 0")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -218,6 +222,8 @@ class ProbeAgent:
         self._peers: list[_Peer] = []
         self._peer_addresses: set[tuple] = set()
         self._probed_back = 0
+        self._back_seen: dict[tuple, int] = {}      # probed-back address -> when it last probed us
+        self._next_back_check = 0
         self._out_pairs: dict[int, _OutPair] = {}
         self._tx_wait: dict[int, tuple[_OutPair, int]] = {}
         self._in_pairs: dict[tuple[str, int], _InPair] = {}
@@ -328,6 +334,9 @@ class ProbeAgent:
             while not self._stopping:
                 now = time.monotonic_ns()
                 self._send_due(now)
+                if self._back_seen and now >= self._next_back_check:
+                    self._next_back_check = now + 1_000_000_000
+                    self._expire_probed_back()
                 wake_at = min([next_flush, now + 100_000_000] + [p.next_due_ns for p in self._peers])
                 for fd, _events in poller.poll(max(0.0, (wake_at - time.monotonic_ns()) / 1e9)):
                     if fd == self._wake:
@@ -486,17 +495,35 @@ class ProbeAgent:
                 self._on_follow_up(message)
 
     def _maybe_probe_back(self, address: tuple) -> None:
-        if not self.config.probe_back or address[:2] in self._peer_addresses or address[:2] == self._address[:2]:
+        key = address[:2]
+        if key in self._back_seen:
+            self._back_seen[key] = time.monotonic_ns()       # still probing us: keep probing it back
+        if not self.config.probe_back or key in self._peer_addresses or key == self._address[:2]:
             return
+        self._expire_probed_back()
         if self._probed_back >= self.config.max_probed_back:
             self._n["probe_back_refused"] += 1
             return
         self._probed_back += 1
+        self._back_seen[key] = time.monotonic_ns()
         self._peer_addresses.add(address[:2])
         host, port = address[:2]
         label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._peers.append(_Peer(label, address, time.monotonic_ns() + self._rng.randrange(self._period_ns())))
         log.info("clock-probe agent %s probes %s back", self.node, label)
+
+    def _expire_probed_back(self) -> None:
+        """Stop probing back nodes that stopped probing us (gone, or a spoofed source) for `probe_back_expiry_s`."""
+        limit = time.monotonic_ns() - round(self.config.probe_back_expiry_s * 1e9)
+        gone = {k for k, t in self._back_seen.items() if t < limit}
+        if not gone:
+            return
+        self._peers = [p for p in self._peers if p.address[:2] not in gone]
+        for k in gone:
+            del self._back_seen[k]
+            self._peer_addresses.discard(k)
+        self._probed_back -= len(gone)
+        self._n["probe_back_expired"] += len(gone)
 
     def _in_pair(self, sender: str, pair_id: int) -> _InPair | None:
         key = (sender, pair_id)
