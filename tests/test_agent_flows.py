@@ -34,6 +34,7 @@ from producers.agent.ebpf._bcc import (
 from producers.agent.ebpf.flow_source import TRACEPOINTS, FlowSource
 from schemas.event import Event
 from schemas.telemetry import ConnectionState, FlowCounters
+from tests.netns import joined_namespaces
 
 CLIENT_IP, SERVER_IP = "10.214.0.1", "10.214.0.2"
 WAIT_S = 5.0
@@ -100,36 +101,8 @@ def veth() -> Iterator[Veth]:
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from pyroute2 import IPRoute, NetNS, netns
-
-    tag = f"{os.getpid() % 100000}"
-    names = (f"ctflow-a-{tag}", f"ctflow-b-{tag}")
-    links = (f"ctfa{tag}", f"ctfb{tag}")
-    created: list[str] = []
-    try:
-        for name in names:
-            netns.create(name)
-            created.append(name)
-        with IPRoute() as ip:
-            ip.link("add", ifname=links[0], kind="veth", peer={"ifname": links[1]})
-            for ifname, name in zip(links, names, strict=True):
-                ip.link("set", index=ip.link_lookup(ifname=ifname)[0], net_ns_fd=name)
-        for name, ifname, address in zip(names, links, (CLIENT_IP, SERVER_IP), strict=True):
-            with NetNS(name) as ns:
-                index = ns.link_lookup(ifname=ifname)[0]
-                ns.addr("add", index=index, address=address, prefixlen=24)
-                ns.link("set", index=index, state="up")
-                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-    except OSError as exc:
-        for name in created:
-            netns.remove(name)
-        pytest.skip(f"cannot create network namespaces and a veth pair here: {exc}")
-    try:
+    with joined_namespaces("ctflow", (CLIENT_IP, SERVER_IP)) as (names, links):
         yield Veth(names, links)
-    finally:
-        for name in created:                    # removing a namespace deletes its end of the veth pair
-            netns.remove(name)
-        assert not set(created) & set(netns.listnetns())
 
 
 class Collected:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,29 +18,15 @@ from producers.agent.runner import AgentRunner
 from producers.spooling_publisher import SpoolingPublisher
 from schemas.control import ControlCommand
 from streams.command_signing import verify
+from tests.netns import namespace_with_veth
 
 NODE = "flap-e2e"
 
 
 @pytest.fixture
-def eth0_netns():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a network namespace and veths")
-    from pyroute2 import IPRoute, netns
-
-    ns = f"ctflap{os.getpid()}"
-    try:
-        netns.create(ns)
-    except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
-        pytest.skip(f"network namespaces unsupported here: {e}")
-    try:
-        with IPRoute(netns=ns, flags=0) as ip:
-            ip.link("add", ifname="eth0", kind="veth", peer="peer0")   # eth0 fails over to eth1 by default
-            for name in ("peer0", "eth0"):
-                ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
+def eth0_netns() -> Iterator[str]:
+    with namespace_with_veth(f"ctflap{os.getpid()}", "eth0", "peer0") as ns:   # eth0 fails over to eth1
         yield ns
-    finally:
-        netns.remove(ns)
 
 
 def _rows(client, sql: str, want: int, deadline: float, pipeline) -> list:  # noqa: ANN001

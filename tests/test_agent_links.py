@@ -15,6 +15,7 @@ from producers.agent.ib_sysfs import IbPortSource, parse_enum, parse_rate_mbps, 
 from producers.agent.link_source import LinkSource, link_up, read_speed_mbps
 from schemas.event import Event
 from schemas.telemetry import LinkState
+from tests.netns import namespace_with_veth
 
 
 class Collector:
@@ -101,24 +102,10 @@ def test_link_check_reasons() -> None:
 @pytest.fixture
 def veth_netns() -> Iterator[tuple[str, str, str]]:
     """A fresh network namespace holding a veth pair (both ends), removed afterwards whatever happens."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a network namespace and veths")
-    from pyroute2 import IPRoute, netns
-
-    ns = f"ctlinks{os.getpid()}"
-    a, b = f"cta{os.getpid() % 10**6}", f"ctb{os.getpid() % 10**6}"
-    try:
-        netns.create(ns)
-    except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
-        pytest.skip(f"network namespaces unsupported here: {e}")
-    try:
-        with IPRoute(netns=ns, flags=0) as ip:
-            ip.link("add", ifname=a, kind="veth", peer=b)
-            for name in (b, a):
-                ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
+    pid = os.getpid()
+    a, b = f"cta{pid % 10**6}", f"ctb{pid % 10**6}"
+    with namespace_with_veth(f"ctlinks{pid}", a, b) as ns:
         yield ns, a, b
-    finally:
-        netns.remove(ns)                                 # deletes the veths with it
 
 
 def test_link_source_sees_down_and_up_in_netns(veth_netns: tuple[str, str, str]) -> None:

@@ -16,7 +16,6 @@ The bounds below leave a wide margin for a loaded CI machine.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import subprocess
@@ -33,6 +32,7 @@ from producers.clock.probe_agent import PairIds, ProbeAgent, ProbeAgentConfig, P
 from producers.clock.timestamping import TimestampedSocket, nic_timestamping
 from schemas.codec import decode_batch, encode_batch
 from schemas.telemetry import ClockProbe
+from tests.netns import joined_namespaces
 
 REPO = Path(__file__).resolve().parents[1]
 OFFSET_BOUND_NS = 500            # measured <= 20 ns (see the module docstring)
@@ -394,40 +394,8 @@ def test_two_processes_exchange_kernel_timestamped_probes_over_loopback(tmp_path
 @pytest.fixture
 def veth_namespaces() -> Iterator[tuple[str, str]]:
     """Two network namespaces joined by a veth pair, 10.213.0.1/24 <-> 10.213.0.2/24; removed afterwards."""
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) on Linux")
-    try:
-        from pyroute2 import IPRoute, NetNS, netns
-    except ImportError:
-        pytest.skip("pyroute2 is not installed")
-    tag = f"{os.getpid() % 100000}"
-    names = (f"ctprobe-a-{tag}", f"ctprobe-b-{tag}")
-    links = (f"ctpa{tag}", f"ctpb{tag}")
-    created: list[str] = []
-    try:
-        for name in names:
-            netns.create(name)
-            created.append(name)
-        with IPRoute() as ip:
-            ip.link("add", ifname=links[0], kind="veth", peer={"ifname": links[1]})
-            for ifname, name in zip(links, names, strict=True):
-                ip.link("set", index=ip.link_lookup(ifname=ifname)[0], net_ns_fd=name)
-        for name, ifname, address in zip(names, links, ("10.213.0.1", "10.213.0.2"), strict=True):
-            with NetNS(name) as ns:
-                index = ns.link_lookup(ifname=ifname)[0]
-                ns.addr("add", index=index, address=address, prefixlen=24)
-                ns.link("set", index=index, state="up")
-                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-    except OSError as exc:
-        for name in created:
-            netns.remove(name)
-        pytest.skip(f"cannot create network namespaces and a veth pair here: {exc}")
-    try:
+    with joined_namespaces("ctprobe", ("10.213.0.1", "10.213.0.2")) as (names, _links):
         yield names
-    finally:
-        for name in created:                    # removing a namespace deletes its end of the veth pair
-            netns.remove(name)
-        assert not set(created) & set(netns.listnetns())
 
 
 def test_two_network_namespaces_exchange_probes_over_veth(tmp_path: Path, veth_namespaces: tuple[str, str]) -> None:

@@ -1,0 +1,77 @@
+"""Network namespaces joined by veth pairs, for the tests that need real links and real traffic.
+
+Both helpers are context managers that skip the test (saying why) when the machine cannot create them
+(not root, no netns support) and always remove what they created: removing a namespace deletes the
+veth ends inside it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+
+def _need_root() -> None:
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("creating network namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) on Linux")
+
+
+@contextmanager
+def joined_namespaces(prefix: str, addresses: tuple[str, str]
+                      ) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """Two namespaces joined by a veth pair, `addresses[i]`/24 on end i, all links up: (names, links)."""
+    _need_root()
+    from pyroute2 import IPRoute, NetNS, netns
+
+    tag = f"{os.getpid() % 100000}"
+    names = (f"{prefix}-a-{tag}", f"{prefix}-b-{tag}")
+    links = (f"{prefix[:4]}a{tag}", f"{prefix[:4]}b{tag}")
+    created: list[str] = []
+    try:
+        for name in names:
+            netns.create(name)
+            created.append(name)
+        with IPRoute() as ip:
+            ip.link("add", ifname=links[0], kind="veth", peer={"ifname": links[1]})
+            for ifname, name in zip(links, names, strict=True):
+                ip.link("set", index=ip.link_lookup(ifname=ifname)[0], net_ns_fd=name)
+        for name, ifname, address in zip(names, links, addresses, strict=True):
+            with NetNS(name) as ns:
+                index = ns.link_lookup(ifname=ifname)[0]
+                ns.addr("add", index=index, address=address, prefixlen=24)
+                ns.link("set", index=index, state="up")
+                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+    except OSError as exc:
+        for name in created:
+            netns.remove(name)
+        pytest.skip(f"cannot create network namespaces and a veth pair here: {exc}")
+    try:
+        yield names, links
+    finally:
+        for name in created:
+            netns.remove(name)
+        assert not set(created) & set(netns.listnetns())
+
+
+@contextmanager
+def namespace_with_veth(ns: str, a: str, b: str) -> Iterator[str]:
+    """One namespace `ns` holding both ends `a` and `b` of a veth pair, both set up."""
+    _need_root()
+    from pyroute2 import IPRoute, netns
+
+    try:
+        netns.create(ns)
+    except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
+        pytest.skip(f"network namespaces unsupported here: {e}")
+    try:
+        with IPRoute(netns=ns, flags=0) as ip:
+            ip.link("add", ifname=a, kind="veth", peer=b)
+            for name in (b, a):
+                ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
+        yield ns
+    finally:
+        netns.remove(ns)
