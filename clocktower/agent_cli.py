@@ -66,14 +66,13 @@ def _status_table(report: dict) -> Table:
     return t
 
 
-def _kafka_sink(args: argparse.Namespace, settings: AgentSettings) -> tuple[Sink, object]:
+def _publisher(args: argparse.Namespace, settings: AgentSettings) -> SpoolingPublisher:
     bootstrap = args.kafka or Settings().bootstrap
     try:
-        publisher = SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
-                                      max_spool_bytes=int(settings.spool_max_mb * 2**20))
+        return SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
+                                 max_spool_bytes=int(settings.spool_max_mb * 2**20))
     except SpoolInUse as exc:
         raise UserError(f"{exc} (--spool-dir)") from None
-    return publisher.publish, publisher
 
 
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
@@ -87,11 +86,8 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    publisher = None
-    if args.stdout:
-        sink: Sink = JsonLinesSink()
-    else:
-        sink, publisher = _kafka_sink(args, settings)
+    publisher = None if args.stdout else _publisher(args, settings)
+    sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
     runner = AgentRunner(sources, sink)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -109,10 +105,10 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     finally:
         runner.stop()
         if publisher is not None:   # deliver for up to 10 s if the broker is there; else it stays spooled
-            publisher.close(timeout=10.0 if publisher.broker_up else 0.0)   # type: ignore[attr-defined]
+            publisher.close(timeout=10.0 if publisher.broker_up else 0.0)
     report = runner.report() | {"node": settings.node, "seconds": round(time.monotonic() - started, 3)}
     if publisher is not None:
-        report["publisher"] = publisher.stats()    # type: ignore[attr-defined]
+        report["publisher"] = publisher.stats()
     if args.json:
         print(orjson.dumps(report).decode())
     return 0

@@ -27,7 +27,6 @@ class Processors:
         self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
         self.clock_update_ns = clock_update_ns
         self._probe_time = ProbeTime()
-        self.probe_time_ns = 0
         self._next_clock_update_ns = 0
         self.flows = FlowLatencyJoin(clocks=self.clocks)
         self.iterations = IterationBreakdownAggregator()
@@ -54,9 +53,12 @@ class Processors:
                 out += self.links.on_link_state(e)
             elif isinstance(e, GpuHealth):
                 out += self.gpus.on_gpu_health(e)
-        if saw_probes:
-            self.probe_time_ns = self._probe_time.advance()
-        if self.probe_time_ns >= self._next_clock_update_ns:   # once per grid step of probe time crossed
-            self._next_clock_update_ns = (self.probe_time_ns // self.clock_update_ns + 1) * self.clock_update_ns
-            out += self.clocks.update(self.probe_time_ns)
+        now = self._probe_time.advance() if saw_probes else self.probe_time_ns
+        if now >= self._next_clock_update_ns:   # once per grid step of probe time crossed
+            self._next_clock_update_ns = (now // self.clock_update_ns + 1) * self.clock_update_ns
+            out += self.clocks.update(now)
         return out
+
+    @property
+    def probe_time_ns(self) -> int:
+        return self._probe_time.now_ns

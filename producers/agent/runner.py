@@ -118,8 +118,7 @@ class AgentRunner:
                 self.dropped_events += len(batch)
             log.error("sink failed for %d events (dropped): %s", len(batch), exc)
             return
-        for e in batch:
-            self.delivered[type(e).SCHEMA] += 1
+        self.delivered.update(type(e).SCHEMA for e in batch)
 
     def stop(self, timeout: float = 10.0) -> None:
         for src in self.sources:
