@@ -76,8 +76,16 @@ class ClickHouseProtocol:
         self.spool_dir = spool_dir or default_spool_dir()
         self.display_name = display_name
 
-    def handle(self, method: str, params: RequestParams, body: RequestBody, body_type: str) -> Reply:
-        """Execute the request; raises ClickHouseError for anything ClickHouse would reject."""
+    def handle(
+        self, method: str, params: RequestParams, body: RequestBody, body_type: str, readonly: bool = False
+    ) -> Reply:
+        """Execute the request; raises ClickHouseError for anything ClickHouse would reject.
+
+        ``readonly`` is the caller's role (the HTTP layer decides it from the authenticated user): when true the
+        request runs with readonly=1, whatever the client asks for.
+        """
+        if readonly:
+            params.settings["readonly"] = "1"
         query_id = params.query_id or str(uuid.uuid4())
         if body_type.lower().startswith("multipart/form-data"):
             add_form_fields(params, body_type, body.read_all())
