@@ -30,6 +30,9 @@ H_COUNT = "ct-count"
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 MAX_BATCH_EVENTS = 100_000
 DEADLETTER_RAW_LIMIT = 64 * 1024
+# The DeadLetter model's own limits (schemas/column_types.py: Name 256, Text 65536 characters).
+NAME_LIMIT = 256
+REASON_LIMIT = 65536
 
 Headers = list[tuple[str, bytes]]
 
@@ -106,7 +109,7 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
     node = key.decode("utf-8", "replace") if key else events[0].node
     for e in events:
         if e.node != node:
-            raise DecodeError(f"event from node {e.node!r} in a batch keyed {node!r}")
+            raise DecodeError(f"event from node {e.node!r} in a batch keyed {bounded(node, 300)!r}")
     return DecodedBatch(schema=schema, node=node, events=events)
 
 
@@ -118,11 +121,24 @@ def _short_reason(exc: ValidationError) -> str:
     return f"invalid {first.get('type')} at {loc or '<root>'}: {first.get('msg')}{more}"[:2000]
 
 
+def bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was cut (a key or reason can be any size)."""
+    if len(text) <= limit:
+        return text
+    tail = f"...[{len(text)} chars]"
+    return text[:max(0, limit - len(tail))] + tail
+
+
 def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
                 reason: str, detector: str) -> DeadLetter:
-    """The dead-letter event for one rejected record (raw value kept, up to 64 KiB)."""
+    """The dead-letter event for one rejected record (raw value kept, up to 64 KiB).
+
+    Every text is cut to the model's limits, so that any record, however large its key or
+    reason, can be dead-lettered: a dead letter that fails validation would stop its consumer.
+    """
     raw = (value or b"")[:DEADLETTER_RAW_LIMIT]
-    node = (key or b"").decode("utf-8", "replace")[:256] or "unknown"
-    return DeadLetter(node=node, ts_ns=time.time_ns(), origin_topic=topic, origin_partition=partition,
-                      origin_offset=offset, reason=reason, detector=detector,
+    node = bounded((key or b"").decode("utf-8", "replace"), NAME_LIMIT) or "unknown"
+    return DeadLetter(node=node, ts_ns=time.time_ns(), origin_topic=bounded(topic, NAME_LIMIT) or "unknown",
+                      origin_partition=min(max(partition, 0), 2**32 - 1), origin_offset=offset,
+                      reason=bounded(reason, REASON_LIMIT), detector=bounded(detector, NAME_LIMIT) or "unknown",
                       raw_b64=base64.b64encode(raw).decode())

@@ -16,7 +16,7 @@ import threading
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
-from schemas.codec import DecodeError, dead_letter, decode_batch, encode_batch
+from schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
@@ -94,6 +94,7 @@ class KafkaClickHouseSink:
             self.consumer.close()
 
     def _handle(self, msg: Message) -> None:
+        """Batch one record or dead-letter it: no record, whatever it holds, stops the sink."""
         err = msg.error()
         if err is not None:
             if err.code() != KafkaError._PARTITION_EOF:
@@ -103,21 +104,36 @@ class KafkaClickHouseSink:
         metrics.RECORDS.labels(topic).inc()
         try:
             batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
-        except DecodeError as exc:
-            self._dead_letter(topic, partition, offset, msg.key(), msg.value(), str(exc))
-            self.batches.skip(topic, partition, offset)
+            self.batches.add(topic, partition, offset, batch.events)
             return
-        self.batches.add(topic, partition, offset, batch.events)
+        except DecodeError as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug or an odd record: that record only is rejected
+            log.exception("record %s[%d]@%d could not be batched", topic, partition, offset)
+            reason = f"sink error: {type(exc).__name__}: {exc}"
+        self._dead_letter(topic, partition, offset, msg.key(), msg.value(), reason)
+        self.batches.skip(topic, partition, offset)
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                      value: bytes | None, reason: str) -> None:
         self.deadlettered += 1
         metrics.DEADLETTERS.labels(topic).inc()
-        log.warning("deadletter %s[%d]@%d: %s", topic, partition, offset, reason)
+        log.warning("deadletter %s[%d]@%d: %s", topic, partition, offset, bounded(reason, 500))
         if topic == DEADLETTER_TOPIC:
             return  # never loop: a broken dead letter is logged and counted only
-        k, v, h = encode_batch([dead_letter(topic, partition, offset, key, value, reason, "sink")])
-        self.producer.produce(DEADLETTER_TOPIC, key=k, value=v, headers=h)
+        try:
+            k, v, h = encode_batch([dead_letter(topic, partition, offset, key, value, reason, "sink")])
+            for _ in range(100):   # a full queue drains as deliveries complete
+                try:
+                    self.producer.produce(DEADLETTER_TOPIC, key=k, value=v, headers=h)
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            else:
+                raise BufferError("producer queue still full after 10 s")
+        except Exception:  # noqa: BLE001 - the record is skipped either way; say so and count it
+            metrics.DEADLETTER_FAILURES.labels(topic).inc()
+            log.exception("dead letter for %s[%d]@%d could not be built or queued; skipped", topic, partition, offset)
 
     def flush(self, due_only: bool = False) -> None:
         """Insert the due (or all) batches, make dead letters durable, then commit their offsets."""

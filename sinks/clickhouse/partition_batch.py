@@ -37,7 +37,11 @@ class PartitionBatch:
         self._fields = attrgetter(*self._names)  # every model has at least node and ts_ns
 
     def add(self, offset: int, events: list[Event]) -> None:
-        for name, values in zip(self._names, zip(*map(self._fields, events), strict=True), strict=True):
+        """Add one record's events, all or nothing: a failure leaves the columns as they were."""
+        columns = list(zip(*map(self._fields, events), strict=True))
+        if len(columns) != len(self._names):
+            raise ValueError(f"{len(columns)} columns for {len(self._names)} fields")
+        for name, values in zip(self._names, columns, strict=True):
             self._columns[name].extend(values)
         n = len(events)
         self._columns["_partition"].extend([self.partition] * n)
