@@ -12,6 +12,7 @@ import hmac
 import orjson
 
 from schemas.control import Action, ControlCommand
+from streams.ids import stable_id
 
 
 def _canonical(cmd: ControlCommand) -> bytes:
@@ -39,7 +40,7 @@ class CommandIssuer:
     def issue(self, node: str, action: Action, target: str, ts_ns: int, incident_id: str = "",
               params: dict[str, str] | None = None) -> ControlCommand:
         unsigned = ControlCommand(
-            node=node, ts_ns=ts_ns, command_id=f"{incident_id or node}:{action}:{target}:{ts_ns}",
+            node=node, ts_ns=ts_ns, command_id=stable_id(action, incident_id or node, target, ts_ns),
             action=action, target=target, params=params or {}, incident_id=incident_id,
             expires_ns=ts_ns + self.ttl_ns, signature="-",
         )

@@ -13,6 +13,7 @@ from schemas.analytics import Incident, IncidentKind
 from schemas.event import Event
 from schemas.telemetry import GpuHealth
 from streams.command_signing import CommandIssuer
+from streams.ids import bounded_name, stable_id
 
 # NVML clocks-event reasons that mean "too hot" or "hardware slowdown".
 THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown
@@ -35,8 +36,8 @@ class GpuFaultDetector:
     def _incident(self, ev: GpuHealth, kind: IncidentKind, state: str, severity: str, detail: str,
                   incident_id: str | None = None, opened_ns: int | None = None) -> Incident:
         return Incident(node=ev.node, ts_ns=ev.ts_ns,
-                        incident_id=incident_id or f"{kind}:{ev.node}:gpu{ev.gpu}:{ev.ts_ns}",
-                        kind=kind, state=state, severity=severity, target=f"{ev.node}/gpu{ev.gpu}",
+                        incident_id=incident_id or stable_id(kind, ev.node, f"gpu{ev.gpu}", ev.ts_ns),
+                        kind=kind, state=state, severity=severity, target=bounded_name(f"{ev.node}/gpu{ev.gpu}"),
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
     def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Event]:

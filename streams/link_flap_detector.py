@@ -16,6 +16,7 @@ from schemas.analytics import Incident
 from schemas.event import Event
 from schemas.telemetry import LinkState
 from streams.command_signing import CommandIssuer
+from streams.ids import bounded_name, stable_id
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
 
@@ -64,11 +65,11 @@ class LinkFlapDetector:
 
     def _incident(self, ev: LinkState, port: _Port, state: str, severity: str, detail: str) -> Incident:
         return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=port.incident_id or "", kind="link_flap",
-                        state=state, severity=severity, target=f"{ev.node}/{ev.interface}",
+                        state=state, severity=severity, target=bounded_name(f"{ev.node}/{ev.interface}"),
                         opened_ns=port.opened_ns, detail=detail)
 
     def _open(self, ev: LinkState, port: _Port) -> list[Event]:
-        port.incident_id = f"link_flap:{ev.node}:{ev.interface}:{ev.ts_ns}"
+        port.incident_id = stable_id("link_flap", ev.node, ev.interface, ev.ts_ns)
         port.opened_ns = ev.ts_ns
         n = len(port.changes)
         backup = self.backups.get(ev.interface, "")
