@@ -7,14 +7,14 @@ dir. Setting them points every component at external services instead.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEV_CONTROL_KEY = "clocktower-dev-key-change-me"
+from clocktower.errors import UserError
+from clocktower.generated_secrets import admin_login, control_key_path, read_control_key
 
 
 class Settings(BaseSettings):
@@ -23,14 +23,19 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".clocktower")
     kafka_bootstrap: str | None = Field(default=None, description="external Kafka, host:port[,host:port]")
     clickhouse_url: str | None = Field(default=None, description="external ClickHouse, http(s)://host:port")
-    clickhouse_user: str = "default"
-    clickhouse_password: str = ""
+    clickhouse_user: str | None = Field(default=None, description="default: the data dir's generated user")
+    clickhouse_password: str | None = Field(default=None, description="default: the data dir's generated one")
     clickhouse_database: str = "default"
     kafka_port: int = Field(default=9092, ge=1, le=65535)
     http_port: int = Field(default=8123, ge=1, le=65535)
     host: str = "127.0.0.1"
-    control_key: str = DEV_CONTROL_KEY
+    control_key: str | None = Field(default=None, description="command-signing key; default: the one "
+                                    "`clocktower up` generates in the data dir on first start")
+    http_max_connections: int = Field(default=32, ge=1, description="concurrent connections the embedded "
+                                      "ClickHouse endpoint serves; more wait briefly, then get 503")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="0 disables the Prometheus endpoint")
+    metrics_host: str = Field(default="127.0.0.1", description="where the Prometheus endpoint binds; 0.0.0.0 "
+                              "only inside a container whose port is not published")
     flush_rows: int = Field(default=10_000, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
     sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
@@ -68,9 +73,20 @@ class Settings(BaseSettings):
     def clickhouse(self) -> str:
         return self.clickhouse_url or f"http://{self.host}:{self.http_port}"
 
+    def clickhouse_login(self) -> tuple[str, str]:
+        """(user, password): CLOCKTOWER_CLICKHOUSE_USER/_PASSWORD if set, else the data dir's generated login."""
+        if self.clickhouse_user is None and self.clickhouse_password is None:
+            generated = admin_login(self.data_dir)
+            if generated is not None:
+                return generated
+        return self.clickhouse_user or "default", self.clickhouse_password or ""
+
     def control_key_bytes(self) -> bytes:
-        loopback = all(h.split(":")[0] in ("127.0.0.1", "localhost") for h in self.bootstrap.split(","))
-        if self.control_key == DEV_CONTROL_KEY and not loopback:
-            warnings.warn("CLOCKTOWER_CONTROL_KEY is the development default; set a secret key",
-                          stacklevel=2)
-        return self.control_key.encode()
+        """CLOCKTOWER_CONTROL_KEY, else the key generated in the data dir; there is no built-in one."""
+        if self.control_key:
+            return self.control_key.encode()
+        key = read_control_key(self.data_dir)
+        if key is None:
+            raise UserError(f"no control key: set CLOCKTOWER_CONTROL_KEY, or run `clocktower up` once to "
+                            f"generate {control_key_path(self.data_dir)}")
+        return key

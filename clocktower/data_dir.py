@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from clocktower.errors import UserError
+from clocktower.private_file import private_dir
 
 LOCK = "clocktower.lock"
 OWNER = "owner.json"
@@ -21,8 +22,9 @@ class DataDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.data_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        """Lock the dir, first making it 0700 (it holds secrets); refuses a dir another user owns."""
+        private_dir(self.data_dir)
+        fd = os.open(self.data_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -25,8 +25,7 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
     errors: list[str] = []
     try:
         stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
-        client = http_client(settings.clickhouse, settings.clickhouse_user, settings.clickhouse_password,
-                             settings.clickhouse_database)
+        client = http_client(settings.clickhouse, *settings.clickhouse_login(), settings.clickhouse_database)
         _wait_for_tables(client, stack)
         rows_before = table_rows(client)
         since_ns = time.time_ns() - 10**9

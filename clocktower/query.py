@@ -23,11 +23,10 @@ from clocktower.errors import UserError
 def open_client(settings: Settings) -> Client:
     """External ClickHouse if configured; else the endpoint of whoever owns the data dir; else the dir itself."""
     if not settings.embedded_clickhouse:
-        return http_client(settings.clickhouse, settings.clickhouse_user, settings.clickhouse_password,
-                           settings.clickhouse_database)
+        return http_client(settings.clickhouse, *settings.clickhouse_login(), settings.clickhouse_database)
     owner = read_owner(settings.data_dir)
     if owner:
-        return http_client(owner["clickhouse"])
+        return http_client(owner["clickhouse"], *settings.clickhouse_login())
     path = settings.data_dir / "clickhouse"
     if not path.exists():
         raise UserError(f"no ClickHouse data under {settings.data_dir}: run `clocktower demo` or `clocktower up` "
@@ -42,8 +41,8 @@ def open_client(settings: Settings) -> Client:
 
 
 def run_query(settings: Settings, sql: str, fmt: str, console: Console) -> None:
-    client = open_client(settings)
     try:
+        client = open_client(settings)  # an HTTP client logs in here: a wrong password fails here
         result = client.query(sql)
     except ClickHouseError as exc:
         line = str(exc).strip().splitlines()[0]

@@ -20,6 +20,7 @@ from clocktower.child_process import ChildProcess
 from clocktower.config import Settings
 from clocktower.data_dir import DataDirLock, write_owner
 from clocktower.errors import UserError
+from clocktower.generated_secrets import DASHBOARDS_USER, credentials_path, ensure_secrets
 from clocktower.ports import ensure_free, wait_open
 from clocktower.topic_admin import ensure_topics
 
@@ -83,6 +84,7 @@ class Stack:
 
     def _start(self, on_step) -> None:  # noqa: ANN001
         s = self.s
+        ensure_secrets(self.data_dir, clickhouse_users=s.embedded_clickhouse)  # first start only; kept after
         if s.embedded_kafka:
             ensure_free(s.host, s.kafka_port, "the embedded Kafka broker", "--kafka-port")
         if s.embedded_clickhouse:
@@ -96,10 +98,12 @@ class Stack:
                         stop_signal=signal.SIGINT)
             self._wait(lambda: wait_open(s.host, s.kafka_port, 0.2), "broker", 30)
         if s.embedded_clickhouse:
-            on_step(f"starting the embedded ClickHouse engine, HTTP on {s.clickhouse}")
+            on_step(f"starting the embedded ClickHouse engine, HTTP on {s.clickhouse}; logins in "
+                    f"{credentials_path(self.data_dir)} (user {DASHBOARDS_USER!r} is read-only, for Grafana)")
             self._spawn("clickhouse", [sys.executable, "-m", "sinks.endpoint", "--data-dir",
                                        str(self.data_dir / "clickhouse"), "--host", s.host,
-                                       "--port", str(s.http_port)])
+                                       "--port", str(s.http_port), "--max-connections", str(s.http_max_connections),
+                                       "--credentials", str(credentials_path(self.data_dir))])
             self._wait(lambda: _ping(s.clickhouse), "clickhouse", 60)
         on_step("creating topics")
         ensure_topics(s.bootstrap)

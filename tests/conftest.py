@@ -27,7 +27,7 @@ def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = 
                         kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5)
     stack = Stack(settings, with_streams=with_streams, with_sink=with_sink)
     stack.start()
-    client = http_client(settings.clickhouse)
+    client = http_client(settings.clickhouse, *settings.clickhouse_login())
     return Pipeline(settings, stack, client)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from clocktower.config import DEV_CONTROL_KEY
 from producers.agent.link_source import LinkSource
 from producers.agent.runner import AgentRunner
 from producers.spooling_publisher import SpoolingPublisher
@@ -71,7 +70,7 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
     assert [r[cmds.column_names.index("action")] for r in cmds.result_rows][:1] == ["failover"]
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
-    assert cmd.target == "eth0" and cmd.params["to"] == "eth1" and verify(cmd, DEV_CONTROL_KEY.encode())
+    assert cmd.target == "eth0" and cmd.params["to"] == "eth1" and verify(cmd, pipeline.settings.control_key_bytes())
     resolved = _rows(client, f"SELECT count() FROM incidents FINAL WHERE node = '{NODE}' AND state = 'resolve' "
                      "HAVING count() > 0", 1, deadline, pipeline)
     assert resolved, "the incident was never resolved: no report after the port became stable?"

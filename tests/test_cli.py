@@ -272,6 +272,23 @@ def test_second_up_on_an_owned_data_dir_says_in_use(up: Up) -> None:
     assert up.running() and (up.data_dir / "owner.json").exists(), "the refused `up` must not disturb the owner"
 
 
+def test_up_generates_private_logins_that_the_endpoint_checks(up: Up) -> None:
+    creds = up.data_dir / "credentials.json"
+    assert (up.data_dir.stat().st_mode & 0o777, creds.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert (up.data_dir / "control.key").stat().st_mode & 0o777 == 0o600
+    told = "".join((up.data_dir.parent / "up.out").read_text().split())  # rich wraps the line at 40 columns
+    assert "".join(str(creds).split()) in told and "'dashboards'" in told, "`up` must say where the logins are"
+    users = json.loads(creds.read_text())["users"]
+    wrong = clocktower("query", "SELECT 1", *up.flags, env=_env(CLOCKTOWER_CLICKHOUSE_PASSWORD="guess"))
+    assert "AUTHENTICATION_FAILED" in assert_one_error_line(wrong, "516")
+    dashboards = _env(CLOCKTOWER_CLICKHOUSE_USER="dashboards",
+                      CLOCKTOWER_CLICKHOUSE_PASSWORD=users["dashboards"]["password"])
+    r = clocktower("query", "SELECT 7", *up.flags, env=dashboards)
+    assert r.returncode == 0 and "7" in r.stdout, r.stderr
+    assert "READONLY" in assert_one_error_line(clocktower("query", "DROP TABLE link_states", *up.flags,
+                                                          env=dashboards))
+
+
 # --- after SIGINT ---------------------------------------------------------------------------------------------
 
 

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from clocktower.config import DEV_CONTROL_KEY
 from clocktower.drain import wait_drained
 from clocktower.summary import table_rows
 from producers.kafka_publisher import KafkaPublisher
@@ -60,4 +59,4 @@ def test_pipeline_counts_are_exact_flap_is_remediated_and_bad_records_are_dead_l
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
     assert cmd.node == "node-1" and cmd.target == "eth0" and cmd.params["to"] == "eth1"
-    assert verify(cmd, DEV_CONTROL_KEY.encode()), "the stored command must carry a valid signature"
+    assert verify(cmd, pipeline.settings.control_key_bytes()), "the stored command must carry a valid signature"

@@ -6,6 +6,7 @@ through this endpoint, so these tests use the same clients they do.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -27,9 +28,12 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
+from sinks.endpoint.auth import User
 from sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, split_insert
 
 REPO = Path(__file__).resolve().parents[1]
+USER, PASSWORD = "tester", "a-test-password"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def endpoint(data_dir: Path) -> Iterator[ClickHouseHttpEndpoint]:
     # chdb hosts one engine per process, so the whole module shares this one.
     engine = ChdbEngine(data_dir)
-    server = ClickHouseHttpEndpoint(engine, port=0)
+    server = ClickHouseHttpEndpoint(engine, port=0, users={USER: User(PASSWORD, readonly=False)})
     server.start()
     yield server
     server.stop()
@@ -49,13 +53,14 @@ def endpoint(data_dir: Path) -> Iterator[ClickHouseHttpEndpoint]:
 
 
 def client(endpoint: ClickHouseHttpEndpoint, compress: bool | str = False, **kwargs: object) -> Client:
-    return clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, compress=compress, **kwargs)
+    return clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, compress=compress,
+                                         username=USER, password=PASSWORD, **kwargs)
 
 
 def http(
     endpoint: ClickHouseHttpEndpoint, path: str, body: bytes | None = None, **headers: str
 ) -> tuple[int, bytes]:
-    request = urllib.request.Request(endpoint.url + path, data=body, headers=headers)
+    request = urllib.request.Request(endpoint.url + path, data=body, headers={"Authorization": BASIC, **headers})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -128,7 +133,8 @@ def test_plain_http(endpoint: ClickHouseHttpEndpoint) -> None:
     assert http(endpoint, "/", gzip.compress(b"SELECT 3"), **{"Content-Encoding": "gzip"}) == (200, b"3\n")
     status, body = http(endpoint, "/?query=CREATE+TABLE+nope+(a+Int8)+ENGINE=Memory")
     assert status == 403 and b"(READONLY)" in body  # GET never writes, as in ClickHouse
-    with urllib.request.urlopen(endpoint.url + "/?query=SELECT+1+FORMAT+JSON", timeout=10) as response:
+    request = urllib.request.Request(endpoint.url + "/?query=SELECT+1+FORMAT+JSON", headers={"Authorization": BASIC})
+    with urllib.request.urlopen(request, timeout=10) as response:
         assert response.headers["X-ClickHouse-Format"] == "JSON"
         assert response.headers["X-ClickHouse-Timezone"]
         assert json.loads(response.headers["X-ClickHouse-Summary"])["read_rows"] == "1"
@@ -212,7 +218,7 @@ def test_million_row_arrow_insert(endpoint: ClickHouseHttpEndpoint) -> None:
 
 
 def test_port_in_use(endpoint: ClickHouseHttpEndpoint) -> None:
-    second = ClickHouseHttpEndpoint(endpoint.engine, port=endpoint.port)
+    second = ClickHouseHttpEndpoint(endpoint.engine, port=endpoint.port, users={USER: User(PASSWORD, False)})
     with pytest.raises(PortInUse, match=f"127.0.0.1:{endpoint.port}"):
         second.start()
 

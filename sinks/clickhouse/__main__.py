@@ -23,8 +23,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
     s = Settings()
     if s.metrics_port:
-        start_http_server(s.metrics_port, addr="127.0.0.1")
-    client = http_client(s.clickhouse, s.clickhouse_user, s.clickhouse_password, s.clickhouse_database)
+        start_http_server(s.metrics_port, addr=s.metrics_host)
+    client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
     writer = TableWriter(client)
     writer.ensure_schema()
     sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),

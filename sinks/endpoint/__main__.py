@@ -1,16 +1,23 @@
 """`python -m sinks.endpoint`: own a chdb data dir and serve it over ClickHouse HTTP until SIGTERM.
 
-Failures a user can fix (port in use, data dir locked) print one `error:` line and exit 2.
+Failures a user can fix (port in use, data dir locked, no credentials file) print one `error:` line
+and exit 2. The users come from --credentials (CLOCKTOWER_CREDENTIALS_FILE), the file `clocktower up`
+generates; without one the endpoint does not start: there is no built-in login.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
+from clocktower.errors import UserError
+from clocktower.generated_secrets import read_users
 from sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
+from sinks.endpoint.auth import User
 
 
 def main() -> int:
@@ -18,7 +25,21 @@ def main() -> int:
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--credentials", default=os.environ.get("CLOCKTOWER_CREDENTIALS_FILE"),
+                    help="the users file `clocktower up` generates (default: $CLOCKTOWER_CREDENTIALS_FILE)")
+    ap.add_argument("--max-connections", type=int, default=32, help="connections served at once")
+    ap.add_argument("--allow-host", action="append", default=[], help="another name clients may use in Host")
     args = ap.parse_args()
+    if not args.credentials:
+        print("error: no credentials file: pass --credentials (`clocktower up` generates one in the data dir)",
+              file=sys.stderr, flush=True)
+        return 2
+    try:
+        users = {name: User(password, readonly) for name, (password, readonly) in
+                 read_users(Path(args.credentials)).items()}
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -27,7 +48,8 @@ def main() -> int:
     except DataDirLocked as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    endpoint = ClickHouseHttpEndpoint(engine, args.host, args.port)
+    endpoint = ClickHouseHttpEndpoint(engine, args.host, args.port, users=users,
+                                      max_connections=args.max_connections, allowed_hosts=tuple(args.allow_host))
     try:
         endpoint.start()
     except PortInUse as exc:

@@ -4,6 +4,10 @@ chdb has no server mode and one process owns a data dir, so the owner serves
 the part of ClickHouse's HTTP interface that clickhouse-connect, curl and
 Grafana use; every other process reaches the data through it. Keep-alive
 HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
+
+Every query needs a user and password (sinks/endpoint/auth.py); /ping answers
+anyone. At most ``max_connections`` connections are served at once, each by
+one thread; another waits up to ``BUSY_WAIT_S`` for a free slot, then gets 503.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import logging
 import socket
 import socketserver
 import threading
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from sinks.endpoint.auth import Authenticator, OriginGuard, User
 from sinks.endpoint.engine import ChdbEngine
 from sinks.endpoint.errors import STD_EXCEPTION, ClickHouseError
 from sinks.endpoint.protocol import ClickHouseProtocol, Reply
@@ -29,6 +35,9 @@ from sinks.endpoint.request_params import RequestParams, parse_params
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_TIMEOUT_S = 30
+BUSY_WAIT_S = 0.25
+UNAUTHENTICATED_DRAIN_LIMIT = 1 << 20  # body bytes read past a refused request to keep its connection
+TOO_MANY_SIMULTANEOUS_QUERIES = 202
 _NOT_FOUND = (
     b"There is no handle {path}\n\nUse / or /ping for health checks.\n\n"
     b"Send queries from your program with POST method or GET /?query=...\n"
@@ -43,12 +52,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], protocol: ClickHouseProtocol) -> None:
+    def __init__(self, address: tuple[str, int], protocol: ClickHouseProtocol, authenticator: Authenticator,
+                 max_connections: int, allowed_hosts: tuple[str, ...]) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.protocol = protocol
+        self.authenticator = authenticator
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(max_connections)
         super().__init__(address, _Handler)
+        self.origin_guard = OriginGuard(address[0], int(self.server_address[1]), allowed_hosts)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN, which can stall on DNS; nothing here needs it.
@@ -56,9 +69,24 @@ class _Server(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        # One thread per connection, at most max_connections of them: never an unbounded number.
+        if not self.slots.acquire(timeout=BUSY_WAIT_S):
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
         with self.connections_lock:
             self.connections.add(request)
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def shutdown_request(self, request: Any) -> None:
         with self.connections_lock:
@@ -101,6 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         url = urlsplit(self.path)
         protocol = self.server.protocol
+        try:
+            self.server.origin_guard.check(self.headers)
+        except ClickHouseError as ex:
+            self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
+            return
         if url.path in ("/ping", "/replicas_status"):
             self._drain_and_send(None, Reply(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"}))
             return
@@ -108,12 +141,19 @@ class _Handler(BaseHTTPRequestHandler):
             body = _NOT_FOUND.replace(b"{path}", url.path.encode(errors="replace"))
             self._drain_and_send(None, Reply(404, body, {"Content-Type": "text/plain; charset=UTF-8"}))
             return
+        pairs = parse_qsl(url.query, keep_blank_values=True)
+        try:
+            user = self.server.authenticator.authenticate(self.headers, pairs)
+        except ClickHouseError as ex:
+            self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
+            return
         params: RequestParams | None = None
         body: RequestBody | None = None
         try:
-            params = parse_params(parse_qsl(url.query, keep_blank_values=True))
+            params = parse_params(pairs)
             body = RequestBody(self.rfile, self.headers)
-            reply = protocol.handle(self.command, params, body, self.headers.get("Content-Type", ""))
+            reply = protocol.handle(self.command, params, body, self.headers.get("Content-Type", ""),
+                                    readonly=user.readonly)
         except ClickHouseError as ex:
             reply = self._error_reply(ex, params)
         except Exception as ex:  # the server must survive anything a request triggers
@@ -128,13 +168,13 @@ class _Handler(BaseHTTPRequestHandler):
         headers["X-ClickHouse-Exception-Code"] = str(ex.code)
         return Reply(ex.http_status, ex.body(protocol.engine.version), headers)
 
-    def _drain_and_send(self, body: RequestBody | None, reply: Reply) -> None:
+    def _drain_and_send(self, body: RequestBody | None, reply: Reply, drain_limit: int = 256 << 20) -> None:
         if body is None:
             try:
                 body = RequestBody(self.rfile, self.headers)
             except ClickHouseError:
                 self.close_connection = True
-        if body is not None and not body.exhausted and not body.drain():
+        if body is not None and not body.exhausted and not body.drain(drain_limit):
             self.close_connection = True
         self.send_response(reply.status)
         for name, value in reply.headers.items():
@@ -148,6 +188,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(reply.body)
 
 
+def _refuse_busy(request: socket.socket) -> None:
+    """Answer 503 on a connection no handler thread is free for, from the accepting thread."""
+    text = (f"Code: {TOO_MANY_SIMULTANEOUS_QUERIES}. DB::Exception: Too many simultaneous connections to the "
+            "embedded endpoint. (TOO_MANY_SIMULTANEOUS_QUERIES)\n").encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=UTF-8\r\n"
+            f"X-ClickHouse-Exception-Code: {TOO_MANY_SIMULTANEOUS_QUERIES}\r\nRetry-After: 1\r\n"
+            f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode()
+    with contextlib.suppress(OSError):
+        request.settimeout(0.1)
+        request.sendall(head + text)
+    logger.warning("endpoint busy: refused a connection (all handler slots in use)")
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -158,10 +211,14 @@ def _is_loopback(host: str) -> bool:
 class ClickHouseHttpEndpoint:
     """Serves ``engine`` over ClickHouse's HTTP protocol from a daemon thread."""
 
-    def __init__(self, engine: ChdbEngine, host: str = "127.0.0.1", port: int = 8123) -> None:
+    def __init__(self, engine: ChdbEngine, host: str = "127.0.0.1", port: int = 8123, *,
+                 users: Mapping[str, User], max_connections: int = 32, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.host = host
         self.port = port
+        self.authenticator = Authenticator(users)
+        self.max_connections = max_connections
+        self.allowed_hosts = allowed_hosts
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -182,7 +239,8 @@ class ClickHouseHttpEndpoint:
         if self._server is not None:
             return
         try:
-            server = _Server((self.host, self.port), ClickHouseProtocol(self.engine))
+            server = _Server((self.host, self.port), ClickHouseProtocol(self.engine), self.authenticator,
+                             self.max_connections, self.allowed_hosts)
         except OSError as ex:
             if ex.errno == errno.EADDRINUSE:
                 message = f"cannot serve ClickHouse HTTP on {self.host}:{self.port}: port already in use"
@@ -191,10 +249,7 @@ class ClickHouseHttpEndpoint:
         self.port = server.server_address[1]
         self._server = server
         if not _is_loopback(self.host):
-            logger.warning(
-                "embedded ClickHouse on %s accepts any credentials and can read/write files as this process",
-                self.url,
-            )
+            logger.warning("embedded ClickHouse serves %s beyond this machine: use TLS in front of it", self.url)
         name = f"clickhouse-http-{self.port}"
         self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
         self._thread.start()

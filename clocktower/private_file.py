@@ -1,0 +1,69 @@
+"""Files only this user may read: secrets generated on first start, in a directory only this user may enter.
+
+A secret is created once with O_EXCL|O_NOFOLLOW and mode 0600, so a planted file or symlink is never
+written through and an existing secret is never overwritten. Reads refuse symlinks and files that
+another user owns or that others can read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from clocktower.errors import UserError
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) and make it 0700; refuse one that another user owns."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path} is not a directory: remove it, or pass another --data-dir")
+    if st.st_uid != os.geteuid():
+        raise UserError(f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): "
+                        "pass a --data-dir of your own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def create_private_file(path: Path, data: bytes) -> bool:
+    """Write ``data`` to a new 0600 file; False (and nothing written) when ``path`` already exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return True
+
+
+def read_private_file(path: Path) -> bytes:
+    """The file's bytes; UserError if it is a symlink, another user's, or readable by others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise UserError(f"{path} belongs to uid {st.st_uid}, not to this user: refusing to trust it")
+        if st.st_mode & 0o077:
+            raise UserError(f"{path} is readable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

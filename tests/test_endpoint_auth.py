@@ -1,0 +1,228 @@
+"""Who gets into the embedded ClickHouse endpoint: users and passwords, Host/Origin checks, bounded threads.
+
+The HTTP layer is tested against a stand-in engine that records what it was asked to run (fast, and it
+shows that refused requests never reach the engine); the real engine and clickhouse-connect are tested
+through `python -m sinks.endpoint` in its own process, as `clocktower up` runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
+
+from clocktower.generated_secrets import ADMIN_USER, DASHBOARDS_USER, credentials_path, ensure_secrets, read_users
+from clocktower.ports import free_port
+from sinks.endpoint import ClickHouseHttpEndpoint
+from sinks.endpoint.auth import User
+from sinks.endpoint.engine import QueryResult
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN, ADMIN_PW = "writer", "writer-password-1"
+READER, READER_PW = "reader", "reader-password-2"
+
+
+class RecordingEngine:
+    """Stands in for ChdbEngine: answers "1\\n" and records each statement with its settings."""
+
+    version = "26.9.0"
+    timezone = "UTC"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[bytes, dict[str, str]]] = []
+
+    def execute(self, sql: str | bytes, fmt: str = "TabSeparated", params: Any = None, settings: Any = None,
+                database: str | None = None, **_: Any) -> QueryResult:
+        self.calls.append((sql.encode() if isinstance(sql, str) else bytes(sql), dict(settings or {})))
+        return QueryResult(b"1\n")
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[ClickHouseHttpEndpoint, RecordingEngine]]:
+    engine = RecordingEngine()
+    users = {ADMIN: User(ADMIN_PW, readonly=False), READER: User(READER_PW, readonly=True)}
+    server = ClickHouseHttpEndpoint(engine, port=0, users=users, max_connections=3)  # type: ignore[arg-type]
+    server.start()
+    yield server, engine
+    server.stop()
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def request(endpoint: ClickHouseHttpEndpoint, path: str = "/", body: bytes | None = b"SELECT 1",
+            headers: dict[str, str] | None = None, host: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+    try:
+        conn.putrequest("POST" if body is not None else "GET", path, skip_host=True)
+        conn.putheader("Host", host if host is not None else f"127.0.0.1:{endpoint.port}")
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        conn.putheader("Content-Length", str(len(body or b"")))
+        conn.endheaders(body or None)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def assert_auth_failed(status: int, headers: dict[str, str], body: bytes) -> None:
+    assert status == 403, (status, body)  # what ClickHouse's HTTP handler sends for code 516
+    assert headers["X-ClickHouse-Exception-Code"] == "516"
+    assert body.startswith(b"Code: 516. DB::Exception: ") and b"(AUTHENTICATION_FAILED)" in body
+
+
+def test_every_query_needs_a_known_user_and_its_password(fake) -> None:  # noqa: ANN001
+    endpoint, engine = fake
+    assert_auth_failed(*request(endpoint))
+    assert_auth_failed(*request(endpoint, headers={"Authorization": basic(ADMIN, "wrong")}))
+    assert_auth_failed(*request(endpoint, headers={"Authorization": basic("nobody", ADMIN_PW)}))
+    assert_auth_failed(*request(endpoint, headers={"Authorization": "Basic !!not-base64"}))
+    assert_auth_failed(*request(endpoint, headers={"X-ClickHouse-User": ADMIN, "X-ClickHouse-Key": "wrong"}))
+    assert_auth_failed(*request(endpoint, f"/?user={ADMIN}&password=wrong"))
+    assert_auth_failed(*request(endpoint, f"/?query=SELECT+1&user={ADMIN}", body=None))
+    # Two different logins in one request: refused, even when one of them is right.
+    assert_auth_failed(*request(endpoint, f"/?user={READER}&password={READER_PW}",
+                                headers={"Authorization": basic(ADMIN, ADMIN_PW)}))
+    assert engine.calls == [], "a refused request reached the engine"
+
+    assert request(endpoint, headers={"Authorization": basic(ADMIN, ADMIN_PW)})[::2] == (200, b"1\n")
+    assert request(endpoint, headers={"X-ClickHouse-User": ADMIN, "X-ClickHouse-Key": ADMIN_PW})[0] == 200
+    assert request(endpoint, f"/?user={ADMIN}&password={ADMIN_PW}")[0] == 200
+    assert len(engine.calls) == 3
+    assert request(endpoint, "/ping", body=None)[::2] == (200, b"Ok.\n")  # health checks need no login
+
+
+def test_the_read_only_user_runs_every_query_with_readonly_1(fake) -> None:  # noqa: ANN001
+    endpoint, engine = fake
+    assert request(endpoint, "/?readonly=0", b"DROP TABLE t", {"Authorization": basic(READER, READER_PW)})[0] == 200
+    assert engine.calls[-1][1].get("readonly") == "1"
+    assert request(endpoint, "/", b"CREATE TABLE t (a Int8) ENGINE = Memory",
+                   {"Authorization": basic(ADMIN, ADMIN_PW)})[0] == 200
+    assert engine.calls[-1][1].get("readonly", "0") == "0"
+
+
+def test_host_must_name_this_endpoint(fake) -> None:  # noqa: ANN001
+    endpoint, engine = fake
+    login = {"Authorization": basic(ADMIN, ADMIN_PW)}
+    port = endpoint.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}"):
+        assert request(endpoint, headers=login, host=host)[0] == 200, host
+    for host in (f"attacker.example:{port}", f"127.0.0.1:{port + 1}", "127.0.0.1", f"10.0.0.1:{port}", ""):
+        status, headers, body = request(endpoint, headers=login, host=host)
+        assert status == 403 and headers["X-ClickHouse-Exception-Code"] == "497", (host, status, body)
+    # a DNS-rebound page cannot even ping
+    assert request(endpoint, "/ping", body=None, host=f"attacker.example:{port}")[0] == 403
+    assert len(engine.calls) == 3
+
+
+def test_browsers_cross_origin_requests_are_refused(fake) -> None:  # noqa: ANN001
+    endpoint, engine = fake
+    login = {"Authorization": basic(ADMIN, ADMIN_PW)}
+    own = f"http://127.0.0.1:{endpoint.port}"
+    # What a web page's fetch(..., {method: "POST", body: "DROP TABLE t", mode: "no-cors"}) sends:
+    page = {"Origin": "http://attacker.example", "Content-Type": "text/plain;charset=UTF-8",
+            "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
+    for headers in (page, {**login, **page}, {**login, "Origin": "null"},
+                    {**login, "Origin": "http://localhost:3000"}, {**login, "Sec-Fetch-Site": "cross-site"},
+                    {**login, "Sec-Fetch-Site": "same-site"}):
+        status, got, _ = request(endpoint, body=b"DROP TABLE t", headers=headers)
+        assert status == 403 and got["X-ClickHouse-Exception-Code"] == "497", headers
+    assert engine.calls == []
+    assert request(endpoint, headers={**login, "Origin": own, "Sec-Fetch-Site": "same-origin"})[0] == 200
+
+
+def _handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_connections_beyond_the_limit_wait_then_get_503(fake) -> None:  # noqa: ANN001
+    endpoint, _ = fake  # max_connections=3
+    before = _handler_threads()
+    idle = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(3)]
+    extra: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 5
+        while _handler_threads() < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        extra = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(2)]
+        for conn in extra:
+            conn.settimeout(10)
+            assert conn.recv(200).startswith(b"HTTP/1.1 503 "), "a connection beyond the limit got a thread"
+        assert _handler_threads() == before + 3
+    finally:
+        for conn in idle + extra:
+            conn.close()
+    # The slots come back once the idle connections close.
+    deadline = time.monotonic() + 5
+    while request(endpoint, "/ping", body=None)[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert request(endpoint, "/ping", body=None)[0] == 200
+
+
+# --- the real engine, in its own process, as `clocktower up` starts it ---------------------------------------
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict[str, tuple[str, bool]]]]:
+    data_dir = tmp_path_factory.mktemp("auth")
+    ensure_secrets(data_dir)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sinks.endpoint", "--data-dir", str(data_dir / "clickhouse"), "--port", str(port),
+         "--credentials", str(credentials_path(data_dir))],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line + proc.stdout.read()
+        yield port, read_users(credentials_path(data_dir))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_clickhouse_connect_logs_in_with_the_generated_users(served) -> None:  # noqa: ANN001
+    port, users = served
+    with pytest.raises(DatabaseError, match="AUTHENTICATION_FAILED") as caught:
+        clickhouse_connect.get_client(host="127.0.0.1", port=port, username=ADMIN_USER, password="guess")
+    assert "516" in str(caught.value)
+    with pytest.raises(DatabaseError, match="AUTHENTICATION_FAILED"):
+        clickhouse_connect.get_client(host="127.0.0.1", port=port)  # "default", no password: no such user
+    admin = clickhouse_connect.get_client(host="127.0.0.1", port=port, username=ADMIN_USER,
+                                          password=users[ADMIN_USER][0])
+    admin.command("CREATE TABLE auth_t (a Int8) ENGINE = MergeTree ORDER BY a")
+    admin.insert("auth_t", [[1], [2]], column_names=["a"])
+    reader = clickhouse_connect.get_client(host="127.0.0.1", port=port, username=DASHBOARDS_USER,
+                                           password=users[DASHBOARDS_USER][0])
+    assert reader.command("SELECT sum(a) FROM auth_t") == 3
+    for sql in ("DROP TABLE auth_t", "INSERT INTO auth_t VALUES (3)", "CREATE TABLE x (a Int8) ENGINE = Memory"):
+        with pytest.raises(DatabaseError, match="READONLY"):
+            reader.command(sql)
+    with pytest.raises(DatabaseError, match="READONLY"):
+        reader.command("DROP TABLE auth_t", settings={"readonly": 0})  # the role wins over the client's settings
+    assert admin.command("SELECT count() FROM auth_t") == 2
+
+
+def test_the_endpoint_refuses_to_start_without_credentials(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CLOCKTOWER_CREDENTIALS_FILE"}
+    argv = [sys.executable, "-m", "sinks.endpoint", "--data-dir", str(tmp_path / "ch"), "--port", str(free_port())]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("error: no credentials file"), done.stderr
+    done = subprocess.run([*argv, "--credentials", str(tmp_path / "missing.json")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("error: cannot read"), done.stderr
+    assert not (tmp_path / "ch").exists(), "the engine started before the credentials were checked"

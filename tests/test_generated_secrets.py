@@ -1,0 +1,113 @@
+"""No built-in keys or passwords: the data dir's generated secrets, its 0700 mode, and who reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clocktower.config import Settings
+from clocktower.data_dir import DataDirLock
+from clocktower.errors import UserError
+from clocktower.generated_secrets import (
+    ADMIN_USER,
+    DASHBOARDS_USER,
+    control_key_path,
+    credentials_path,
+    ensure_secrets,
+    read_control_key,
+    read_users,
+)
+
+
+def mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+@pytest.fixture(autouse=True)
+def _no_clocktower_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("CLOCKTOWER_"):
+            monkeypatch.delenv(name)
+
+
+def test_first_start_writes_private_random_secrets_and_never_rewrites_them(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    for d in (one, two):
+        ensure_secrets(d)
+    assert mode(one) == 0o700 and mode(credentials_path(one)) == 0o600 and mode(control_key_path(one)) == 0o600
+    users = read_users(credentials_path(one))
+    assert users[ADMIN_USER][1] is False and users[DASHBOARDS_USER][1] is True
+    assert len(users[ADMIN_USER][0]) >= 24 and users[ADMIN_USER][0] != users[DASHBOARDS_USER][0]
+    assert read_users(credentials_path(two)) != users, "two data dirs got the same passwords"
+    key = read_control_key(one)
+    assert key is not None and len(key) >= 32 and key != read_control_key(two)
+    before = credentials_path(one).read_bytes(), control_key_path(one).read_bytes()
+    ensure_secrets(one)  # a restart
+    assert (credentials_path(one).read_bytes(), control_key_path(one).read_bytes()) == before
+
+
+def test_planted_symlinks_are_neither_written_through_nor_trusted(tmp_path: Path) -> None:
+    data_dir, victim = tmp_path / "ct", tmp_path / "victim"
+    data_dir.mkdir(mode=0o700)
+    victim.write_text("keep me")
+    os.chmod(victim, 0o600)
+    credentials_path(data_dir).symlink_to(victim)
+    ensure_secrets(data_dir)
+    assert victim.read_text() == "keep me"
+    with pytest.raises(UserError, match="cannot read"):
+        read_users(credentials_path(data_dir))
+
+
+def test_secrets_readable_by_others_are_refused(tmp_path: Path) -> None:
+    ensure_secrets(tmp_path / "ct")
+    path = credentials_path(tmp_path / "ct")
+    os.chmod(path, 0o644)
+    with pytest.raises(UserError, match="readable by other users"):
+        read_users(path)
+
+
+def test_settings_carry_no_built_in_key_and_read_the_generated_one(tmp_path: Path) -> None:
+    assert Settings.model_fields["control_key"].default is None
+    assert Settings.model_fields["clickhouse_password"].default is None
+    settings = Settings(data_dir=tmp_path / "ct")
+    with pytest.raises(UserError, match="no control key"):
+        settings.control_key_bytes()
+    ensure_secrets(tmp_path / "ct")
+    assert settings.control_key_bytes() == read_control_key(tmp_path / "ct")
+    assert Settings(data_dir=tmp_path / "ct", control_key="from-the-environment").control_key_bytes() == (
+        b"from-the-environment")
+
+
+def test_clickhouse_login_prefers_explicit_settings_then_the_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "ct"
+    assert Settings(data_dir=data_dir).clickhouse_login() == ("default", "")  # nothing generated yet
+    ensure_secrets(data_dir)
+    generated = json.loads(credentials_path(data_dir).read_text())["users"][ADMIN_USER]["password"]
+    assert Settings(data_dir=data_dir).clickhouse_login() == (ADMIN_USER, generated)
+    assert Settings(data_dir=data_dir, clickhouse_user="u", clickhouse_password="p").clickhouse_login() == ("u", "p")
+
+
+def test_the_data_dir_is_made_0700(tmp_path: Path) -> None:
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir(mode=0o755)
+    os.chmod(existing, 0o755)
+    for d in (fresh, existing):
+        lock = DataDirLock(d)
+        lock.acquire()
+        lock.release()
+        assert mode(d) == 0o700, d
+    assert mode(fresh / "clocktower.lock") == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_data_dir_of_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chmod(theirs, 0o777)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(UserError, match="belongs to uid 65534"):
+        DataDirLock(theirs).acquire()
+    assert mode(theirs) == 0o777 and not (theirs / "clocktower.lock").exists()  # left as it was
