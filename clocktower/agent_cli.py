@@ -22,6 +22,7 @@ from producers.agent.config import ALL_SOURCES, AgentSettings
 from producers.agent.factory import build_sources
 from producers.agent.runner import AgentRunner, Sink
 from producers.agent.stdout_sink import JsonLinesSink
+from producers.clock.key import ClockKeyError, generate_key_file
 from producers.spool import SpoolInUse
 from producers.spooling_publisher import SpoolingPublisher
 
@@ -41,7 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--tc-interface", action="append", help="attach the tc flow classifier here (repeatable)")
     a.add_argument("--link-interface", action="append", help="watch only these interfaces (default: all but lo)")
     a.add_argument("--clock-peer", action="append", help="a clock-probe peer host:port (repeatable)")
-    a.add_argument("--clock-bind", help="clock-probe UDP address (default 0.0.0.0:7373)")
+    a.add_argument("--clock-bind", help="clock-probe UDP host:port (default: port 7373 on --clock-interface's "
+                                        "address, else on the address that reaches the first peer)")
+    a.add_argument("--clock-bind-any", action="store_true", help="allow a wildcard --clock-bind (0.0.0.0 or ::)")
+    a.add_argument("--clock-interface", help="the cluster NIC clock probes use (sets the default --clock-bind)")
+    a.add_argument("--clock-key-file", help="the cluster's clock-probe key, a 0600 file (default "
+                                            "CLOCKTOWER_CLOCK_KEY_FILE); without one the clock source is off")
+    a.add_argument("--gen-clock-key", metavar="PATH", help="write a new random clock key to PATH (0600) and exit; "
+                                                           "copy it to every node")
     a.add_argument("--spool-dir", help="on-disk spool while the broker is away (default .clocktower-agent/spool)")
     a.add_argument("--compression", choices=("lz4", "zstd"), help="Kafka record compression (default lz4)")
 
@@ -51,6 +59,8 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
              "flow_drain_ms": args.flow_drain_ms, "flow_slot_ms": args.flow_slot_ms,
              "tc_interfaces": args.tc_interface,
              "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,
+             "clock_bind_any": args.clock_bind_any or None, "clock_interface": args.clock_interface,
+             "clock_key_file": args.clock_key_file,
              "spool_dir": args.spool_dir, "compression": args.compression,
              "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
     return AgentSettings(**{k: v for k, v in pairs.items() if v is not None})
@@ -76,6 +86,14 @@ def _publisher(args: argparse.Namespace, settings: AgentSettings) -> SpoolingPub
 
 
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
+    if args.gen_clock_key:
+        try:
+            path = generate_key_file(args.gen_clock_key)
+        except ClockKeyError as exc:
+            raise UserError(str(exc)) from None
+        console.print(f"wrote a new clock key to {path} (0600): copy it to every node, then pass "
+                      f"--clock-key-file {path} (or set CLOCKTOWER_CLOCK_KEY_FILE)")
+        return 0
     if args.duration is not None and args.duration <= 0:
         raise UserError("--duration must be > 0")
     if args.json and args.duration is None:

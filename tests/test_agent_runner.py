@@ -120,17 +120,54 @@ def test_agent_cli_rejects_bad_input(tmp_path) -> None:  # noqa: ANN001
     assert_one_error_line(clocktower("agent", "--stdout", "--duration", "1", "--gpu-hz", "-1"), "gpu_hz")
 
 
-def test_two_agents_exchange_clock_probes_and_report_counts() -> None:
+def test_clock_source_needs_a_safe_key_and_a_cluster_bind(tmp_path) -> None:  # noqa: ANN001
+    """No key: the clock source is off and says why. `--gen-clock-key` writes a 0600 key once; a key readable
+    by others is refused; a wildcard bind needs --clock-bind-any."""
+    peer = ("--clock-peer", f"127.0.0.1:{free_port()}")
+    run = ("agent", "--stdout", "--duration", "0.5", "--json", "--sources", "clock", *peer)
+    report = json.loads(clocktower(*run).stdout)
+    assert report["sources"]["clock"]["enabled"] is False
+    assert "no clock key" in report["sources"]["clock"]["reason"] and "--gen-clock-key" in \
+        report["sources"]["clock"]["reason"]
+
+    key = tmp_path / "clock.key"
+    made = clocktower("agent", "--gen-clock-key", str(key))
+    assert made.returncode == 0, made.stderr
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes().strip()) == 64
+    first = key.read_bytes()
+    assert_one_error_line(clocktower("agent", "--gen-clock-key", str(key)), "already exists")
+    assert key.read_bytes() == first                         # never overwritten
+
+    report = json.loads(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "127.0.0.1:0").stdout)
+    assert report["sources"]["clock"]["enabled"] is True, report
+    report = json.loads(clocktower(*run, "--clock-bind", "127.0.0.1:0",
+                                   env=_env(CLOCKTOWER_CLOCK_KEY_FILE=str(key))).stdout)
+    assert report["sources"]["clock"]["enabled"] is True, report   # the key file from the environment
+    assert_one_error_line(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "0.0.0.0:0"),
+                          "every interface", "--clock-bind-any")
+    report = json.loads(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "0.0.0.0:0",
+                                   "--clock-bind-any").stdout)
+    assert report["sources"]["clock"]["enabled"] is True, report
+
+    key.chmod(0o644)
+    report = json.loads(clocktower(*run, "--clock-key-file", str(key)).stdout)
+    assert report["sources"]["clock"]["enabled"] is False and "chmod 600" in report["sources"]["clock"]["reason"]
+
+
+def test_two_agents_exchange_clock_probes_and_report_counts(tmp_path) -> None:  # noqa: ANN001
     """Two `clocktower agent --stdout` processes probe each other; the JSON lines and the final counts agree."""
     import subprocess
     import sys
 
+    key = tmp_path / "clock.key"
+    assert clocktower("agent", "--gen-clock-key", str(key)).returncode == 0
     pa, pb = free_port(), free_port()
     procs = []
     for node, own, peer in (("a", pa, pb), ("b", pb, pa)):
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "clocktower", "agent", "--node", node, "--stdout", "--duration", "3", "--json",
-             "--sources", "clock,gpu", "--clock-bind", f"127.0.0.1:{own}", "--clock-peer", f"127.0.0.1:{peer}"],
+             "--sources", "clock,gpu", "--clock-bind", f"127.0.0.1:{own}", "--clock-peer", f"127.0.0.1:{peer}",
+             "--clock-key-file", str(key)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
     for node, proc in zip("ab", procs, strict=True):
         out, err = proc.communicate(timeout=60)

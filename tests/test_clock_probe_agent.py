@@ -35,6 +35,7 @@ from schemas.telemetry import ClockProbe
 from tests.netns import joined_namespaces
 
 REPO = Path(__file__).resolve().parents[1]
+KEY = b"test-only clock key, 32+ bytes long, never used elsewhere"
 OFFSET_BOUND_NS = 500            # measured <= 20 ns (see the module docstring)
 SYNC_BOUND_NS = 1_000            # ClockSynchronizer's estimate, measured <= 89 ns
 RUN_S = 3.0
@@ -50,60 +51,88 @@ except ImportError:             # written by another helper; the agent's test do
 
 def test_wire_round_trip() -> None:
     probe = wire.Probe("node-ä", 2**64 - 1, 1, 1_700_000_000_123_456_789)
-    assert wire.decode(wire.encode_probe(probe)) == probe
-    entries = tuple(wire.FollowUpEntry(i, 1_700_000_000_000_000_000 + i, None if i % 3 else 5) for i in range(48))
-    follow = wire.FollowUp("n" * 255, wire.TX_SOURCE_SOFTWARE, entries)
-    data = wire.encode_follow_up(follow)
-    assert len(data) <= 1472                    # one datagram on a 1500-byte MTU
-    assert wire.decode(data) == follow
-    only_second = wire.FollowUp("b", wire.TX_SOURCE_USERSPACE, (wire.FollowUpEntry(7, None, 42),))
-    assert wire.decode(wire.encode_follow_up(only_second)) == only_second
-    assert wire.decode(wire.WARM_UP_BYTES) == wire.WarmUp()
+    assert wire.decode(wire.encode_probe(probe, KEY), KEY) == probe
+    assert len(wire.encode_probe(wire.Probe("node-0", 1, 0, 1), KEY)) == 46
+    entries = tuple(wire.FollowUpEntry(i, 1_700_000_000_000_000_000 + i, None if i % 3 else 5)
+                    for i in range(wire.MAX_FOLLOW_UP_ENTRIES))
+    follow = wire.FollowUp("n" * 255, wire.TX_SOURCE_SOFTWARE, entries, 1_700_000_000_000_000_000)
+    data = wire.encode_follow_up(follow, KEY)
+    assert len(data) <= 1452                    # one datagram on a 1500-byte MTU, IPv4 or IPv6
+    assert wire.decode(data, KEY) == follow
+    only_second = wire.FollowUp("b", wire.TX_SOURCE_USERSPACE, (wire.FollowUpEntry(7, None, 42),), 3)
+    assert wire.decode(wire.encode_follow_up(only_second, KEY), KEY) == only_second
+    warm = wire.WarmUp("a", 5)
+    assert wire.decode(wire.encode_warm_up(warm, KEY), KEY) == warm
+
+
+def _seal(unsigned: bytes) -> bytes:
+    """Re-MAC a datagram altered in a test, so that decode gets past the MAC to the defect under test."""
+    return unsigned + wire.mac(KEY, unsigned)
 
 
 def _probe_bytes() -> bytes:
-    return wire.encode_probe(wire.Probe("a", 1, 0, 10))
+    return wire.encode_probe(wire.Probe("a", 1, 0, 10), KEY)[:-wire.MAC_BYTES]
 
 
 def _follow_bytes() -> bytes:
-    return wire.encode_follow_up(wire.FollowUp("a", 0, (wire.FollowUpEntry(1, 10, 20),)))
+    return wire.encode_follow_up(wire.FollowUp("a", 0, (wire.FollowUpEntry(1, 10, 20),), 10), KEY)[:-wire.MAC_BYTES]
+
+
+def _warm_bytes() -> bytes:
+    return wire.encode_warm_up(wire.WarmUp("a", 10), KEY)[:-wire.MAC_BYTES]
 
 
 @pytest.mark.parametrize(("data", "reason"), [
     (b"", "too short"),
-    (b"CTCK\x01", "too short"),
-    (b"XXXX" + _probe_bytes()[4:], "bad magic"),
-    (_probe_bytes()[:4] + b"\x02" + _probe_bytes()[5:], "unsupported version"),
-    (_probe_bytes()[:5] + b"\x09" + _probe_bytes()[6:], "unknown message type"),
-    (_probe_bytes()[:-1], "header says"),
-    (_probe_bytes() + b"x", "header says"),
-    (_probe_bytes()[:6] + b"\x02" + _probe_bytes()[7:], "idx 2"),
-    (_probe_bytes()[:7] + b"\x00" + _probe_bytes()[8:-1], "empty sender name"),
-    (_probe_bytes()[:-1] + b"\xff", "not UTF-8"),
-    (_probe_bytes()[:16] + b"\xff" * 8 + _probe_bytes()[24:], "negative tx_user_ns"),
-    (_follow_bytes()[:-1], "header says"),
-    (_follow_bytes()[:-1] + b"\x00", "valid mask 0"),
-    (_follow_bytes()[:-1] + b"\x04", "valid mask 4"),
-    (_follow_bytes()[:6] + b"\x07" + _follow_bytes()[7:], "unknown tx_source"),
-    (_follow_bytes()[:8] + b"\x00\x00" + _follow_bytes()[10:11], "0 entries"),
-    (wire.WARM_UP_BYTES + b"\x00", "warm-up of 7 bytes"),
+    (b"CTCK\x02" + bytes(26), "too short"),
+    (_seal(b"XXXX" + _probe_bytes()[4:]), "bad magic"),
+    (_seal(_probe_bytes()[:4] + b"\x01" + _probe_bytes()[5:]), "unsupported version"),
+    (_seal(_probe_bytes()[:5] + b"\x09" + _probe_bytes()[6:]), "unknown message type"),
+    (_seal(_probe_bytes()[:-1]), "probe body is 7 bytes"),
+    (_seal(_probe_bytes() + b"x"), "probe body is 9 bytes"),
+    (_seal(_probe_bytes()[:7] + b"\x02" + _probe_bytes()[8:]), "idx 2"),
+    (_seal(_probe_bytes()[:6] + b"\x00" + _probe_bytes()[7:]), "empty sender name"),
+    (_seal(_probe_bytes()[:6] + b"\xff" + _probe_bytes()[7:]), "name length says more"),
+    (_seal(_probe_bytes()[:16] + b"\xff" + _probe_bytes()[17:]), "not UTF-8"),
+    (_seal(_probe_bytes()[:8] + b"\xff" * 8 + _probe_bytes()[16:]), "negative sent_ns"),
+    (_seal(_follow_bytes()[:-1]), "count says"),
+    (_seal(_follow_bytes()[:-1] + b"\x00"), "valid mask 0"),
+    (_seal(_follow_bytes()[:-1] + b"\x04"), "valid mask 4"),
+    (_seal(_follow_bytes()[:7] + b"\x07" + _follow_bytes()[8:]), "unknown tx_source"),
+    (_seal(_follow_bytes()[:17] + b"\x00\x00"), "0 entries"),
+    (_seal(_warm_bytes() + b"\x00"), "warm-up with a 1-byte body"),
+    # Without the key's MAC, nothing past the version is even looked at.
+    (_probe_bytes() + bytes(16), "bad MAC"),
+    (wire.encode_probe(wire.Probe("a", 1, 0, 10), b"another key of at least thirty-two bytes"), "bad MAC"),
+    (_seal(_probe_bytes())[:-1] + b"\x00", "bad MAC"),
 ])
 def test_wire_rejects_malformed(data: bytes, reason: str) -> None:
     with pytest.raises(wire.WireError, match=reason):
-        wire.decode(data)
+        wire.decode(data, KEY)
+
+
+def test_wire_mac_covers_every_byte() -> None:
+    """Flipping any bit of a sealed probe (sender, pair id, stamp, idx, the tag itself) fails the MAC."""
+    good = wire.encode_probe(wire.Probe("node-0", 123456789, 1, 1_700_000_000_000_000_000), KEY)
+    for i in range(len(good)):
+        for bit in (0, 7):
+            bad = bytearray(good)
+            bad[i] ^= 1 << bit
+            with pytest.raises(wire.WireError):
+                wire.decode(bytes(bad), KEY)
 
 
 def test_wire_refuses_to_encode_bad_values() -> None:
     with pytest.raises(ValueError, match="idx"):
-        wire.encode_probe(wire.Probe("a", 1, 2, 0))
+        wire.encode_probe(wire.Probe("a", 1, 2, 0), KEY)
     with pytest.raises(ValueError, match="64 unsigned"):
-        wire.encode_probe(wire.Probe("a", 2**64, 0, 0))
+        wire.encode_probe(wire.Probe("a", 2**64, 0, 0), KEY)
     with pytest.raises(ValueError, match="UTF-8 bytes"):
-        wire.encode_probe(wire.Probe("x" * 256, 1, 0, 0))
+        wire.encode_probe(wire.Probe("x" * 256, 1, 0, 0), KEY)
     with pytest.raises(ValueError, match="no TX timestamp"):
-        wire.encode_follow_up(wire.FollowUp("a", 0, (wire.FollowUpEntry(1, None, None),)))
+        wire.encode_follow_up(wire.FollowUp("a", 0, (wire.FollowUpEntry(1, None, None),), 0), KEY)
     with pytest.raises(ValueError, match="entries"):
-        wire.encode_follow_up(wire.FollowUp("a", 0, tuple(wire.FollowUpEntry(i, 1, 2) for i in range(49))))
+        wire.encode_follow_up(wire.FollowUp("a", 0, tuple(wire.FollowUpEntry(i, 1, 2) for i in range(47)), 0), KEY)
 
 
 # -- the socket layer ---------------------------------------------------------------------------------------
@@ -182,21 +211,44 @@ def test_pair_ids_are_unique_across_agents_and_restarts() -> None:
     ({"pairs_per_s": 0}, "pairs_per_s"),
     ({"pair_spacing_us": -1}, "pair_spacing_us"),
     ({"node": ""}, "node name"),
+    ({"key": b"too short"}, "at least 32 bytes"),
+    ({"bind": "0.0.0.0:7373"}, "every interface"),
+    ({"bind": "[::]:7373"}, "every interface"),
 ])
 def test_bad_configuration_is_a_clear_error(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        ProbeAgentConfig(**{"node": "a", "bind": "127.0.0.1:0", **kwargs})
+        ProbeAgentConfig(**{"node": "a", "key": KEY, "bind": "127.0.0.1:0", **kwargs})
+
+
+def test_the_default_bind_is_the_cluster_interface_never_every_interface() -> None:
+    """Without --bind: 127.0.0.1 with no peers, the interface that reaches the first peer, or --interface's
+    address; a wildcard only with allow_any_bind. (Before the fix the default was 0.0.0.0:7373.)"""
+    assert ProbeAgentConfig(node="a", key=KEY).bind == "127.0.0.1:7373"
+    assert ProbeAgentConfig(node="a", key=KEY, peers=("127.0.0.5:7373",)).bind == "127.0.0.1:7373"
+    assert ProbeAgentConfig(node="a", key=KEY, interface="lo").bind == "127.0.0.1:7373"
+    assert ProbeAgentConfig(node="a", key=KEY, bind="0.0.0.0:0", allow_any_bind=True).bind == "0.0.0.0:0"
+    with pytest.raises(ValueError, match="no-such-if0"):
+        ProbeAgentConfig(node="a", key=KEY, interface="no-such-if0")
+    agent = ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind=None, peers=(f"127.0.0.1:{_free_udp_port()}",)),
+                       lambda events: None)
+    try:
+        agent.start()
+    except ProbeAgentError as exc:            # something else holds 127.0.0.1:7373 here
+        assert "7373" in str(exc)
+    else:
+        assert agent.address == ("127.0.0.1", 7373)
+        agent.stop()
 
 
 def test_port_in_use_is_a_clear_error() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
         port = busy.getsockname()[1]
-        agent = ProbeAgent(ProbeAgentConfig(node="a", bind=f"127.0.0.1:{port}"), lambda events: None)
+        agent = ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind=f"127.0.0.1:{port}"), lambda events: None)
         with pytest.raises(ProbeAgentError, match=f"cannot bind UDP 127.0.0.1:{port}: port already in use"):
             agent.start()
     with pytest.raises(ProbeAgentError, match="address not on this host"):
-        ProbeAgent(ProbeAgentConfig(node="a", bind="192.0.2.1:0"), lambda events: None).start()
+        ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind="192.0.2.1:0"), lambda events: None).start()
 
 
 # -- one process: bad input and a failing sink never stop the agent -----------------------------------------
@@ -212,16 +264,19 @@ def test_agent_survives_garbage_and_a_failing_sink_and_stops_cleanly() -> None:
             raise RuntimeError("broker away")
         delivered.extend(events)
 
-    b = ProbeAgent(ProbeAgentConfig(node="b", bind="127.0.0.1:0", flush_interval_s=0.1), flaky_sink).start()
+    port_a = _free_udp_port()
+    b = ProbeAgent(ProbeAgentConfig(node="b", key=KEY, bind="127.0.0.1:0", peers=(f"127.0.0.1:{port_a}",),
+                                    probe_peers=0, flush_interval_s=0.1), flaky_sink).start()
     port_b = b.address[1]
-    a = ProbeAgent(ProbeAgentConfig(node="a", bind="127.0.0.1:0", peers=(f"127.0.0.1:{port_b}",),
+    a = ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind=f"127.0.0.1:{port_a}", peers=(f"127.0.0.1:{port_b}",),
                                     pairs_per_s=100, pair_spacing_us=0), lambda events: None).start()
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
-            for junk in (b"", b"hello", b"CTCK\x01\x01" + b"\x00" * 30, _probe_bytes()[:-1]):
+            for junk in (b"", b"hello", b"CTCK\x02\x01" + b"\x00" * 30, _seal(_probe_bytes()[:-1])):
                 raw.sendto(junk, ("127.0.0.1", port_b))
             # A follow-up for a pair that never came: kept for join_timeout_s, then dropped.
-            raw.sendto(_follow_bytes(), ("127.0.0.1", port_b))
+            raw.sendto(wire.encode_follow_up(wire.FollowUp("x", 0, (wire.FollowUpEntry(1, 10, 20),), time.time_ns()),
+                                             KEY), ("127.0.0.1", port_b))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (calls < 2 or not delivered):
             time.sleep(0.05)
@@ -229,7 +284,7 @@ def test_agent_survives_garbage_and_a_failing_sink_and_stops_cleanly() -> None:
         a.stop()
         b.stop()
     counts = b.stats()["counts"]
-    assert counts["malformed"] == 4
+    assert counts["malformed"] == 3 and counts["bad_mac"] == 1
     assert counts["sink_errors"] == 1
     assert delivered and all(e.node == "b" and e.sender == "a" and e.receiver == "b" for e in delivered)
     assert a.stats()["peers"] == [f"127.0.0.1:{port_b}"]
@@ -242,13 +297,17 @@ def test_agent_survives_garbage_and_a_failing_sink_and_stops_cleanly() -> None:
 
 @pytest.mark.parametrize("probe_back", [True, False])
 def test_a_probed_agent_probes_back(probe_back: bool) -> None:
-    """b lists no peers; once a probes it, b probes a too (both directions per edge), unless told not to."""
+    """b lists a but chose not to probe it (K=0); once a probes it, b probes a too (both directions per edge),
+    unless told not to."""
     at_a: list[ClockProbe] = []
     at_b: list[ClockProbe] = []
-    b = ProbeAgent(ProbeAgentConfig(node="b", bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
-                                    probe_back=probe_back), at_b.extend).start()
-    a = ProbeAgent(ProbeAgentConfig(node="a", bind="127.0.0.1:0", peers=(f"127.0.0.1:{b.address[1]}",),
-                                    flush_interval_s=0.1, pairs_per_s=50), at_a.extend).start()
+    port_a = _free_udp_port()
+    b = ProbeAgent(ProbeAgentConfig(node="b", key=KEY, bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
+                                    peers=(f"127.0.0.1:{port_a}",), probe_peers=0, probe_back=probe_back),
+                   at_b.extend).start()
+    a = ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind=f"127.0.0.1:{port_a}",
+                                    peers=(f"127.0.0.1:{b.address[1]}",), flush_interval_s=0.1, pairs_per_s=50),
+                   at_a.extend).start()
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (len(at_b) >= 20 and (len(at_a) >= 20 or not probe_back)):
@@ -267,10 +326,12 @@ def test_a_probed_agent_probes_back(probe_back: bool) -> None:
 
 
 def test_probe_back_stops_when_the_prober_goes_away() -> None:
-    b = ProbeAgent(ProbeAgentConfig(node="b", bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
-                                    probe_back_expiry_s=0.5), lambda events: None).start()
-    a = ProbeAgent(ProbeAgentConfig(node="a", bind="127.0.0.1:0", peers=(f"127.0.0.1:{b.address[1]}",),
-                                    pairs_per_s=50), lambda events: None).start()
+    port_a = _free_udp_port()
+    b = ProbeAgent(ProbeAgentConfig(node="b", key=KEY, bind="127.0.0.1:0", flush_interval_s=0.1, pairs_per_s=50,
+                                    peers=(f"127.0.0.1:{port_a}",), probe_peers=0, probe_back_expiry_s=0.5),
+                   lambda events: None).start()
+    a = ProbeAgent(ProbeAgentConfig(node="a", key=KEY, bind=f"127.0.0.1:{port_a}",
+                                    peers=(f"127.0.0.1:{b.address[1]}",), pairs_per_s=50), lambda events: None).start()
     try:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not b.stats()["peers"]:
@@ -301,11 +362,14 @@ _IN_NETNS = ("import sys; from pyroute2 import netns; netns.setns(sys.argv[1]); 
 def _run_two_agents(tmp_path: Path, addr_a: str, addr_b: str, netns: tuple[str, str] | None = None,
                     ) -> tuple[dict[str, list[ClockProbe]], dict[str, dict]]:
     """Run agents a and b in two processes probing each other; their events and final stats."""
+    key_file = tmp_path / "clock.key"
+    key_file.write_bytes(KEY)
+    key_file.chmod(0o600)
     procs = {}
     for name, own, peer, ns in (("a", addr_a, addr_b, netns[0] if netns else None),
                                 ("b", addr_b, addr_a, netns[1] if netns else None)):
         args = ["--node", name, "--bind", own, "--peer", peer, "--rate", str(RATE), "--duration", str(RUN_S),
-                "--stats-file", str(tmp_path / f"{name}.json")]
+                "--stats-file", str(tmp_path / f"{name}.json"), "--key-file", str(key_file)]
         cmd = ([sys.executable, "-c", _IN_NETNS, ns, *args] if ns
                else [sys.executable, "-m", "producers.clock.probe_agent", *args])
         procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,10 +1,16 @@
-"""The clock-probe agent (producers/clock) as a node-agent source, so one agent process runs everything."""
+"""The clock-probe agent (producers/clock) as a node-agent source, so one agent process runs everything.
+
+The source is off, saying why, without a clock key (probes anyone could forge would corrupt every
+clock estimate) or without peers; a key file that is unsafe or unreadable also leaves it off.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from producers.agent.source import Availability, Emit
+from producers.clock.key import ENV_VAR, ClockKeyError, load_key
 from producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
 from schemas.telemetry import ClockProbe
 
@@ -12,19 +18,34 @@ from schemas.telemetry import ClockProbe
 class ClockProbeSource:
     name = "clock"
 
-    def __init__(self, node: str, bind: str, peers: tuple[str, ...], probe_peers: int = 10,
-                 pairs_per_s: float = 10.0, timestamping: str = "software") -> None:
+    def __init__(self, node: str, bind: str | None, peers: tuple[str, ...], probe_peers: int = 10,
+                 pairs_per_s: float = 10.0, timestamping: str = "software", key_file: Path | None = None,
+                 interface: str | None = None, allow_any_bind: bool = False) -> None:
         self.counts: Counter[str] = Counter()
-        self._config = (ProbeAgentConfig(node=node, bind=bind, peers=peers, probe_peers=probe_peers,
-                                         pairs_per_s=pairs_per_s, timestamping=timestamping)  # type: ignore[arg-type]
-                        if peers else None)
+        self._config: ProbeAgentConfig | None = None
+        self._off: str | None = None
+        if not peers:
+            self._off = "no clock peers given (--clock-peer HOST:PORT): probing needs peers"
+        elif key_file is None:
+            self._off = (f"no clock key (--clock-key-file PATH or {ENV_VAR}; make one with `clocktower agent "
+                         f"--gen-clock-key PATH` and copy it to every node): unauthenticated probes could be forged")
+        else:
+            try:
+                key = load_key(key_file)
+            except ClockKeyError as exc:
+                self._off = str(exc)
+            else:
+                self._config = ProbeAgentConfig(node=node, key=key, bind=bind, peers=peers, probe_peers=probe_peers,
+                                                pairs_per_s=pairs_per_s, timestamping=timestamping,  # type: ignore[arg-type]
+                                                interface=interface, allow_any_bind=allow_any_bind)
         self._agent: ProbeAgent | None = None
 
     def check(self) -> Availability:
         if self._config is None:
-            return Availability(False, "no clock peers given (--clock-peer HOST:PORT): probing needs peers")
+            return Availability(False, self._off or "off")
         return Availability(True, f"probing {min(self._config.probe_peers, len(self._config.peers))} of "
-                                  f"{len(self._config.peers)} peers from {self._config.bind}")
+                                  f"{len(self._config.peers)} peers from {self._config.bind_address} "
+                                  f"(MAC-authenticated, listed peers only)")
 
     def start(self, emit: Emit) -> None:
         assert self._config is not None

@@ -6,14 +6,14 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_AGENT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_AGENT_", extra="ignore", populate_by_name=True)
 
     node: str = Field(default_factory=socket.gethostname, min_length=1, max_length=256)
     sources: tuple[str, ...] = ALL_SOURCES
@@ -33,7 +33,15 @@ class AgentSettings(BaseSettings):
         "re-send every link's state this often (0: changes only); detectors need reports to see stability"))
     ib_sysfs_root: Path = Path("/sys/class/infiniband")
     ib_poll_s: float = Field(default=1.0, gt=0, le=3600)
-    clock_bind: str = "0.0.0.0:7373"
+    clock_bind: str | None = Field(default=None, description=(
+        "clock-probe UDP host:port (default: port 7373 on clock_interface's address, else on the address that "
+        "reaches the first peer); a wildcard address needs clock_bind_any"))
+    clock_bind_any: bool = False
+    clock_interface: str | None = Field(default=None, description="the cluster NIC the clock probes use")
+    clock_key_file: Path | None = Field(default=None, validation_alias=AliasChoices(
+        "CLOCKTOWER_CLOCK_KEY_FILE", "CLOCKTOWER_AGENT_CLOCK_KEY_FILE"), description=(
+        "the cluster's clock-probe key (0600 file, >= 32 bytes; `clocktower agent --gen-clock-key PATH`); "
+        "without it the clock source is off"))
     clock_peers: tuple[str, ...] = ()
     clock_pairs_per_s: float = Field(default=10.0, gt=0, le=10_000)
     compression: Literal["lz4", "zstd"] = "lz4"

@@ -51,7 +51,8 @@ def _ib(s: AgentSettings) -> Source:
 
 def _clock(s: AgentSettings) -> Source:
     from producers.agent.clock_source import ClockProbeSource
-    return ClockProbeSource(s.node, s.clock_bind, s.clock_peers, pairs_per_s=s.clock_pairs_per_s)
+    return ClockProbeSource(s.node, s.clock_bind, s.clock_peers, pairs_per_s=s.clock_pairs_per_s,
+                            key_file=s.clock_key_file, interface=s.clock_interface, allow_any_bind=s.clock_bind_any)
 
 
 BUILDERS: dict[str, Callable[[AgentSettings], Source]] = {

@@ -10,7 +10,7 @@ Every agent does both jobs on one UDP socket (see `timestamping`):
   TX timestamps on the error queue, a FOLLOW_UP carrying them goes to the
   peer (two-step, as PTP's Follow_Up): a probe cannot carry its own kernel TX
   timestamp, which only exists once it has left.
-- Warm-up. Just before each pair a 6-byte WARM_UP datagram goes to the same
+- Warm-up. Just before each pair a small WARM_UP datagram goes to the same
   peer. At low probe rates the CPU has gone cold between pairs, and probe 0
   would otherwise pay for running the send and receive paths out of cold
   caches between its TX and RX timestamps while probe 1 runs them warm. On
@@ -22,7 +22,17 @@ Every agent does both jobs on one UDP socket (see `timestamping`):
   carries probes both ways: the estimator needs both directions to separate
   delay from offset, and each node still picks only K peers. A probed-back
   node that has not probed us for `probe_back_expiry_s` is dropped again (it
-  left, or the source was spoofed).
+  left, or the source was spoofed). Only a host:port in the peer list is
+  probed back, and never with more datagrams than it sent us (a credit of one
+  datagram per datagram received, capped at about a second of probing), so a
+  spoofed source gets no amplification.
+- Who gets in. Every datagram carries a MAC with the cluster key, the sender
+  name and a stamp that only grows (`wire`, `replay`). A datagram is handled
+  only if it comes from a configured peer's IP, its MAC verifies, its stamp
+  is fresh and new, and its source is within its rate (`admission`); anything
+  else is counted in `stats()` and leaves no state. Half-joined pairs are
+  bounded per sender as well as in total. The socket binds the cluster
+  interface, never every interface unless asked (`endpoints`).
 - Responder. It timestamps every probe on arrival (kernel RX timestamp),
   joins the probes of a pair with the sender's follow-up by (sender, pair_id)
   and emits one ClockProbe per probe, with tx_ns on the sender's clock and
@@ -66,26 +76,29 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from producers.clock.admission import Admission
+from producers.clock.endpoints import DEFAULT_PORT, default_bind, format_endpoint, is_wildcard, parse_endpoint
+from producers.clock.key import ENV_VAR as KEY_ENV_VAR
+from producers.clock.key import MIN_KEY_BYTES, ClockKeyError, generate_key_file, load_key
+from producers.clock.replay import SendClock
 from producers.clock.timestamping import Mode, TimestampedSocket, TimestampingError
 from producers.clock.wire import (
     MAX_FOLLOW_UP_ENTRIES,
     MAX_NAME_BYTES,
     TX_SOURCES,
-    WARM_UP_BYTES,
     FollowUp,
     FollowUpEntry,
     Probe,
     WarmUp,
-    WireError,
-    decode,
     encode_follow_up,
     encode_probe,
+    encode_warm_up,
 )
 from schemas.telemetry import ClockProbe
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 7373
+__all__ = ["DEFAULT_PORT", "PairIds", "ProbeAgent", "ProbeAgentConfig", "ProbeAgentError", "main", "parse_endpoint"]
 Sink = Callable[[list[ClockProbe]], object]
 
 _MASK48 = (1 << 48) - 1
@@ -98,31 +111,6 @@ _CATCH_UP = 4                 # late pairs sent per peer per loop turn before th
 
 class ProbeAgentError(RuntimeError):
     """The agent cannot run as configured (port in use, address not on this host, ...)."""
-
-
-def parse_endpoint(text: str, family: int = socket.AF_UNSPEC, what: str = "peer",
-                   allow_port_zero: bool = False) -> tuple[int, tuple]:
-    """'host:port' or '[v6 address]:port' to (address family, socket address); ValueError saying what is wrong."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]:")
-    else:
-        host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text:
-        raise ValueError(f"bad {what} address {text!r}: expected host:port or [ipv6]:port")
-    try:
-        port = int(port_text, 10)
-    except ValueError:
-        raise ValueError(f"bad {what} address {text!r}: port {port_text!r} is not a number") from None
-    if not (0 if allow_port_zero else 1) <= port <= 65535:
-        raise ValueError(f"bad {what} address {text!r}: port {port} out of range")
-    try:
-        infos = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM, 0, socket.AI_NUMERICSERV)
-    except (socket.gaierror, UnicodeError) as exc:
-        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
-        raise ValueError(f"bad {what} address {text!r}: {reason}") from None
-    fam, _type, _proto, _canon, sockaddr = infos[0]
-    return fam, sockaddr
 
 
 class PairIds:
@@ -143,8 +131,9 @@ class PairIds:
 @dataclass(frozen=True)
 class ProbeAgentConfig:
     node: str
-    bind: str = f"0.0.0.0:{DEFAULT_PORT}"
-    peers: tuple[str, ...] = ()
+    key: bytes = field(repr=False)        # the cluster's clock key (see `key`): every datagram is MACed with it
+    bind: str | None = None               # None: on the cluster interface (see `endpoints.default_bind`)
+    peers: tuple[str, ...] = ()           # the only sources accepted, and the only addresses probed back
     probe_peers: int = 10                 # K
     pairs_per_s: float = 10.0             # R, per peer
     pair_spacing_us: float = 10.0         # s; 0 sends both probes with one sendmmsg, back to back
@@ -160,10 +149,16 @@ class ProbeAgentConfig:
     max_probed_back: int = 64             # bound on peers added by probe-back at any time
     probe_back_expiry_s: float = 10.0     # a probed-back node silent this long is dropped
     seed: int | None = None               # peer choice and phases, for reproducible tests
+    allow_any_bind: bool = False          # a wildcard bind (0.0.0.0, ::) only when asked for
+    replay_window_s: float = 30.0         # datagrams stamped further than this from our clock are dropped
+    max_datagrams_per_s: float | None = None     # per source; None: 8 x pairs_per_s + 20 (a peer sends ~4)
+    max_pending_per_sender: int | None = None    # half-joined pairs per sender; None: from the rate and timeout
 
     def __post_init__(self) -> None:
         if not self.node or len(self.node.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"node name must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {self.node!r}")
+        if not isinstance(self.key, bytes) or len(self.key) < MIN_KEY_BYTES:
+            raise ValueError(f"the clock key must be at least {MIN_KEY_BYTES} bytes")
         checks = [(self.probe_peers >= 0, "probe_peers must be >= 0"),
                   (0 < self.pairs_per_s <= 10_000, "pairs_per_s must be in (0, 10000]"),
                   (0 <= self.pair_spacing_us <= 1000, "pair_spacing_us must be in [0, 1000]"),
@@ -173,13 +168,39 @@ class ProbeAgentConfig:
                   (self.join_timeout_s > 0, "join_timeout_s must be > 0"),
                   (self.purity_tolerance_ns >= 0, "purity_tolerance_ns must be >= 0"),
                   (self.max_probed_back >= 0, "max_probed_back must be >= 0"),
-                  (self.probe_back_expiry_s > 0, "probe_back_expiry_s must be > 0")]
+                  (self.probe_back_expiry_s > 0, "probe_back_expiry_s must be > 0"),
+                  (self.replay_window_s > 0, "replay_window_s must be > 0"),
+                  (self.max_datagrams_per_s is None or self.max_datagrams_per_s > 0,
+                   "max_datagrams_per_s must be > 0"),
+                  (self.max_pending_per_sender is None or self.max_pending_per_sender >= 1,
+                   "max_pending_per_sender must be >= 1")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        family, _ = parse_endpoint(self.bind, what="bind", allow_port_zero=True)
+        if self.bind is None:
+            object.__setattr__(self, "bind", default_bind(self.peers, self.interface))
+        family, address = parse_endpoint(self.bind_address, what="bind", allow_port_zero=True)
+        if is_wildcard(address) and not self.allow_any_bind:
+            raise ValueError(f"bind {self.bind} would accept probes on every interface: bind the cluster "
+                             f"interface's address, or allow it explicitly (--clock-bind-any)")
         for peer in self.peers:
             parse_endpoint(peer, family)
+
+    @property
+    def bind_address(self) -> str:
+        """The host:port bound (resolved from the peers and interface when `bind` was not given)."""
+        assert self.bind is not None
+        return self.bind
+
+    @property
+    def datagrams_per_s(self) -> float:
+        """Per-source cap: a peer at our rate sends ~4 datagrams per pair (warm-up, 2 probes, follow-up)."""
+        return self.max_datagrams_per_s or 8 * self.pairs_per_s + 20
+
+    @property
+    def pending_per_sender(self) -> int:
+        """Half-joined pairs kept per sender: 4x what one at our rate has in flight within join_timeout_s."""
+        return self.max_pending_per_sender or max(64, round(4 * self.pairs_per_s * self.join_timeout_s))
 
 
 @dataclass(slots=True, eq=False)
@@ -189,6 +210,7 @@ class _Peer:
     next_due_ns: int
     follow_ups: list[FollowUpEntry] = field(default_factory=list)
     reported_errnos: set[int] = field(default_factory=set)
+    credit: int | None = None    # probed back: datagrams it sent us that we may still answer; None: no limit
 
 
 @dataclass(slots=True, eq=False)
@@ -217,7 +239,11 @@ class ProbeAgent:
         self._sink = sink
         self._rng = random.Random(config.seed)
         self._ids = PairIds()
-        self._family, self._bind = parse_endpoint(config.bind, what="bind", allow_port_zero=True)
+        self._key = config.key
+        self._stamps = SendClock()
+        self._family, self._bind = parse_endpoint(config.bind_address, what="bind", allow_port_zero=True)
+        self._admission: Admission | None = None
+        self._pending_by_sender: collections.Counter[str] = collections.Counter()
         self._sock: TimestampedSocket | None = None
         self._peers: list[_Peer] = []
         self._peer_addresses: set[tuple] = set()
@@ -252,7 +278,7 @@ class ProbeAgent:
         except TimestampingError:
             raise
         except OSError as exc:
-            where = self.config.bind
+            where = self.config.bind_address
             if exc.errno == errno.EADDRINUSE:
                 raise ProbeAgentError(f"cannot bind UDP {where}: port already in use") from None
             if exc.errno == errno.EADDRNOTAVAIL:
@@ -269,6 +295,8 @@ class ProbeAgent:
             self._sock.close()
             self._sock = None
             raise
+        self._admission = Admission(self._key, [a for _, a in candidates], round(self.config.replay_window_s * 1e9),
+                                    self.config.datagrams_per_s, self.config.datagrams_per_s, self._n)
         chosen = self._rng.sample(candidates, min(self.config.probe_peers, len(candidates)))
         period = self._period_ns()
         now = time.monotonic_ns()
@@ -364,11 +392,18 @@ class ProbeAgent:
 
     def _send_due(self, now: int) -> None:
         period = self._period_ns()
+        cost = 3 if self.config.warm_up else 2
         for peer in self._peers:
             for _ in range(_CATCH_UP):               # a few late pairs are sent now (poll wakes at ms granularity)
                 if peer.next_due_ns > now:
                     break
-                self._send_pair(peer)
+                if peer.credit is None:
+                    self._send_pair(peer)
+                elif peer.credit >= cost:            # probe-back never sends more than the peer sent us
+                    peer.credit -= cost
+                    self._send_pair(peer)
+                else:
+                    self._n["probe_back_no_credit"] += 1
                 peer.next_due_ns += period
             if peer.next_due_ns <= now:              # far behind (stalled): skip the missed pairs, do not burst
                 self._n["pairs_skipped_late"] += (now - peer.next_due_ns) // period + 1
@@ -384,18 +419,18 @@ class ProbeAgent:
         started = [0, 0]
         if self.config.warm_up:
             try:
-                sock.send(WARM_UP_BYTES, peer.address)
+                sock.send(encode_warm_up(WarmUp(self.node, self._stamps.stamp()), self._key), peer.address)
             except OSError as exc:
                 self._send_failed(peer, exc)
                 return
         if spacing == 0:                                 # both in one sendmmsg: back to back
-            payloads = (encode_probe(Probe(self.node, pair_id, 0, time.time_ns())),
-                        encode_probe(Probe(self.node, pair_id, 1, time.time_ns())))
+            payloads = (encode_probe(Probe(self.node, pair_id, 0, self._stamps.stamp()), self._key),
+                        encode_probe(Probe(self.node, pair_id, 1, self._stamps.stamp()), self._key))
             results = sock.send_pair(payloads, peer.address)
         else:
             results = []
             for idx in (0, 1):
-                payload = encode_probe(Probe(self.node, pair_id, idx, time.time_ns()))
+                payload = encode_probe(Probe(self.node, pair_id, idx, self._stamps.stamp()), self._key)
                 if idx == 1:
                     until = started[0] + spacing
                     while time.perf_counter_ns() < until:    # bounded by pair_spacing_us <= 1 ms
@@ -465,27 +500,28 @@ class ProbeAgent:
             while peer.follow_ups:
                 chunk = tuple(peer.follow_ups[:MAX_FOLLOW_UP_ENTRIES])
                 del peer.follow_ups[:MAX_FOLLOW_UP_ENTRIES]
+                if peer.credit is not None:
+                    peer.credit -= 1                   # owed for pairs already sent; may go below zero
                 try:
-                    sock.send(encode_follow_up(FollowUp(self.node, source, chunk)), peer.address)
+                    payload = encode_follow_up(FollowUp(self.node, source, chunk, self._stamps.stamp()), self._key)
+                    sock.send(payload, peer.address)
                     self._n["follow_ups_sent"] += 1
                 except OSError as exc:
                     self._send_failed(peer, exc)
 
     def _drain_received(self) -> None:
-        sock = self._sock
-        assert sock is not None
+        sock, admission = self._sock, self._admission
+        assert sock is not None and admission is not None
         for _ in range(_DRAIN_LIMIT):
             got = sock.recv()
             if got is None:
                 return
             data, address, rx_ns = got
-            try:
-                message = decode(data)
-            except WireError as exc:
-                self._n["malformed"] += 1
-                if self._n["malformed"] <= 10:
-                    log.warning("malformed clock-probe datagram from %s: %s", address, exc)
+            message = admission.admit(data, address)     # refused ones are counted and leave no state
+            if message is None:
                 continue
+            if address[:2] in self._back_seen:
+                self._earn_credit(address[:2])
             if isinstance(message, Probe):
                 self._on_probe(message, rx_ns)
                 self._maybe_probe_back(address)
@@ -494,11 +530,22 @@ class ProbeAgent:
             else:
                 self._on_follow_up(message)
 
+    def _earn_credit(self, key: tuple) -> None:
+        """A probed-back peer sent us one more datagram: we may send it one more (capped at ~1 s of ours)."""
+        cap = max(16, round(4 * self.config.pairs_per_s))
+        for peer in self._peers:
+            if peer.credit is not None and peer.address[:2] == key:
+                peer.credit = min(cap, peer.credit + 1)
+
     def _maybe_probe_back(self, address: tuple) -> None:
         key = address[:2]
         if key in self._back_seen:
             self._back_seen[key] = time.monotonic_ns()       # still probing us: keep probing it back
         if not self.config.probe_back or key in self._peer_addresses or key == self._address[:2]:
+            return
+        assert self._admission is not None
+        if not self._admission.listed(key):                  # a listed IP, but not a listed host:port
+            self._n["probe_back_unlisted"] += 1
             return
         self._expire_probed_back()
         if self._probed_back >= self.config.max_probed_back:
@@ -507,9 +554,9 @@ class ProbeAgent:
         self._probed_back += 1
         self._back_seen[key] = time.monotonic_ns()
         self._peer_addresses.add(address[:2])
-        host, port = address[:2]
-        label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self._peers.append(_Peer(label, address, time.monotonic_ns() + self._rng.randrange(self._period_ns())))
+        label = format_endpoint(*address[:2])
+        self._peers.append(_Peer(label, address, time.monotonic_ns() + self._rng.randrange(self._period_ns()),
+                                 credit=1))           # the probe that got it here
         log.info("clock-probe agent %s probes %s back", self.node, label)
 
     def _expire_probed_back(self) -> None:
@@ -532,8 +579,20 @@ class ProbeAgent:
             if len(self._in_pairs) >= _MAX_PENDING:
                 self._n["pending_overflow"] += 1
                 return None
+            if self._pending_by_sender[sender] >= self.config.pending_per_sender:
+                self._n["pending_sender_overflow"] += 1     # one sender cannot fill the table for the others
+                return None
+            self._pending_by_sender[sender] += 1
             pair = self._in_pairs[key] = _InPair(time.monotonic_ns() + round(self.config.join_timeout_s * 1e9))
         return pair
+
+    def _drop_in_pair(self, key: tuple[str, int]) -> None:
+        del self._in_pairs[key]
+        left = self._pending_by_sender[key[0]] - 1
+        if left > 0:
+            self._pending_by_sender[key[0]] = left
+        else:
+            del self._pending_by_sender[key[0]]
 
     def _on_probe(self, probe: Probe, rx_ns: int | None) -> None:
         self._n["probes_received"] += 1
@@ -573,7 +632,7 @@ class ProbeAgent:
         wanted = [idx for idx in (0, 1) if entry.tx(idx) is not None]
         if not partial and any(pair.rx[idx] is None for idx in wanted):
             return
-        del self._in_pairs[(sender, pair_id)]
+        self._drop_in_pair((sender, pair_id))
         emitted = 0
         for idx in wanted:
             rx, tx = pair.rx[idx], entry.tx(idx)
@@ -623,7 +682,7 @@ class ProbeAgent:
                 self._n["probes_lost"] += sum(pair.rx[i] is None for i in (0, 1) if pair.follow_up.tx(i) is not None)
                 self._try_join(key[0], key[1], pair, partial=True)
             else:
-                del self._in_pairs[key]
+                self._drop_in_pair(key)
                 self._n["probes_without_follow_up"] += sum(rx is not None for rx in pair.rx)
 
     def _flush(self) -> None:
@@ -665,6 +724,8 @@ class ProbeAgent:
             "elapsed_s": round(elapsed, 3),
             "pairs_sent_per_s": round(counts.get("pairs_sent", 0) / elapsed, 1) if elapsed else 0.0,
             "counts": counts,
+            "pending_pairs": len(self._in_pairs),
+            "probed_back": self._probed_back,
             "pure_fraction": round(counts.get("pure_pairs", 0) / joined, 4) if joined else None,
             "spacing_tx_ns": _summary(self._spacing_tx),
             "spacing_user_ns": _summary(self._spacing_user),
@@ -694,7 +755,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m producers.clock.probe_agent`: run one agent; events to Kafka, or JSON lines on stdout."""
     parser = argparse.ArgumentParser(prog="python -m producers.clock.probe_agent", description=main.__doc__)
     parser.add_argument("--node", default=socket.gethostname(), help="this node's name (default: hostname)")
-    parser.add_argument("--bind", default=f"0.0.0.0:{DEFAULT_PORT}", help="host:port to send and receive on")
+    parser.add_argument("--bind", help=f"host:port to send and receive on (default: port {DEFAULT_PORT} on the "
+                                       "address of --interface, else of the interface that reaches the first peer)")
+    parser.add_argument("--bind-any", action="store_true", help="allow a wildcard --bind (0.0.0.0 or ::)")
+    parser.add_argument("--key-file", default=os.environ.get(KEY_ENV_VAR),
+                        help=f"the cluster's clock key, a 0600 file (default ${KEY_ENV_VAR}); required")
+    parser.add_argument("--gen-key", metavar="PATH", help="write a new random clock key to PATH (0600) and exit")
     parser.add_argument("--peer", action="append", help="a peer's host:port (repeatable)")
     parser.add_argument("--peers-file", help="file with one peer host:port per line")
     parser.add_argument("--probe-peers", type=int, default=10, help="K: peers to probe, chosen at random")
@@ -703,7 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-warm-up", action="store_true", help="send no warm-up datagram before each pair")
     parser.add_argument("--no-probe-back", action="store_true", help="do not probe the nodes that probe us")
     parser.add_argument("--timestamping", choices=("software", "hardware", "auto"), default="software")
-    parser.add_argument("--interface", help="the NIC, for hardware timestamping")
+    parser.add_argument("--interface", help="the cluster NIC: the default bind, and hardware timestamping")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (default: until a signal)")
     parser.add_argument("--kafka", help="bootstrap servers; without it, events are printed as JSON lines")
     parser.add_argument("--stats-file", help="write the final stats() as JSON here")
@@ -714,9 +780,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.duration < 0:
         parser.error("--duration must be >= 0")
+    if args.gen_key:
+        try:
+            print(f"wrote a new clock key to {generate_key_file(args.gen_key)}: copy it (0600) to every node")
+        except ClockKeyError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.key_file:
+        print(f"error: no clock key: pass --key-file PATH or set {KEY_ENV_VAR} (make one with --gen-key PATH); "
+              "without it anyone could forge probes", file=sys.stderr)
+        return 2
     publisher = None
     try:
-        config = ProbeAgentConfig(node=args.node, bind=args.bind, peers=_read_peers(args),
+        config = ProbeAgentConfig(node=args.node, key=load_key(args.key_file), bind=args.bind,
+                                  allow_any_bind=args.bind_any, peers=_read_peers(args),
                                   probe_peers=args.probe_peers, pairs_per_s=args.rate,
                                   pair_spacing_us=args.spacing_us, timestamping=args.timestamping,
                                   interface=args.interface, seed=args.seed, warm_up=not args.no_warm_up,

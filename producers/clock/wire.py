@@ -1,4 +1,4 @@
-"""The clock-probe wire format: probes and their two-step follow-ups (big-endian, struct).
+"""The clock-probe wire format: authenticated probes, their two-step follow-ups and warm-ups (big-endian).
 
 A sender sends the two probes of a pair back to back, then, once the kernel
 has reported when each one actually left (the TX timestamp on the socket's
@@ -7,38 +7,47 @@ Follow_Up does. The receiver joins the follow-up with the receive timestamps
 of the probes by (sender, pair_id). A probe itself can only carry the
 userspace clock reading taken before sendto, kept for diagnostics.
 
-  PROBE      magic "CTCK" | version u8 | type u8 = 1 | idx u8 | name_len u8 | pair_id u64 | tx_user_ns i64
-             | sender name (UTF-8, name_len bytes)
-  FOLLOW_UP  magic "CTCK" | version u8 | type u8 = 2 | tx_source u8 | name_len u8 | count u16
-             | sender name | count x (pair_id u64 | tx0_ns i64 | tx1_ns i64 | valid u8)
-  WARM_UP    magic "CTCK" | version u8 | type u8 = 3   (sent just before a pair, ignored by the receiver)
+Every datagram starts with one header and ends with a MAC:
 
-`valid` bit i says whether probe i's TX timestamp is known (a probe whose
-send failed or whose timestamp never came is left out). `tx_source` says how
-the sender took its TX timestamps. Everything is checked on decode, and any
-defect raises WireError.
+  header     magic "CTCK" | version u8 = 2 | type u8 | name_len u8 | aux u8 | sent_ns i64 | sender name
+  PROBE      header (type 1, aux = idx, sent_ns = tx_user_ns) | pair_id u64 | mac
+  FOLLOW_UP  header (type 2, aux = tx_source) | count u16 | count x (pair_id u64 | tx0_ns i64 | tx1_ns i64
+             | valid u8) | mac
+  WARM_UP    header (type 3, aux = 0) | mac   (sent just before a pair; the receiver only counts it)
+  mac        the first 16 bytes of HMAC-SHA256(cluster key, every byte before it)
+
+The MAC covers the sender name, the pair ids and `sent_ns`, a per-sender stamp
+that only grows (see `replay`), so a datagram can neither be forged without
+the key nor replayed. `decode` checks the MAC before it parses anything else
+(AuthError), then checks everything else (WireError). `valid` bit i says
+whether probe i's TX timestamp is known; `tx_source` says how the sender took
+its TX timestamps. A probe from a 6-character node name is 46 bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 
 MAGIC = b"CTCK"
-VERSION = 1
+VERSION = 2
 TYPE_PROBE = 1
 TYPE_FOLLOW_UP = 2
 TYPE_WARM_UP = 3
+MAC_BYTES = 16
 MAX_NAME_BYTES = 255
-MAX_FOLLOW_UP_ENTRIES = 48           # 10 + 255 + 48 x 25 = 1465 bytes: fits one 1500-byte MTU datagram
+MAX_FOLLOW_UP_ENTRIES = 46           # 16 + 255 + 2 + 46 x 25 + 16 = 1439 bytes: one datagram on a 1500 MTU, v4 or v6
 
 TX_SOURCE_SOFTWARE = 0               # kernel software TX timestamp (SO_TIMESTAMPING, error queue)
 TX_SOURCE_HARDWARE = 1               # NIC hardware TX timestamp
 TX_SOURCE_USERSPACE = 2              # clock_gettime(CLOCK_REALTIME) just before sendto
 TX_SOURCES = {"software": TX_SOURCE_SOFTWARE, "hardware": TX_SOURCE_HARDWARE, "userspace": TX_SOURCE_USERSPACE}
 
-_PROBE = struct.Struct(">4sBBBBQq")
-_FOLLOW_UP = struct.Struct(">4sBBBBH")
+_HEADER = struct.Struct(">4sBBBBq")
+_PAIR = struct.Struct(">Q")
+_COUNT = struct.Struct(">H")
 _ENTRY = struct.Struct(">QqqB")
 _I64_MAX = 2**63 - 1
 
@@ -47,12 +56,20 @@ class WireError(ValueError):
     """A datagram that is not a well-formed clock probe or follow-up; the message says what is wrong."""
 
 
+class AuthError(WireError):
+    """A datagram whose MAC does not verify with our key: not from a key holder, or altered on the way."""
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     sender: str
     pair_id: int
     idx: int
-    tx_user_ns: int
+    tx_user_ns: int                  # also the datagram's sent_ns stamp
+
+    @property
+    def sent_ns(self) -> int:
+        return self.tx_user_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +87,23 @@ class FollowUp:
     sender: str
     tx_source: int
     entries: tuple[FollowUpEntry, ...]
+    sent_ns: int
 
 
 @dataclass(frozen=True, slots=True)
 class WarmUp:
     """Primes the send and receive paths just before a pair, so probe 0 does not run them cold."""
 
+    sender: str
+    sent_ns: int
 
-WARM_UP_BYTES = MAGIC + bytes((VERSION, TYPE_WARM_UP))
+
+Message = Probe | FollowUp | WarmUp
+
+
+def mac(key: bytes, data: bytes) -> bytes:
+    """The 16-byte tag of `data` under `key`."""
+    return hmac.digest(key, data, hashlib.sha256)[:MAC_BYTES]
 
 
 def _name_bytes(name: str) -> bytes:
@@ -97,23 +123,27 @@ def _check_ns(value: int, what: str) -> None:
         raise ValueError(f"{what} must be a non-negative int64, got {value}")
 
 
-def encode_probe(probe: Probe) -> bytes:
-    name = _name_bytes(probe.sender)
+def _seal(key: bytes, kind: int, aux: int, sender: str, sent_ns: int, body: bytes) -> bytes:
+    name = _name_bytes(sender)
+    _check_ns(sent_ns, "sent_ns")
+    data = _HEADER.pack(MAGIC, VERSION, kind, len(name), aux, sent_ns) + name + body
+    return data + mac(key, data)
+
+
+def encode_probe(probe: Probe, key: bytes) -> bytes:
     if probe.idx not in (0, 1):
         raise ValueError(f"probe idx must be 0 or 1, got {probe.idx}")
     _check_u64(probe.pair_id, "pair_id")
-    _check_ns(probe.tx_user_ns, "tx_user_ns")
-    return _PROBE.pack(MAGIC, VERSION, TYPE_PROBE, probe.idx, len(name), probe.pair_id, probe.tx_user_ns) + name
+    return _seal(key, TYPE_PROBE, probe.idx, probe.sender, probe.tx_user_ns, _PAIR.pack(probe.pair_id))
 
 
-def encode_follow_up(follow_up: FollowUp) -> bytes:
-    name = _name_bytes(follow_up.sender)
+def encode_follow_up(follow_up: FollowUp, key: bytes) -> bytes:
     entries = follow_up.entries
     if not 1 <= len(entries) <= MAX_FOLLOW_UP_ENTRIES:
         raise ValueError(f"a follow-up carries 1..{MAX_FOLLOW_UP_ENTRIES} entries, got {len(entries)}")
     if follow_up.tx_source not in TX_SOURCES.values():
         raise ValueError(f"unknown tx_source {follow_up.tx_source}")
-    parts = [_FOLLOW_UP.pack(MAGIC, VERSION, TYPE_FOLLOW_UP, follow_up.tx_source, len(name), len(entries)), name]
+    parts = [_COUNT.pack(len(entries))]
     for e in entries:
         _check_u64(e.pair_id, "pair_id")
         valid = 0
@@ -124,7 +154,11 @@ def encode_follow_up(follow_up: FollowUp) -> bytes:
         if not valid:
             raise ValueError(f"follow-up entry for pair {e.pair_id} has no TX timestamp")
         parts.append(_ENTRY.pack(e.pair_id, e.tx0_ns or 0, e.tx1_ns or 0, valid))
-    return b"".join(parts)
+    return _seal(key, TYPE_FOLLOW_UP, follow_up.tx_source, follow_up.sender, follow_up.sent_ns, b"".join(parts))
+
+
+def encode_warm_up(warm_up: WarmUp, key: bytes) -> bytes:
+    return _seal(key, TYPE_WARM_UP, 0, warm_up.sender, warm_up.sent_ns, b"")
 
 
 def _decode_name(data: bytes, start: int, length: int) -> str:
@@ -136,49 +170,55 @@ def _decode_name(data: bytes, start: int, length: int) -> str:
         raise WireError("sender name is not UTF-8") from None
 
 
-def decode(data: bytes) -> Probe | FollowUp | WarmUp:
-    """Parse one datagram; raises WireError saying what is wrong with it."""
-    if len(data) < 6:
+def _follow_up_entries(body: bytes) -> tuple[FollowUpEntry, ...]:
+    if len(body) < _COUNT.size:
+        raise WireError("follow-up without an entry count")
+    (count,) = _COUNT.unpack_from(body)
+    if len(body) != _COUNT.size + count * _ENTRY.size:
+        raise WireError(f"follow-up body is {len(body)} bytes, its count says {_COUNT.size + count * _ENTRY.size}")
+    if not 1 <= count <= MAX_FOLLOW_UP_ENTRIES:
+        raise WireError(f"follow-up with {count} entries")
+    entries = []
+    for offset in range(_COUNT.size, len(body), _ENTRY.size):
+        pair_id, tx0, tx1, valid = _ENTRY.unpack_from(body, offset)
+        if valid == 0 or valid > 3:
+            raise WireError(f"follow-up entry with valid mask {valid}")
+        if (valid & 1 and tx0 < 0) or (valid & 2 and tx1 < 0):
+            raise WireError("negative TX timestamp")
+        entries.append(FollowUpEntry(pair_id, tx0 if valid & 1 else None, tx1 if valid & 2 else None))
+    return tuple(entries)
+
+
+def decode(data: bytes, key: bytes) -> Message:
+    """Verify and parse one datagram; AuthError if its MAC is wrong, WireError for any other defect."""
+    if len(data) < _HEADER.size + MAC_BYTES:
         raise WireError(f"datagram of {len(data)} bytes is too short")
     if data[:4] != MAGIC:
         raise WireError("bad magic")
     if data[4] != VERSION:
         raise WireError(f"unsupported version {data[4]}")
-    kind = data[5]
+    signed, tag = data[:-MAC_BYTES], data[-MAC_BYTES:]
+    if not hmac.compare_digest(mac(key, signed), tag):
+        raise AuthError("bad MAC: not signed with this cluster's clock key")
+    _, _, kind, name_len, aux, sent_ns = _HEADER.unpack_from(signed)
+    if len(signed) < _HEADER.size + name_len:
+        raise WireError(f"datagram is {len(data)} bytes, its name length says more")
+    sender = _decode_name(signed, _HEADER.size, name_len)
+    if sent_ns < 0:
+        raise WireError("negative sent_ns")
+    body = signed[_HEADER.size + name_len:]
     if kind == TYPE_PROBE:
-        if len(data) < _PROBE.size:
-            raise WireError(f"probe of {len(data)} bytes is too short")
-        _, _, _, idx, name_len, pair_id, tx_user_ns = _PROBE.unpack_from(data)
-        if len(data) != _PROBE.size + name_len:
-            raise WireError(f"probe is {len(data)} bytes, its header says {_PROBE.size + name_len}")
-        if idx not in (0, 1):
-            raise WireError(f"probe idx {idx} is not 0 or 1")
-        if tx_user_ns < 0:
-            raise WireError("negative tx_user_ns")
-        return Probe(_decode_name(data, _PROBE.size, name_len), pair_id, idx, tx_user_ns)
+        if len(body) != _PAIR.size:
+            raise WireError(f"probe body is {len(body)} bytes, expected {_PAIR.size}")
+        if aux not in (0, 1):
+            raise WireError(f"probe idx {aux} is not 0 or 1")
+        return Probe(sender, _PAIR.unpack(body)[0], aux, sent_ns)
     if kind == TYPE_FOLLOW_UP:
-        if len(data) < _FOLLOW_UP.size:
-            raise WireError(f"follow-up of {len(data)} bytes is too short")
-        _, _, _, tx_source, name_len, count = _FOLLOW_UP.unpack_from(data)
-        expected = _FOLLOW_UP.size + name_len + count * _ENTRY.size
-        if len(data) != expected:
-            raise WireError(f"follow-up is {len(data)} bytes, its header says {expected}")
-        if not 1 <= count <= MAX_FOLLOW_UP_ENTRIES:
-            raise WireError(f"follow-up with {count} entries")
-        if tx_source not in TX_SOURCES.values():
-            raise WireError(f"unknown tx_source {tx_source}")
-        sender = _decode_name(data, _FOLLOW_UP.size, name_len)
-        entries = []
-        for offset in range(_FOLLOW_UP.size + name_len, len(data), _ENTRY.size):
-            pair_id, tx0, tx1, valid = _ENTRY.unpack_from(data, offset)
-            if valid == 0 or valid > 3:
-                raise WireError(f"follow-up entry with valid mask {valid}")
-            if (valid & 1 and tx0 < 0) or (valid & 2 and tx1 < 0):
-                raise WireError("negative TX timestamp")
-            entries.append(FollowUpEntry(pair_id, tx0 if valid & 1 else None, tx1 if valid & 2 else None))
-        return FollowUp(sender, tx_source, tuple(entries))
+        if aux not in TX_SOURCES.values():
+            raise WireError(f"unknown tx_source {aux}")
+        return FollowUp(sender, aux, _follow_up_entries(body), sent_ns)
     if kind == TYPE_WARM_UP:
-        if len(data) != len(WARM_UP_BYTES):
-            raise WireError(f"warm-up of {len(data)} bytes, expected {len(WARM_UP_BYTES)}")
-        return WarmUp()
+        if body:
+            raise WireError(f"warm-up with a {len(body)}-byte body")
+        return WarmUp(sender, sent_ns)
     raise WireError(f"unknown message type {kind}")
