@@ -5,12 +5,13 @@ from __future__ import annotations
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from schemas.kafka_security import KafkaSecurity
 from schemas.topics import TOPICS
 
 
-def ensure_topics(bootstrap: str, timeout: float = 15.0) -> list[str]:
+def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None) -> list[str]:
     """Create every missing registry topic; returns the names created."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or KafkaSecurity()).librdkafka()})
     existing = set(admin.list_topics(timeout=timeout).topics)
     new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
                     config={"retention.ms": str(t.retention_ms)})
@@ -27,10 +28,11 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0) -> list[str]:
 
 
 def topic_offsets(bootstrap: str, groups: tuple[str, ...] = ("clocktower-sink", "clocktower-streams"),
-                  timeout: float = 10.0) -> list[dict]:
+                  timeout: float = 10.0, security: KafkaSecurity | None = None) -> list[dict]:
     """Per topic: partitions, end offset sum, and each group's committed offset sum (lag source)."""
     out = []
-    consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False})
+    login = (security or KafkaSecurity()).librdkafka()
+    consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False, **login})
                  for g in groups}
     try:
         meta = next(iter(consumers.values())).list_topics(timeout=timeout)

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from schemas.codec import encode_batch
 from schemas.event import Event
+from schemas.kafka_security import KafkaSecurity
 from schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ class KafkaPublisher:
     """Batches events into envelope records and publishes them."""
 
     def __init__(self, bootstrap: str, max_events_per_record: int = 1000, compression: str = "lz4",
-                 extra_config: dict[str, object] | None = None) -> None:
+                 extra_config: dict[str, object] | None = None, security: KafkaSecurity | None = None) -> None:
         self.max_events = max_events_per_record
         self.acked: Counter[str] = Counter()     # events acknowledged, per schema
         self.failed: Counter[str] = Counter()    # events whose delivery failed, per schema
@@ -43,6 +44,7 @@ class KafkaPublisher:
             "log.connection.close": False,
             "logger": logging.getLogger("rdkafka"),  # librdkafka's log lines, through Python logging
         }
+        config.update((security or KafkaSecurity()).librdkafka())   # CLOCKTOWER_KAFKA_* SASL/mTLS login
         config.update(extra_config or {})
         self.producer = Producer(config)
 

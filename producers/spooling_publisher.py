@@ -53,6 +53,7 @@ from producers.kafka_publisher import KafkaPublisher
 from producers.spool import Spool, SpoolEntry, SpoolRecord
 from schemas.codec import encode_batch
 from schemas.event import Event
+from schemas.kafka_security import KafkaSecurity
 from schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
@@ -409,7 +410,7 @@ class SpoolingPublisher(KafkaPublisher):
         """The ct-rids in `topics` from `since_ms` (less a second) on: what already reached Kafka."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
                              "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
-                             "log.connection.close": False})
+                             "log.connection.close": False, **KafkaSecurity().librdkafka()})
         try:
             meta = consumer.list_topics(timeout=5)
             wanted = [TopicPartition(t, p, since_ms - 1000) for t in sorted(topics)

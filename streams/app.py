@@ -1,7 +1,7 @@
 """The Faust app: thin agents that decode telemetry batches and publish what the processors derive.
 
-Run it with `python -m streams` (clocktower starts it for you). Records that
-fail decoding are skipped and counted here; the sink dead-letters them.
+Run it with `python -m streams` (clocktower starts it for you). What happens to
+each record, bad ones included, is decided in streams/record_handler.py.
 """
 
 from __future__ import annotations
@@ -12,16 +12,21 @@ import socket
 import faust
 
 from clocktower.config import Settings
-from schemas.codec import DecodeError, decode_batch
-from streams.emit import records
+from schemas.kafka_security import KafkaSecurity
+from streams.kafka_credentials import faust_credentials
 from streams.processors import Processors
+from streams.record_handler import RecordHandler
+from streams.remediation_budget import RemediationBudget
+from streams.settings import StreamsPolicy
 
 log = logging.getLogger(__name__)
 settings = Settings()
+policy = StreamsPolicy()
 
 app = faust.App(
     "clocktower-streams",
     broker=f"kafka://{settings.bootstrap}",
+    broker_credentials=faust_credentials(KafkaSecurity()),   # CLOCKTOWER_KAFKA_* SASL/mTLS
     store="memory://",
     datadir=str(settings.data_dir / "streams"),
     web_enabled=False,
@@ -38,7 +43,9 @@ app = faust.App(
     producer_compression_type="lz4",
 )
 processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
-                        clock_update_ns=round(settings.clock_update_ms * 1e6))
+                        clock_update_ns=round(settings.clock_update_ms * 1e6),
+                        remediation_budget=RemediationBudget(policy.remediation_max_per_hour))
+handler = RecordHandler(processors)
 
 _INPUTS = ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
            "telemetry.gpu")
@@ -56,12 +63,9 @@ def _out(topic: str) -> faust.TopicT:
 async def _process(name: str, stream: faust.StreamT) -> None:
     async for event in stream.events():
         headers = [(k, v) for k, v in (event.headers or {}).items()]
-        try:
-            batch = decode_batch(name, event.key, event.value, headers)
-        except DecodeError as exc:
-            log.warning("skipping bad record on %s: %s", name, exc)
-            continue
-        for topic, key, value, hdrs in records(processors.on_batch(batch.events)):
+        msg = event.message
+        for topic, key, value, hdrs in handler.handle(name, msg.partition, msg.offset, event.key, event.value,
+                                                      headers):
             await _out(topic).send(key=key, value=value, headers=hdrs)
 
 

@@ -14,6 +14,7 @@ from schemas.event import Event
 from schemas.telemetry import GpuHealth
 from streams.command_signing import CommandIssuer
 from streams.ids import bounded_name, stable_id
+from streams.remediation_budget import RemediationBudget
 
 # NVML clocks-event reasons that mean "too hot" or "hardware slowdown".
 THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown
@@ -29,8 +30,9 @@ class _Gpu:
 
 
 class GpuFaultDetector:
-    def __init__(self, issuer: CommandIssuer) -> None:
+    def __init__(self, issuer: CommandIssuer, budget: RemediationBudget | None = None) -> None:
         self.issuer = issuer
+        self.budget = budget or RemediationBudget()
         self.gpus: dict[tuple[str, int], _Gpu] = {}
 
     def _incident(self, ev: GpuHealth, kind: IncidentKind, state: str, severity: str, detail: str,
@@ -41,6 +43,11 @@ class GpuFaultDetector:
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
     def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Event]:
+        if not self.budget.allow(ev.ts_ns):
+            b = self.budget
+            note = (f"; drain and spare withheld, needs human approval: the fleet limit of {b.max_per_window} "
+                    f"replacements per {b.window_ns / 1e9:g} s is reached")
+            return [inc.model_copy(update={"detail": inc.detail + note})]
         return [inc, self.issuer.issue(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
                                        {"reason": inc.kind, "gpu": str(ev.gpu)}),
                 self.issuer.issue(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id,

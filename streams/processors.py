@@ -15,6 +15,7 @@ from streams.flow_latency_join import FlowLatencyJoin
 from streams.gpu_fault_detector import GpuFaultDetector
 from streams.iteration_breakdown import IterationBreakdownAggregator
 from streams.link_flap_detector import LinkFlapDetector
+from streams.remediation_budget import RemediationBudget
 
 
 class Processors:
@@ -22,7 +23,7 @@ class Processors:
     `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one."""
 
     def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
-                 clock_update_ns: int = 250_000_000) -> None:
+                 clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None) -> None:
         issuer = CommandIssuer(control_key)
         self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
         self.clock_update_ns = clock_update_ns
@@ -31,7 +32,7 @@ class Processors:
         self.flows = FlowLatencyJoin(clocks=self.clocks)
         self.iterations = IterationBreakdownAggregator()
         self.links = LinkFlapDetector(issuer)
-        self.gpus = GpuFaultDetector(issuer)
+        self.gpus = GpuFaultDetector(issuer, remediation_budget)
 
     def on_batch(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from schemas.analytics import Incident
+from schemas.codec import decode_batch, encode_batch
 from schemas.control import ControlCommand
 from schemas.telemetry import GpuHealth, LinkState
 from streams.command_signing import CommandIssuer, verify
 from streams.gpu_fault_detector import GpuFaultDetector
 from streams.ids import bounded_name, stable_id
 from streams.link_flap_detector import LinkFlapDetector
+from streams.processors import Processors
+from streams.record_handler import RecordHandler
+from streams.remediation_budget import RemediationBudget
 
 T0 = 1_780_000_000 * 10**9
 KEY = b"k" * 32
@@ -56,3 +62,60 @@ def test_ids_are_bounded_deterministic_and_distinct() -> None:
     assert bounded_name("short") == "short"
     long1, long2 = bounded_name(NODE + "/gpu0"), bounded_name(NODE + "/gpu1")
     assert len(long1) == 256 and long1 != long2
+
+
+def _xid79(node: str, ts: int) -> GpuHealth:
+    return GpuHealth(node=node, ts_ns=ts, gpu=0, uuid="GPU-0", xid=79)
+
+
+def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
+    budget = RemediationBudget(max_per_window=2, window_ns=3600 * S)
+    d = GpuFaultDetector(CommandIssuer(KEY), budget)
+    actions = []
+    for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
+        out = d.on_gpu_health(_xid79(f"node-{i}", T0 + i * 150 * S))
+        actions.append([e.action for e in out if isinstance(e, ControlCommand)])
+        assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
+    assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
+    assert budget.withheld == 2 and "needs human approval" in out[0].detail
+    # An hour (of event time) after the first, the budget has room again.
+    out = d.on_gpu_health(_xid79("node-9", T0 + 3600 * S))
+    assert [e.action for e in out if isinstance(e, ControlCommand)] == ["drain", "spare"]
+
+
+def test_remediation_budget_window_slides_on_event_time() -> None:
+    b = RemediationBudget(max_per_window=1, window_ns=10 * S)
+    assert b.allow(T0) and not b.allow(T0 + 9 * S) and b.allow(T0 + 10 * S) and b.withheld == 1
+
+
+class _Exploding(Processors):
+    """Processors whose GPU detector raises on one node: a bug no input should be able to trigger."""
+
+    def on_batch(self, events):  # noqa: ANN001, ANN201
+        if events and events[0].node == "boom":
+            raise RuntimeError("detector bug " + "x" * 100_000)
+        return super().on_batch(events)
+
+
+def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> None:
+    handler = RecordHandler(_Exploding(KEY))
+    before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
+    k, v, h = encode_batch([_xid79("boom", T0)])
+    out = handler.handle("telemetry.gpu", 1, 41, k, v, h)
+    assert [t for t, *_ in out] == ["deadletter"]
+    dl = decode_batch("deadletter", out[0][1], out[0][2], out[0][3]).events[0]
+    assert dl.detector == "streams" and dl.origin_topic == "telemetry.gpu" and dl.origin_offset == 41
+    assert dl.reason.startswith("streams error: RuntimeError: detector bug") and len(dl.reason) <= 65536
+    after = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"})
+    assert after == before + 1
+    k, v, h = encode_batch([_xid79("node-1", T0 + S)])
+    topics = sorted(t for t, *_ in handler.handle("telemetry.gpu", 1, 42, k, v, h))
+    assert topics == ["analytics.incidents", "control.commands"]
+
+
+def test_decode_failures_are_counted() -> None:
+    handler = RecordHandler(Processors(KEY))
+    before = REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.gpu"}) or 0
+    assert handler.handle("telemetry.gpu", 0, 1, b"n", b"not json", [("ct-schema", b"gpu_health")]) == []
+    after = REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.gpu"})
+    assert after == before + 1

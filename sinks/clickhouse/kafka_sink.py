@@ -17,6 +17,7 @@ import threading
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
+from schemas.kafka_security import KafkaSecurity
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
@@ -32,10 +33,11 @@ class KafkaClickHouseSink:
 
     def __init__(self, bootstrap: str, writer: TableWriter, topics: list[str] | None = None,
                  group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
-                 instance_id: str | None = None) -> None:
+                 instance_id: str | None = None, security: KafkaSecurity | None = None) -> None:
         self.writer = writer
         self.topics = topics or [t.name for t in TOPICS]
         self.batches = BatchSet(policy)
+        login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
         self.rows_inserted = 0
         self.deadlettered = 0
         self.consumer = Consumer({
@@ -51,10 +53,11 @@ class KafkaClickHouseSink:
             # once instead of waiting for a rebalance (noida-db never completes that one).
             "group.instance.id": instance_id or f"{group_id}-{socket.gethostname()}",
             "logger": RDKAFKA_LOG,
+            **login,
         })
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                   "linger.ms": 5, "compression.type": "lz4",
-                                  "log.connection.close": False, "logger": RDKAFKA_LOG})
+                                  "log.connection.close": False, "logger": RDKAFKA_LOG, **login})
 
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

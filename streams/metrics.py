@@ -1,0 +1,13 @@
+"""The stream worker's own Prometheus metrics."""
+
+from prometheus_client import Counter
+
+RECORDS = Counter("clocktower_streams_records_total", "input records processed", ["topic"])
+DECODE_FAILURES = Counter("clocktower_streams_decode_failures_total",
+                          "input records skipped because they failed decoding (the sink dead-letters them)", ["topic"])
+BATCH_FAILURES = Counter("clocktower_streams_batch_failures_total",
+                         "input records whose processing raised; each is dead-lettered", ["topic"])
+IDENTITY_REJECTS = Counter("clocktower_streams_identity_rejects_total",
+                           "records whose key is not the node their producer proved to be; dead-lettered", ["topic"])
+REMEDIATION_WITHHELD = Counter("clocktower_streams_remediation_withheld_total",
+                               "drain/spare requests held for a human because the fleet budget was spent")

@@ -1,0 +1,64 @@
+"""One input record in, the records to publish out; nothing a record holds can stop the worker.
+
+A record that fails decoding is skipped and counted (the sink dead-letters it). Any
+exception while processing a decoded batch dead-letters that record with
+detector="streams", is counted, and the worker goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_batch, encode_batch
+from streams import metrics
+from streams.emit import records
+from streams.processors import Processors
+
+log = logging.getLogger(__name__)
+Out = tuple[str, bytes, bytes, Headers]
+DEADLETTER_TOPIC = "deadletter"
+# (topic, key, headers) -> None if the producer may speak for this key, else the reason it may not.
+IdentityCheck = Callable[[str, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]], str | None]
+
+
+class RecordHandler:
+    def __init__(self, processors: Processors, identity: IdentityCheck | None = None) -> None:
+        self.processors = processors
+        self.identity = identity
+        self._withheld_seen = 0
+
+    def handle(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]]) -> list[Out]:
+        metrics.RECORDS.labels(topic).inc()
+        try:
+            batch = decode_batch(topic, key, value, headers)
+        except DecodeError as exc:
+            metrics.DECODE_FAILURES.labels(topic).inc()
+            log.warning("skipping bad record on %s: %s", topic, bounded(str(exc), 500))
+            return []
+        try:
+            refused = self.identity(topic, key, value, headers) if self.identity else None
+            if refused is not None:
+                metrics.IDENTITY_REJECTS.labels(topic).inc()
+                return self._dead_letter(topic, partition, offset, key, value, f"identity: {refused}")
+            out = list(records(self.processors.on_batch(batch.events)))
+        except Exception as exc:  # noqa: BLE001 - one bad batch is dead-lettered, the worker goes on
+            metrics.BATCH_FAILURES.labels(topic).inc()
+            log.exception("processing %s[%d]@%d failed; dead-lettered", topic, partition, offset)
+            return self._dead_letter(topic, partition, offset, key, value,
+                                     f"streams error: {type(exc).__name__}: {exc}")
+        withheld = self.processors.gpus.budget.withheld
+        if withheld > self._withheld_seen:
+            metrics.REMEDIATION_WITHHELD.inc(withheld - self._withheld_seen)
+            self._withheld_seen = withheld
+        return out
+
+    def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                     reason: str) -> list[Out]:
+        try:
+            k, v, h = encode_batch([dead_letter(topic, partition, offset, key, value, reason, "streams")])
+        except Exception:  # noqa: BLE001 - cannot happen with bounded fields; never let it stop the worker
+            log.exception("dead letter for %s[%d]@%d could not be built; skipped", topic, partition, offset)
+            return []
+        return [(DEADLETTER_TOPIC, k, v, h)]

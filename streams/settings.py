@@ -1,0 +1,14 @@
+"""The stream worker's policy settings (CLOCKTOWER_* variables), beside clocktower/config.py's."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StreamsPolicy(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
+
+    remediation_max_per_hour: int = Field(
+        default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of event "
+        "time without a human; more are reported as incidents that need approval. Per stream worker.")
