@@ -3,10 +3,18 @@
 Faust's web server is off: it would bind 0.0.0.0:6066 even with web_enabled=False.
 """
 
+import logging
 import sys
 
-from streams.app import app
+from prometheus_client import start_http_server
+
+from streams.app import app, policy
 
 if __name__ == "__main__":
+    if policy.streams_metrics_port:
+        try:
+            start_http_server(policy.streams_metrics_port, addr=policy.metrics_host)
+        except OSError as exc:   # metrics are not worth stopping the worker for
+            logging.getLogger("streams").error("metrics endpoint not started: %s", exc)
     sys.argv = [sys.argv[0], "worker", "--without-web", "-l", "warn", *sys.argv[1:]]
     app.main()

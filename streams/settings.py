@@ -12,3 +12,7 @@ class StreamsPolicy(BaseSettings):
     remediation_max_per_hour: int = Field(
         default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of event "
         "time without a human; more are reported as incidents that need approval. Per stream worker.")
+    streams_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus endpoint of the stream "
+                                      "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
+                                      "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")
+    metrics_host: str = "127.0.0.1"
