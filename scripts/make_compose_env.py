@@ -1,0 +1,35 @@
+"""Write .env for docker compose with fresh random secrets (0600, never overwrites an existing file).
+
+docker-compose.yml has no default passwords or keys and refuses to start without these:
+the ClickHouse writer's password, Grafana's read-only `dashboards` password, Grafana's admin
+password, and the command-signing key.
+
+    python scripts/make_compose_env.py [PATH]    # default: .env next to docker-compose.yml
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clocktower.private_file import create_private_file  # noqa: E402
+
+NAMES = ("CLOCKTOWER_CLICKHOUSE_PASSWORD", "CLOCKTOWER_DASHBOARDS_PASSWORD", "CLOCKTOWER_GRAFANA_ADMIN_PASSWORD",
+         "CLOCKTOWER_CONTROL_KEY")
+
+
+def main() -> int:
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / ".env"
+    text = "".join(f"{name}={secrets.token_urlsafe(32)}\n" for name in NAMES)
+    if not create_private_file(path, text.encode()):
+        print(f"{path} exists: kept as it is (delete it to generate new secrets)", file=sys.stderr)
+        return 1
+    print(f"wrote {path} (mode 0600): {', '.join(NAMES)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
