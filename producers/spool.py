@@ -19,8 +19,12 @@ segment roll and at `close()`. So only a crash of the whole machine (power, kern
 second of spooled records. A stale cursor after a crash only means some acknowledged records are read
 back again; SpoolingPublisher checks those against the broker before resending them.
 
-Bounded: when appending would take the spool over `max_bytes`, whole segments are dropped, oldest first,
-and the unacknowledged records in them are returned to the caller, which counts them.
+Bounded: when an append took the spool over `max_bytes`, whole segments are dropped, oldest first, and the
+unacknowledged records in them are returned to the caller, which counts them. Dropping happens only after
+the new record is written: on a full disk the write fails and nothing already spooled is given up for it.
+
+Files: the directory is 0700 and must be ours; segments and the cursor are created O_EXCL|O_NOFOLLOW, 0600,
+relative to a descriptor of the directory, so a planted link is never followed (producers/spool_dir.py).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from bisect import bisect_right
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from producers.spool_dir import SpoolDir, SpoolDirUnsafe, SpoolInUse
+
+__all__ = ["Spool", "SpoolDirUnsafe", "SpoolEntry", "SpoolInUse", "SpoolRecord", "encode_frame", "parse_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -185,20 +193,24 @@ class _Segment:
     path: Path
     size: int
 
+    @property
+    def name(self) -> str:
+        return self.path.name
 
-class SpoolInUse(RuntimeError):
-    """Another process (or another Spool in this one) has this spool directory open."""
+
+def _segment_name(number: int) -> str:
+    return f"{number:010d}.seg"
 
 
-def _lock_dir(directory: Path) -> int:
+def _lock_dir(directory: SpoolDir) -> int:
     """An exclusive flock on `directory/lock`, held until close: two writers would interleave segments."""
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = directory.open_lock("lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise SpoolInUse(f"spool directory {directory} is in use by another publisher (pid {owner}); "
+        raise SpoolInUse(f"spool directory {directory.path} is in use by another publisher (pid {owner}); "
                          "give each process its own spool directory") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -210,9 +222,13 @@ class Spool:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 256 * 1024 * 1024,
                  segment_bytes: int | None = None) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_dir(self.dir)
+        self._dir = SpoolDir(directory)
+        self.dir = self._dir.path
+        try:
+            self._lock_fd: int | None = _lock_dir(self._dir)
+        except BaseException:
+            self._dir.close()
+            raise
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or min(16 * 1024 * 1024, max(4096, max_bytes // 8))
         self.corrupt_records = 0          # corrupt or cut-short frames skipped (found at open or on read)
@@ -236,15 +252,16 @@ class Spool:
     # --- open ---------------------------------------------------------------
     def _read_cursor(self) -> int:
         try:
-            return int((self.dir / "cursor").read_text().strip() or 0)
+            return int(self._dir.read("cursor").decode().strip() or 0)
         except (OSError, ValueError):
             return 0
 
     def _load(self) -> None:
-        for path in sorted(self.dir.glob("*.seg")):
+        for name in self._dir.names(".seg"):
+            path = self.dir / name
             try:
                 number = int(path.stem)
-                buf = path.read_bytes()
+                buf = self._dir.read(name)
             except (ValueError, OSError) as exc:
                 log.warning("spool: ignoring %s: %s", path, exc)
                 continue
@@ -284,16 +301,15 @@ class Spool:
     def append(self, rec: SpoolRecord) -> list[SpoolEntry]:
         """Write `rec` at the tail; returns the unacknowledged entries dropped to make room (oldest first).
 
-        A record larger than the whole spool is itself dropped (returned) and not written."""
+        A record larger than the whole spool is itself dropped (returned) and not written. Older segments are
+        dropped only once `rec` is written: when the write fails (OSError, e.g. a full disk) nothing is."""
         frame = encode_frame(rec)
         entry = SpoolEntry(rec.seq, -1, rec.events, rec.schema, rec.topic, rec.ts_ms, len(frame))
         if len(frame) > self.max_bytes:
             return [entry]
-        dropped: list[SpoolEntry] = []
-        while self._bytes + len(frame) > self.max_bytes and self._segments:
-            dropped += self._drop_oldest_segment()
-        if self._active is None or self._active.size >= self.segment_bytes:
-            self._roll()
+        over = self._bytes + len(frame) > self.max_bytes
+        if self._active is None or self._active.size >= self.segment_bytes or (over and self._active.size):
+            self._roll()                       # over budget: a fresh segment, so every older one can be dropped
         assert self._active is not None and self._fd is not None
         try:
             written = os.write(self._fd, frame)
@@ -312,14 +328,25 @@ class Spool:
         self._add_entry(entry)
         self.next_seq = max(self.next_seq, rec.seq + 1)
         self._dirty = True
+        dropped: list[SpoolEntry] = []
+        while self._bytes > self.max_bytes and min(self._segments) != self._active.number:
+            dropped += self._drop_oldest_segment()
         return dropped
 
     def _roll(self) -> None:
         self._close_active(sync=True)
         number = max(self._segments, default=0) + 1
-        path = self.dir / f"{number:010d}.seg"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._active = _Segment(number, path, 0)
+        for _ in range(64):
+            try:
+                self._fd = self._dir.create(_segment_name(number), os.O_WRONLY | os.O_APPEND)
+                break
+            except FileExistsError:            # not ours to write: something was put there; step over it
+                log.warning("spool: %s already exists and was not created by this spool; skipping it",
+                            self.dir / _segment_name(number))
+                number += 1
+        else:
+            raise OSError(errno.EEXIST, f"spool {self.dir}: 64 segment names in a row are taken")
+        self._active = _Segment(number, self.dir / _segment_name(number), 0)
         self._segments[number] = self._active
 
     def _close_active(self, sync: bool) -> None:
@@ -347,11 +374,11 @@ class Spool:
                 self.pending_events -= e.events
             self.cursor = max(self.cursor, e.seq)
         self._bytes -= seg.size
-        self._unlink(seg.path)
+        self._unlink(seg)
         return dropped
 
-    def _unlink(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
+    def _unlink(self, seg: _Segment) -> None:
+        self._dir.unlink(seg.name)
         self._dirty = True
 
     # --- acknowledge ------------------------------------------------------------
@@ -387,7 +414,7 @@ class Spool:
                     break
             del self._segments[number]
             self._bytes -= seg.size
-            self._unlink(seg.path)
+            self._unlink(seg)
 
     # --- read ---------------------------------------------------------------
     def read_next(self, after_seq: int, skip: Container[int] = ()) -> SpoolRecord | None:
@@ -408,9 +435,7 @@ class Spool:
         rec = None
         if seg is not None:
             try:
-                with open(seg.path, "rb") as f:
-                    f.seek(e.offset)
-                    rec, _ = _frame_at(f.read(e.size), 0)
+                rec, _ = _frame_at(self._dir.read(seg.name, e.offset, e.size), 0)
             except OSError as exc:
                 log.warning("spool: cannot read %s: %s", seg.path, exc)
         if rec is not None and rec.seq == e.seq:
@@ -437,18 +462,9 @@ class Spool:
         if self._fd is not None:
             os.fsync(self._fd)
         if self.cursor != self._cursor_written:
-            tmp = self.dir / "cursor.tmp"
-            with open(tmp, "w") as f:
-                f.write(f"{self.cursor}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.dir / "cursor")
+            self._dir.replace("cursor", f"{self.cursor}\n".encode())
             self._cursor_written = self.cursor
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)                      # segment creations, deletions and the cursor rename
-        finally:
-            os.close(dfd)
+        self._dir.fsync()                      # segment creations, deletions and the cursor rename
         self._dirty = False
 
     def close(self) -> None:
@@ -457,3 +473,4 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)           # releases the flock
             self._lock_fd = None
+        self._dir.close()
