@@ -77,7 +77,7 @@ def raw_passthrough(bootstrap: str, payloads: list[tuple[bytes, bytes, list]]) -
 
 
 def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 300) -> dict:
-    client = http_client(settings.clickhouse)
+    client = http_client(settings.clickhouse, *settings.clickhouse_login())
     stack._spawn("sink", [sys.executable, "-m", "sinks.clickhouse"])
     deadline = time.monotonic() + 60
     while not client.query("SELECT count() FROM system.tables WHERE name='deadletter'").result_rows[0][0]:
