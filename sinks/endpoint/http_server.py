@@ -7,7 +7,8 @@ HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
 
 Every query needs a user and password (sinks/endpoint/auth.py); /ping answers
 anyone. At most ``max_connections`` connections are served at once, each by
-one thread; another waits up to ``BUSY_WAIT_S`` for a free slot, then gets 503.
+one thread (sinks/endpoint/connection_slots.py): idle ones give way to new
+ones, and when all are mid-request a newcomer waits ``BUSY_WAIT_S``, then gets 503.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from sinks.endpoint.auth import Authenticator, OriginGuard, User
+from sinks.endpoint.connection_slots import ConnectionSlots
 from sinks.endpoint.engine import ChdbEngine
 from sinks.endpoint.errors import STD_EXCEPTION, ClickHouseError
 from sinks.endpoint.protocol import ClickHouseProtocol, Reply
@@ -59,7 +61,7 @@ class _Server(ThreadingHTTPServer):
         self.authenticator = authenticator
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.slots = ConnectionSlots(max_connections)
         super().__init__(address, _Handler)
         self.origin_guard = OriginGuard(address[0], int(self.server_address[1]), allowed_hosts)
 
@@ -70,7 +72,7 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # One thread per connection, at most max_connections of them: never an unbounded number.
-        if not self.slots.acquire(timeout=BUSY_WAIT_S):
+        if not self.slots.acquire(BUSY_WAIT_S):
             _refuse_busy(request)
             self.shutdown_request(request)
             return
@@ -79,14 +81,14 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self.slots.release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.slots.release(request)
 
     def shutdown_request(self, request: Any) -> None:
         with self.connections_lock:
@@ -113,6 +115,19 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = KEEP_ALIVE_TIMEOUT_S
     disable_nagle_algorithm = True  # headers and body go out in separate writes; avoid the 40 ms stall
     server: _Server
+
+    def handle_one_request(self) -> None:
+        """Wait for the next request as an idle (reclaimable) connection, then serve it as a busy one."""
+        slots = self.server.slots
+        slots.idle(self.connection)
+        try:
+            started = bool(self.rfile.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
+        except OSError:  # the keep-alive timeout, or a reset
+            started = False
+        if not slots.busy(self.connection) or not started:
+            self.close_connection = True
+            return
+        super().handle_one_request()
 
     def do_GET(self) -> None:
         self._dispatch()
@@ -212,8 +227,10 @@ class ClickHouseHttpEndpoint:
     """Serves ``engine`` over ClickHouse's HTTP protocol from a daemon thread."""
 
     def __init__(self, engine: ChdbEngine, host: str = "127.0.0.1", port: int = 8123, *,
-                 users: Mapping[str, User], max_connections: int = 32, allowed_hosts: tuple[str, ...] = ()) -> None:
+                 users: Mapping[str, User], max_connections: int = 32, allowed_hosts: tuple[str, ...] = (),
+                 protocol: ClickHouseProtocol | None = None) -> None:
         self.engine = engine
+        self.protocol = protocol or ClickHouseProtocol(engine)
         self.host = host
         self.port = port
         self.authenticator = Authenticator(users)
@@ -239,7 +256,7 @@ class ClickHouseHttpEndpoint:
         if self._server is not None:
             return
         try:
-            server = _Server((self.host, self.port), ClickHouseProtocol(self.engine), self.authenticator,
+            server = _Server((self.host, self.port), self.protocol, self.authenticator,
                              self.max_connections, self.allowed_hosts)
         except OSError as ex:
             if ex.errno == errno.EADDRINUSE:
