@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from clocktower.data_dir import read_owner
 from clocktower.errors import UserError
 from clocktower.generated_secrets import admin_login, control_key_path, read_control_key
 
@@ -74,12 +75,21 @@ class Settings(BaseSettings):
         return self.clickhouse_url or f"http://{self.host}:{self.http_port}"
 
     def clickhouse_login(self) -> tuple[str, str]:
-        """(user, password): CLOCKTOWER_CLICKHOUSE_USER/_PASSWORD if set, else the data dir's generated login."""
-        if self.clickhouse_user is None and self.clickhouse_password is None:
+        """(user, password): CLOCKTOWER_CLICKHOUSE_USER/_PASSWORD if set, else, for the data dir's own endpoint,
+        its generated login. An external ClickHouse never gets the generated one."""
+        if self.clickhouse_user is None and self.clickhouse_password is None and self._own_endpoint():
             generated = admin_login(self.data_dir)
             if generated is not None:
                 return generated
         return self.clickhouse_user or "default", self.clickhouse_password or ""
+
+    def _own_endpoint(self) -> bool:
+        """The embedded endpoint: ours to start, or the one the data dir's running owner serves."""
+        if self.embedded_clickhouse:
+            return True
+        owner = read_owner(self.data_dir)
+        return owner is not None and owner.get("clickhouse_embedded") is True and \
+            owner.get("clickhouse") == self.clickhouse_url
 
     def control_key_bytes(self) -> bytes:
         """CLOCKTOWER_CONTROL_KEY, else the key generated in the data dir; there is no built-in one."""

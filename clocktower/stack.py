@@ -107,7 +107,8 @@ class Stack:
             self._wait(lambda: _ping(s.clickhouse), "clickhouse", 60)
         on_step("creating topics")
         ensure_topics(s.bootstrap)
-        write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse})
+        write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse,
+                                    "clickhouse_embedded": s.embedded_clickhouse})
         if self.with_sink:
             on_step("starting the ClickHouse sink")
             self._spawn("sink", [sys.executable, "-m", "sinks.clickhouse"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clocktower.config import Settings
-from clocktower.data_dir import DataDirLock
+from clocktower.data_dir import DataDirLock, write_owner
 from clocktower.errors import UserError
 from clocktower.generated_secrets import (
     ADMIN_USER,
@@ -88,6 +88,14 @@ def test_clickhouse_login_prefers_explicit_settings_then_the_data_dir(tmp_path: 
     generated = json.loads(credentials_path(data_dir).read_text())["users"][ADMIN_USER]["password"]
     assert Settings(data_dir=data_dir).clickhouse_login() == (ADMIN_USER, generated)
     assert Settings(data_dir=data_dir, clickhouse_user="u", clickhouse_password="p").clickhouse_login() == ("u", "p")
+    external = "http://10.9.9.9:8123"
+    assert Settings(data_dir=data_dir, clickhouse_url=external).clickhouse_login() == ("default", "")
+    write_owner(data_dir, {"clickhouse": external, "clickhouse_embedded": False})  # `up` with an external one
+    assert Settings(data_dir=data_dir, clickhouse_url=external).clickhouse_login() == ("default", "")
+    write_owner(data_dir, {"clickhouse": "http://127.0.0.1:18123", "clickhouse_embedded": True})  # `up` serves it
+    assert Settings(data_dir=data_dir, clickhouse_url="http://127.0.0.1:18123").clickhouse_login() == (
+        ADMIN_USER, generated)  # the sink, spawned by `up` with the endpoint's URL
+    assert Settings(data_dir=data_dir, clickhouse_url=external).clickhouse_login() == ("default", "")
 
 
 def test_the_data_dir_is_made_0700(tmp_path: Path) -> None:
