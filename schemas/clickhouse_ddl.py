@@ -1,8 +1,8 @@
 """ClickHouse DDL generated from the topic registry and the event models.
 
 Every table gets the model's columns plus the Kafka origin of each row
-(`_partition`, `_offset`): the sink resumes from the highest stored offset,
-which is what makes a crash-and-replay double nothing. `time` is a
+(`_partition`, `_offset`, `_topic`): the sink resumes each (topic, partition)
+from its highest stored offset, which makes a crash-and-replay double nothing. `time` is a
 DateTime64(9) view of `ts_ns` for Grafana and humans.
 """
 
@@ -12,7 +12,7 @@ from schemas.columns import model_columns
 from schemas.topics import TOPICS, TopicSpec
 
 DEDUP_WINDOW = 10_000
-KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"))
+KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"), ("_topic", "LowCardinality(String)"))
 
 
 def create_table_sql(spec: TopicSpec, database: str = "default") -> str:

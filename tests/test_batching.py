@@ -54,13 +54,14 @@ def test_skipped_records_advance_offsets_without_rows() -> None:
     assert bs.take() == ([], {})
 
 
-def test_dedup_token_depends_on_offsets_only() -> None:
-    a, b = BatchSet(), BatchSet()
-    for bs in (a, b):
-        bs.add("telemetry.links", 2, 7, links(3))
-        bs.add("telemetry.links", 2, 9, links(1))
+def test_dedup_token_depends_on_offsets_and_record_bytes() -> None:
+    a, b, c = BatchSet(), BatchSet(), BatchSet()
+    for bs, last in ((a, b"r9"), (b, b"r9"), (c, b"new record at a reused offset")):
+        bs.add("telemetry.links", 2, 7, links(3), b"r7")
+        bs.add("telemetry.links", 2, 9, links(1), last)
     ta = a.batches[("telemetry.links", 2)].dedup_token()
-    assert ta == b.batches[("telemetry.links", 2)].dedup_token() == "link_states:2:7-9:4"
+    assert ta == b.batches[("telemetry.links", 2)].dedup_token() and ta.startswith("telemetry.links:2:7-9:4:")
+    assert ta != c.batches[("telemetry.links", 2)].dedup_token()
 
 
 def test_arrow_columns_follow_the_model() -> None:
@@ -70,9 +71,10 @@ def test_arrow_columns_follow_the_model() -> None:
                                                      target="n", params={"a": "b"}, expires_ns=T0 + 1,
                                                      signature="s")])
     gpu = bs.batches[("telemetry.gpu", 1)].to_arrow()
-    assert gpu.column_names == [c.name for c in model_columns(GpuHealth)] + ["_partition", "_offset"]
+    assert gpu.column_names == [c.name for c in model_columns(GpuHealth)] + ["_partition", "_offset", "_topic"]
     assert gpu.column("nvlink_errors").type == pa.list_(pa.uint64())
     assert gpu.column("_offset").to_pylist() == [3] and gpu.column("_partition").to_pylist() == [1]
+    assert gpu.column("_topic").to_pylist() == ["telemetry.gpu"]
     cmd = bs.batches[("control.commands", 0)].to_arrow()
     assert cmd.column("params").to_pylist() == [[("a", "b")]]
 

@@ -100,7 +100,7 @@ def test_retried_insert_with_the_same_token_is_stored_once(services) -> None:
     writer.insert(batch)
     writer.insert(batch)   # e.g. the first reply was lost and the sink retried
     assert services.client.query("SELECT count() FROM link_states").result_rows[0][0] == 25
-    assert writer.resume_offsets(BY_NAME["telemetry.links"]) == {0: 6}
+    assert writer.resume_offsets(BY_NAME["telemetry.links"]) == {("telemetry.links", 0): 6}
 
 
 def test_offsets_of_rows_stored_before_a_crash_are_committed_on_restart(services) -> None:

@@ -39,8 +39,8 @@ class BatchSet:
             batch = self.batches[key] = PartitionBatch(BY_NAME[topic], partition)
         return batch
 
-    def add(self, topic: str, partition: int, offset: int, events: list[Event]) -> None:
-        self._batch(topic, partition).add(offset, events)
+    def add(self, topic: str, partition: int, offset: int, events: list[Event], raw: bytes | None = None) -> None:
+        self._batch(topic, partition).add(offset, events, raw)
         self.offsets[(topic, partition)] = offset + 1
 
     def skip(self, topic: str, partition: int, offset: int) -> None:

@@ -2,9 +2,10 @@
 
 Exactly-once into ClickHouse comes from two rules:
 - offsets are committed only after every pending batch is inserted;
-- on assignment, each partition resumes after the highest `_offset` already
-  stored in its table (or the committed offset, whichever is later), so rows
-  inserted just before a crash are not inserted again.
+- on assignment, each (topic, partition) resumes after the highest `_offset` of
+  it already stored (or the committed offset, whichever is later), so rows
+  inserted just before a crash are not inserted again; past the log end, the
+  broker lost records, and the sink says so and resumes at the end (resume.py).
 A retried insert reuses its dedup token, which covers a lost insert reply.
 """
 
@@ -14,13 +15,14 @@ import logging
 import socket
 import threading
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
 from schemas.kafka_security import KafkaSecurity
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from sinks.clickhouse.resume import ResumePoint, first_reused_offset, resume_point
 from sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ class KafkaClickHouseSink:
         self.topics = topics or [t.name for t in TOPICS]
         self.batches = BatchSet(policy)
         login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
+        self._group_id = group_id
+        self._probe_config = {"bootstrap.servers": bootstrap, "enable.auto.commit": False, "logger": RDKAFKA_LOG,
+                              **login}
         self.rows_inserted = 0
         self.deadlettered = 0
         self.consumer = Consumer({
@@ -62,21 +67,59 @@ class KafkaClickHouseSink:
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
-        stored: dict[str, dict[int, int]] = {}
+        stored: dict[tuple[str, int], int] = {}
+        for topic in {tp.topic for tp in partitions}:
+            stored |= self.writer.resume_offsets(BY_NAME[topic])
+        reset = []
         for tp in partitions:
-            if tp.topic not in stored:
-                stored[tp.topic] = self.writer.resume_offsets(BY_NAME[tp.topic])
-            candidates = [o for o in (committed.get((tp.topic, tp.partition), -1),
-                                      stored[tp.topic].get(tp.partition, -1)) if o >= 0]
-            tp.offset = max(candidates) if candidates else OFFSET_BEGINNING
+            key = (tp.topic, tp.partition)
+            _, log_end = consumer.get_watermark_offsets(tp, timeout=10)
+            point = resume_point(committed.get(key, -1), stored.get(key, -1), log_end)
+            if point.lost:
+                first_new = self._first_reused(tp, log_end)
+                metrics.LOST_RECORDS.labels(tp.topic).inc(point.lost_count)
+                log.error("%s[%d]: the log ends at %d, but records up to %d were stored or committed: the broker lost "
+                          "at least %d acknowledged records and gave their offsets to new records from %d on. "
+                          "Resuming at %d; the stored rows of lost records are kept with _offset = -1 - offset.",
+                          tp.topic, tp.partition, log_end, log_end + point.lost_count - 1, point.lost_count,
+                          first_new, first_new)
+                self.writer.retire_offsets(BY_NAME[tp.topic], tp.partition, first_new)
+                point = ResumePoint(first_new, lost=True)
+                reset.append(tp)
+            tp.offset = point.offset
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
         consumer.assign(partitions)
         # Rows stored before a crash but never committed: commit them now, so the group's lag is true.
+        # After a loss, commit the log end (lower than the committed offset) so no later start skips ahead.
         ahead = [tp for tp in partitions
-                 if tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1)]
+                 if tp in reset or (tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1))]
         if ahead:
             consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ahead],
                             asynchronous=False)
+
+    def _first_reused(self, tp: TopicPartition, log_end: int) -> int:
+        """After a broker loss: the first offset whose record is not the one stored at that offset."""
+        spec = BY_NAME[tp.topic]
+        probe = Consumer({**self._probe_config, "group.id": f"{self._group_id}-probe"})
+        try:
+            low, _ = probe.get_watermark_offsets(tp, timeout=10)
+
+            def same(offset: int) -> bool:
+                probe.assign([TopicPartition(tp.topic, tp.partition, offset)])
+                msgs = [m for m in probe.consume(num_messages=1, timeout=5) if m.error() is None]
+                if not msgs:
+                    return True   # nothing there to compare: count it as kept
+                m = msgs[0]
+                try:
+                    events = decode_batch(tp.topic, m.key(), m.value(), m.headers()).events
+                except DecodeError:
+                    return self.writer.dead_lettered(tp.topic, tp.partition, offset)
+                return self.writer.stored_record(spec, tp.partition, offset) == (len(events),
+                                                                                 min(e.ts_ns for e in events))
+
+            return first_reused_offset(max(low, 0), log_end, same)
+        finally:
+            probe.close()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.flush()
@@ -107,7 +150,7 @@ class KafkaClickHouseSink:
         metrics.RECORDS.labels(topic).inc()
         try:
             batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
-            self.batches.add(topic, partition, offset, batch.events)
+            self.batches.add(topic, partition, offset, batch.events, msg.value())
             return
         except DecodeError as exc:
             reason = str(exc)

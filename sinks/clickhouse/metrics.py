@@ -9,3 +9,6 @@ FLUSH_SECONDS = Histogram("clocktower_sink_flush_seconds", "time to insert all b
 DEADLETTER_FAILURES = Counter("clocktower_sink_deadletter_failures_total",
                               "rejected records skipped because their dead letter could not be built or queued",
                               ["topic"])
+LOST_RECORDS = Counter("clocktower_sink_broker_lost_records_total",
+                       "acknowledged records the broker lost (log end below the sink's resume point; offsets reused)",
+                       ["topic"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from operator import attrgetter
 
 import pyarrow as pa
@@ -17,7 +18,9 @@ from schemas.topics import TopicSpec
 class PartitionBatch:
     """Columns of decoded events from one partition, with the offsets they span.
 
-    Only whole Kafka records are added, so an insert never splits a record.
+    Only whole Kafka records are added, so an insert never splits a record. The
+    dedup token also digests the records' bytes: after a broker lost records and
+    reused their offsets, new records at old offsets are not taken for duplicates.
     """
 
     spec: TopicSpec
@@ -35,8 +38,9 @@ class PartitionBatch:
         self._columns["_offset"] = []
         # One C-level pass per record: a tuple of every field per event, then transposed.
         self._fields = attrgetter(*self._names)  # every model has at least node and ts_ns
+        self._digest = blake2b(digest_size=8)
 
-    def add(self, offset: int, events: list[Event]) -> None:
+    def add(self, offset: int, events: list[Event], raw: bytes | None = None) -> None:
         """Add one record's events, all or nothing: a failure leaves the columns as they were."""
         columns = list(zip(*map(self._fields, events), strict=True))
         if len(columns) != len(self._names):
@@ -44,6 +48,7 @@ class PartitionBatch:
         for name, values in zip(self._names, columns, strict=True):
             self._columns[name].extend(values)
         n = len(events)
+        self._digest.update(raw if raw is not None else repr(events).encode())
         self._columns["_partition"].extend([self.partition] * n)
         self._columns["_offset"].extend([offset] * n)
         if self.first_offset < 0:
@@ -57,7 +62,8 @@ class PartitionBatch:
 
     def dedup_token(self) -> str:
         """Same records -> same token, so a retried insert is dropped by ClickHouse."""
-        return f"{self.spec.table}:{self.partition}:{self.first_offset}-{self.last_offset}:{self.rows}"
+        return (f"{self.spec.name}:{self.partition}:{self.first_offset}-{self.last_offset}:{self.rows}:"
+                f"{self._digest.hexdigest()}")
 
     def to_arrow(self) -> pa.Table:
         arrays, names = [], []
@@ -66,5 +72,7 @@ class PartitionBatch:
             names.append(col.name)
         arrays.append(pa.array(self._columns["_partition"], type=pa.uint32()))
         arrays.append(pa.array(self._columns["_offset"], type=pa.int64()))
-        names += ["_partition", "_offset"]
+        arrays.append(pa.DictionaryArray.from_arrays(pa.array([0] * self.rows, type=pa.int32()),
+                                                     pa.array([self.spec.name])))
+        names += ["_partition", "_offset", "_topic"]
         return pa.Table.from_arrays(arrays, names=names)

@@ -9,7 +9,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from schemas.clickhouse_ddl import all_ddl
-from schemas.topics import TopicSpec
+from schemas.topics import TOPICS, TopicSpec
 from sinks.clickhouse.partition_batch import PartitionBatch
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,9 @@ class TableWriter:
     def ensure_schema(self) -> None:
         for ddl in all_ddl():
             self.client.command(ddl)
+        for spec in TOPICS:   # tables made before rows carried `_topic`: their rows are all from their topic
+            self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_topic` "
+                                f"LowCardinality(String) DEFAULT {_quote(spec.name)} AFTER `_offset`")
 
     def insert(self, batch: PartitionBatch) -> None:
         """Insert one batch; retries reuse the token, so a lost reply never doubles rows."""
@@ -41,9 +44,38 @@ class TableWriter:
                 log.warning("insert into %s failed (%s); retrying", batch.spec.table, exc)
                 time.sleep(self.backoff_s * 2**attempt)
 
-    def resume_offsets(self, spec: TopicSpec) -> dict[int, int]:
-        """Per partition, the offset after the last record stored in the table."""
+    def resume_offsets(self, spec: TopicSpec) -> dict[tuple[str, int], int]:
+        """Per (topic, partition) of `spec`'s topic, the offset after the last record of it stored in the table."""
         rows = self.client.query(
-            f"SELECT _partition, max(_offset) FROM `{spec.table}` GROUP BY _partition"
+            f"SELECT _partition, max(_offset) FROM `{spec.table}` WHERE _topic = {{t:String}} AND _offset >= 0 "
+            "GROUP BY _partition", parameters={"t": spec.name}
         ).result_rows
-        return {int(p): int(o) + 1 for p, o in rows}
+        return {(spec.name, int(p)): int(o) + 1 for p, o in rows}
+
+    def stored_record(self, spec: TopicSpec, partition: int, offset: int) -> tuple[int, int] | None:
+        """(rows, min ts_ns) stored from one record, None if none."""
+        count, ts = self.client.query(
+            f"SELECT count(), min(ts_ns) FROM `{spec.table}` WHERE _topic = {{t:String}} AND _partition = {{p:UInt32}} "
+            "AND _offset = {o:Int64}", parameters={"t": spec.name, "p": partition, "o": offset}).result_rows[0]
+        return (int(count), int(ts)) if count else None
+
+    def dead_lettered(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether the deadletter table holds this record."""
+        return bool(self.client.query(
+            "SELECT count() FROM deadletter WHERE origin_topic = {t:String} AND origin_partition = {p:UInt32} "
+            "AND origin_offset = {o:Int64}", parameters={"t": topic, "p": partition, "o": offset}).result_rows[0][0])
+
+    def retire_offsets(self, spec: TopicSpec, partition: int, from_offset: int) -> None:
+        """Mark rows of records the broker lost (offsets >= `from_offset`, to be reused) so no resume counts them.
+
+        The rows stay; their `_offset` becomes -1 - offset, which keeps the old offset readable.
+        """
+        self.client.command(
+            f"ALTER TABLE `{spec.table}` UPDATE `_offset` = -1 - `_offset` WHERE `_topic` = {_quote(spec.name)} "
+            f"AND `_partition` = {int(partition)} AND `_offset` >= {int(from_offset)}",
+            settings={"mutations_sync": 2})
+
+
+def _quote(text: str) -> str:
+    """A ClickHouse string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
