@@ -417,20 +417,21 @@ class ProbeAgent:
         keys: list[int | None] = [None, None]
         user: list[int | None] = [None, None]
         started = [0, 0]
-        if self.config.warm_up:
+        # Everything is encoded (and MACed) first, so nothing slow runs between the warm-up and the pair.
+        warm_up = encode_warm_up(WarmUp(self.node, self._stamps.stamp()), self._key) if self.config.warm_up else None
+        payloads = (encode_probe(Probe(self.node, pair_id, 0, self._stamps.stamp()), self._key),
+                    encode_probe(Probe(self.node, pair_id, 1, self._stamps.stamp()), self._key))
+        if warm_up is not None:
             try:
-                sock.send(encode_warm_up(WarmUp(self.node, self._stamps.stamp()), self._key), peer.address)
+                sock.send(warm_up, peer.address)
             except OSError as exc:
                 self._send_failed(peer, exc)
                 return
         if spacing == 0:                                 # both in one sendmmsg: back to back
-            payloads = (encode_probe(Probe(self.node, pair_id, 0, self._stamps.stamp()), self._key),
-                        encode_probe(Probe(self.node, pair_id, 1, self._stamps.stamp()), self._key))
             results = sock.send_pair(payloads, peer.address)
         else:
             results = []
-            for idx in (0, 1):
-                payload = encode_probe(Probe(self.node, pair_id, idx, self._stamps.stamp()), self._key)
+            for idx, payload in enumerate(payloads):
                 if idx == 1:
                     until = started[0] + spacing
                     while time.perf_counter_ns() < until:    # bounded by pair_spacing_us <= 1 ms

@@ -14,14 +14,17 @@ Every datagram starts with one header and ends with a MAC:
   FOLLOW_UP  header (type 2, aux = tx_source) | count u16 | count x (pair_id u64 | tx0_ns i64 | tx1_ns i64
              | valid u8) | mac
   WARM_UP    header (type 3, aux = 0) | mac   (sent just before a pair; the receiver only counts it)
-  mac        the first 16 bytes of HMAC-SHA256(cluster key, every byte before it)
+  mac        keyed BLAKE2b with a 16-byte digest (personalised "clocktower-ck2") over every byte before it;
+             the cluster key is used as is when it is at most 64 bytes, else its BLAKE2b-512 hash is
 
 The MAC covers the sender name, the pair ids and `sent_ns`, a per-sender stamp
 that only grows (see `replay`), so a datagram can neither be forged without
 the key nor replayed. `decode` checks the MAC before it parses anything else
 (AuthError), then checks everything else (WireError). `valid` bit i says
 whether probe i's TX timestamp is known; `tx_source` says how the sender took
-its TX timestamps. A probe from a 6-character node name is 46 bytes.
+its TX timestamps. A probe from a 6-character node name is 46 bytes. Keyed BLAKE2b is a MAC in one
+pass (RFC 7693); here it costs about a third of HMAC-SHA256, which matters because the second probe
+of a pair is encoded while the first is already on its way.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ TYPE_PROBE = 1
 TYPE_FOLLOW_UP = 2
 TYPE_WARM_UP = 3
 MAC_BYTES = 16
+_PERSON = b"clocktower-ck2"
 MAX_NAME_BYTES = 255
 MAX_FOLLOW_UP_ENTRIES = 46           # 16 + 255 + 2 + 46 x 25 + 16 = 1439 bytes: one datagram on a 1500 MTU, v4 or v6
 
@@ -103,7 +107,9 @@ Message = Probe | FollowUp | WarmUp
 
 def mac(key: bytes, data: bytes) -> bytes:
     """The 16-byte tag of `data` under `key`."""
-    return hmac.digest(key, data, hashlib.sha256)[:MAC_BYTES]
+    if len(key) > hashlib.blake2b.MAX_KEY_SIZE:
+        key = hashlib.blake2b(key, person=_PERSON).digest()
+    return hashlib.blake2b(data, key=key, digest_size=MAC_BYTES, person=_PERSON).digest()
 
 
 def _name_bytes(name: str) -> bytes:
