@@ -1,18 +1,45 @@
-"""A supervised child process with its log file under the data dir."""
+"""A supervised child process with its log file under the data dir, which never outlives its parent.
+
+Each child leads its own session (a Ctrl-C in the terminal reaches `clocktower up`, which then stops the
+children in order), so a dying parent cannot take its children down through the terminal. Instead each
+child asks the kernel for a parent-death signal (PR_SET_PDEATHSIG): its own stop signal, sent when the
+parent dies for any reason, kill -9 included. The kernel sends it when the *thread* that started the
+child exits, so start children from the main thread.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_prctl = _libc.prctl                       # bound here, in the parent: the forked child only calls it
+
+
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets `sig` when the parent dies, also if it died before this ran."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            os._exit(127)                  # without the guarantee, do not run at all
+        if os.getppid() != parent:         # the parent died between fork and prctl
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 class ChildProcess:
-    """Starts `argv` in its own session, logs to `log_path`, stops it with SIGTERM then SIGKILL, can restart it."""
+    """Starts `argv` in its own session, logs to `log_path`, stops it with its stop signal then SIGKILL, can
+    restart it; it gets its stop signal when this process dies."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
                  stop_signal: int = signal.SIGTERM) -> None:
@@ -29,7 +56,8 @@ class ChildProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=die_with_parent(self.stop_signal))
         finally:
             log.close()
 
@@ -57,20 +85,28 @@ class ChildProcess:
             os.killpg(self.proc.pid, sig)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        self._signal_group(self.stop_signal)
+        stop_all([self], timeout)
+
+    def request_stop(self) -> None:
+        """Send the stop signal without waiting (see stop_all)."""
+        if self.alive():
+            self._signal_group(self.stop_signal)
+
+    def wait(self, timeout: float) -> bool:
+        """True once the child exited, False if it still runs after `timeout`."""
+        if self.proc is None:
+            return True
         try:
-            self.proc.wait(timeout)
+            self.proc.wait(max(0.0, timeout))
+            return True
         except subprocess.TimeoutExpired:
-            self.kill()
+            return False
 
     def kill(self) -> None:
         if self.alive():
             assert self.proc is not None
             self._signal_group(signal.SIGKILL)
-            self.proc.wait(10)
+            self.wait(10)
 
     def restart_if_dead(self) -> bool:
         """Restart a crashed child (the sink and streams resume from committed state)."""
@@ -80,3 +116,24 @@ class ChildProcess:
             self.start()
             return True
         return False
+
+
+def stop_all(children: Iterable[ChildProcess], timeout: float) -> list[str]:
+    """Stop `children` together: every stop signal first, then one shared deadline, then SIGKILL for whoever
+    is left. Never raises for one child; returns the names that had to be killed."""
+    children = list(children)
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.request_stop()
+    deadline = time.monotonic() + timeout
+    killed = []
+    for child in children:
+        try:
+            exited = child.wait(deadline - time.monotonic())
+        except Exception:                  # cannot tell: make sure
+            exited = False
+        if not exited:
+            killed.append(child.name)
+            with contextlib.suppress(Exception):
+                child.kill()
+    return killed

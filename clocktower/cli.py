@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import time
@@ -17,6 +18,7 @@ from clocktower import agent_cli
 from clocktower.config import Settings
 from clocktower.data_dir import read_owner
 from clocktower.errors import UserError
+from clocktower.shutdown_signals import STOP_SIGNALS, stop_on_signals
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -59,6 +61,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if args.duration <= 0 or args.nodes < 2:
         raise UserError("--duration must be > 0 and --nodes at least 2")
     out = console if not args.json else Console(stderr=True)
+    stop_on_signals()                  # SIGTERM and SIGHUP end the demo as Ctrl-C does: children stopped
     summary = run_demo(_settings(args), args.duration, args.nodes, out, seed=args.seed)
     if args.json:
         print(orjson.dumps(summary).decode())
@@ -73,10 +76,9 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
     from clocktower.summary import table_rows
 
     settings = _settings(args)
-    # Stop cleanly on SIGTERM too, and on SIGINT even when started with it ignored (`nohup`, `cmd &` in a
-    # script): otherwise the children, each in its own session, would outlive `up` and keep their ports.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Stop cleanly on SIGTERM and SIGHUP too, and on SIGINT even when started with it ignored (`cmd &` in a
+    # script): the children, each in its own session, are stopped in order and the data dir released.
+    stop_on_signals()
     stack = Stack(settings)
     stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
     console.print(f"[green]up[/green]: Kafka {settings.bootstrap}, ClickHouse {settings.clickhouse}, "
@@ -94,9 +96,10 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
                     status.update(f"running ({type(exc).__name__})")
                 time.sleep(2)
     except KeyboardInterrupt:
-        console.print("stopping…")
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            console.print("stopping…")
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not leave children behind
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not leave children behind
             signal.signal(sig, signal.SIG_IGN)
         stack.stop()
     return 0

@@ -16,12 +16,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from clocktower.child_process import ChildProcess
+from clocktower.child_process import ChildProcess, stop_all
 from clocktower.config import Settings
 from clocktower.data_dir import DataDirLock, write_owner
 from clocktower.errors import UserError
 from clocktower.generated_secrets import DASHBOARDS_USER, credentials_path, ensure_secrets
 from clocktower.ports import ensure_free, wait_open
+from clocktower.shutdown_signals import ignoring_stop_signals
 from clocktower.topic_admin import ensure_topics
 
 
@@ -152,9 +153,17 @@ class Stack:
                 restarted.append(name)
         return restarted
 
-    def stop(self) -> None:
-        for name in ("streams", "sink", "clickhouse", "broker"):
-            child = self.children.get(name)
-            if child is not None:
-                child.stop(timeout=20)
-        self.lock.release()
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop everything within about `timeout` s, then release the data dir whatever happened.
+
+        Two waves, each stopped together: the workers first (the sink's last insert and commit still
+        reach ClickHouse and the broker), then the services; what is left at a wave's deadline is killed."""
+        deadline = time.monotonic() + timeout
+        try:
+            with ignoring_stop_signals():
+                workers = [self.children[n] for n in ("streams", "sink") if n in self.children]
+                stop_all(workers, (deadline - time.monotonic()) * 2 / 3)
+                services = [self.children[n] for n in ("clickhouse", "broker") if n in self.children]
+                stop_all(services, max(5.0, deadline - time.monotonic()))
+        finally:
+            self.lock.release()
