@@ -108,7 +108,9 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
     runner = AgentRunner(sources, sink)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGTERM, signal.SIGHUP):      # a closed terminal stops the agent cleanly too (not nohup)
+        if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
+            signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     try:
         runner.start()

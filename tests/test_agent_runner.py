@@ -185,6 +185,26 @@ def test_two_agents_exchange_clock_probes_and_report_counts(tmp_path) -> None:  
         assert "clock" in err and "on" in err      # the status table on stderr
 
 
+def test_agent_stops_cleanly_on_sighup() -> None:
+    """A closed terminal (SIGHUP) stops `clocktower agent` like SIGTERM: sources stopped, exit 0, no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "clocktower", "agent", "--stdout", "--sources", "links"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not proc.stdout.readline():   # the first link report: running
+            pass
+        proc.send_signal(signal.SIGHUP)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
 def test_agent_with_the_broker_away_spools_and_stops_promptly(tmp_path) -> None:  # noqa: ANN001
     """No broker: the agent's events go to the spool, and stopping does not wait on a delivery that can't
     happen."""
