@@ -249,5 +249,6 @@ def test_split_insert_follows_clickhouse_rules() -> None:
     expected = b"INSERT INTO t (a, b)  FROM INFILE '/f' SETTINGS x = 'FORMAT' FORMAT CSV"
     assert split.infile_sql("/f") == expected
     assert split_insert(b"INSERT INTO t FORMAT Nat", complete=False) == NEED_MORE
-    assert split_insert(b"INSERT INTO t VALUES (1)", complete=False) is None
+    values = split_insert(b"INSERT INTO t VALUES (1)", complete=False)  # VALUES data is data, never SQL
+    assert isinstance(values, InsertSplit) and values.head == b"INSERT INTO t FORMAT Values" and values.data_start == 20
     assert split_insert(b"SELECT 1", complete=False) is None

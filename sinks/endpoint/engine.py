@@ -1,10 +1,13 @@
 """The chdb engine of one data directory, owned by this process.
 
-chdb lets a single process own a data directory and host a single engine, so
-the owner serializes every caller on one connection handle under a lock. That
-handle also carries session state (current database, SET values); the engine
-gives each call its own database and settings and puts back whatever a call
-changed, so one request never leaks into the next, as with sessionless HTTP.
+chdb lets a single process own a data directory and host a single engine.
+The owner opens several connections to it: each is a ClickHouse session, and
+sessions run queries in parallel. Sessions are pooled by readonly level (0
+for writers' POSTs, 2 for GETs, 1 for the read-only role), set once at the
+engine's own level, so no client can lower it; inserts go first in their pool
+(see session_pool). Every client statement is parsed by the engine first and
+judged by sql_guard before it runs; per-request settings never outlive their
+request, as with sessionless HTTP.
 """
 
 from __future__ import annotations
@@ -22,19 +25,19 @@ from types import TracebackType
 from typing import Any
 
 import chdb
-from chdb.state.sqlitelike import Connection
 
-from sinks.endpoint.errors import READONLY, ClickHouseError
-from sinks.endpoint.sql_scan import READ_ONLY_KEYWORDS, tokens
+from sinks.endpoint import sql_guard
+from sinks.endpoint.engine_session import EngineSession
+from sinks.endpoint.errors import ACCESS_DENIED, ClickHouseError
+from sinks.endpoint.limits import EndpointLimits
+from sinks.endpoint.session_pool import SessionPool
+from sinks.endpoint.sql_scan import tokens
 
 logger = logging.getLogger(__name__)
 
-_SETTING_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Statements a readonly request may still run: ClickHouse allows them at readonly=2.
-_READONLY_ALLOWED = READ_ONLY_KEYWORDS | {"SET", "USE"}
-# Session state managed by USE, or emulated here, never via SET.
-_NOT_SETTABLE = frozenset({"database", "readonly"})
-_UNKNOWN_SETTING = 115
+_BAD_ARGUMENTS = 36
+_TREELESS_RE = re.compile(r"AST node of type '([^']+)' does not support JSON serialization")
+_PARSE_SCOPE_RE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuery)\(.*\Z", re.DOTALL)
 
 _open_paths: set[str] = set()
 _open_paths_lock = threading.Lock()
@@ -75,23 +78,36 @@ def _locked_message(path: str) -> str:
     return f"chdb data dir {path} is locked: another clocktower process owns it"
 
 
-def _quote(value: str) -> str:
-    """Quote a setting value; ClickHouse converts quoted literals to the setting's type."""
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+def escape_param(sql: bytes) -> str:
+    """A String query parameter (ClickHouse's escaped format) that the engine reads back as exactly ``sql``.
+
+    Only printable ASCII passes as is; every other byte, and the backslash, is escaped.
+    """
+    out = []
+    for byte in sql:
+        if byte == 0x5C:
+            out.append("\\\\")
+        elif 0x20 <= byte < 0x7F:
+            out.append(chr(byte))
+        else:
+            out.append(f"\\x{byte:02X}")
+    return "".join(out)
 
 
-def _first_keyword(sql: str | bytes) -> str:
-    raw = sql.encode() if isinstance(sql, str) else sql
-    first = next(tokens(raw[:4096]), None)
-    return first.text if first else ""
+def _as_bytes(sql: str | bytes) -> bytes:
+    return sql.encode() if isinstance(sql, str) else sql
 
 
 class ChdbEngine:
-    """Owns the chdb engine for ``path``; all calls are serialized by one lock."""
+    """Owns the chdb engine for ``path`` and its pools of sessions."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], limits: EndpointLimits | None = None) -> None:
         self.path = os.path.realpath(path)
+        self.limits = limits or EndpointLimits()
         os.makedirs(self.path, exist_ok=True)
+        self._sessions: list[EngineSession] = []
+        self._closed = False
+        self._close_lock = threading.Lock()
         with _open_paths_lock:
             if self.path in _open_paths:
                 raise DataDirLocked(f"chdb data dir {self.path} is already open in this process")
@@ -101,18 +117,21 @@ class ChdbEngine:
             if _dir_is_locked(self.path):
                 raise DataDirLocked(_locked_message(self.path))
             try:
-                self._conn: Connection | None = chdb.connect(self.path)
+                first = chdb.connect(self.path)
             except RuntimeError as ex:
                 if _dir_is_locked(self.path):
                     raise DataDirLocked(_locked_message(self.path)) from None
                 raise RuntimeError(f"cannot open chdb engine at {self.path}: {ex}") from ex
             _open_paths.add(self.path)
-        self._lock = threading.Lock()
-        self._database: str | None = None
-        self._applied: dict[str, str] = {}
-        self._dirty = False
         try:
-            self._baseline = self._changed_settings()
+            limits = self.limits
+            writers = [self._session(0, limits.write_timeout_s, first)]
+            writers += [self._session(0, limits.write_timeout_s) for _ in range(limits.write_sessions - 1)]
+            self._pools: dict[int, SessionPool[EngineSession]] = {
+                0: SessionPool(writers, reserved=1),
+                2: SessionPool([self._session(2, limits.read_timeout_s) for _ in range(limits.get_sessions)]),
+                1: SessionPool([self._session(1, limits.read_timeout_s) for _ in range(limits.reader_sessions)]),
+            }
             version, timezone = self.execute("SELECT version(), timezone()").data.decode().split()
         except BaseException:
             self.close()
@@ -129,30 +148,37 @@ class ChdbEngine:
         params: Mapping[str, str] | None = None,
         settings: Mapping[str, str] | None = None,
         database: str | None = None,
+        *,
+        readonly: int = 0,
+        kind: str = "read",
+        guard: bytes | None = None,
     ) -> QueryResult:
-        """Run one statement; a FORMAT clause in ``sql`` wins over ``fmt``.
+        """Run one statement on a session at ``readonly`` (0, 1 or 2); a FORMAT clause in ``sql`` wins.
 
-        ``settings`` apply to this call only. ``readonly`` is emulated (never
-        SET), because a handle set to readonly could not be reset afterwards.
+        ``guard`` is the client's statement to judge first (for inserts, the head before the data); the
+        engine parses it and sql_guard decides, and its verdict's kind (read, write, insert) sets the
+        max_execution_time cap. ``kind`` is the caller's guess, for priority: inserts go first, and a
+        guarded "insert" must really be one. ``settings`` apply to this call only.
         """
-        settings = dict(settings or {})
-        keyword = _first_keyword(sql)
-        readonly = settings.pop("readonly", "0")
-        if readonly not in ("", "0") and keyword not in _READONLY_ALLOWED:
-            raise ClickHouseError(READONLY, "Cannot execute query in readonly mode")
-        with self._lock:
-            if self._conn is None:
-                raise ClickHouseError(1001, f"the chdb engine at {self.path} is closed")
-            try:
-                self._use(database or "default")
-                self._apply(settings)
-                result = self._query(sql, fmt, params)
-            finally:
-                # A SET or USE in the statement itself must not outlive it.
-                if keyword == "SET":
-                    self._dirty = True
-                elif keyword == "USE":
-                    self._database = None
+        settings = {k: v for k, v in (settings or {}).items() if k != "readonly"}
+        if self._closed:
+            raise ClickHouseError(1001, f"the chdb engine at {self.path} is closed")
+        pool = self._pools[readonly if readonly in (1, 2) else 0]
+        with pool.acquire(priority=kind == "insert", timeout_s=self.limits.queue_timeout_s) as session:
+            session.use(database or "default")
+            if guard is not None:
+                verdict = self._judge(session, guard, readonly)
+                if verdict.session is not None:
+                    return QueryResult(data=b"")  # SET/USE: nothing to keep between sessionless requests
+                if kind == "insert" and verdict.kind != "insert":
+                    raise ClickHouseError(ACCESS_DENIED, "The statement is not an INSERT", "ACCESS_DENIED")
+                kind = verdict.kind
+            cap = self.limits.timeout_for(kind)
+            sql_guard.check_settings(settings, cap)
+            if readonly != 1:  # at readonly=1 the session's own cap stands and cannot be changed
+                settings.setdefault("max_execution_time", f"{cap:g}")
+            session.apply(settings)
+            result = session.query(sql, fmt, params)
         return QueryResult(
             data=result.bytes() or b"",
             rows_read=result.rows_read(),
@@ -165,13 +191,18 @@ class ChdbEngine:
     def close(self) -> None:
         """Release the engine so the data dir (and chdb's one-engine slot) is free."""
         atexit.unregister(self.close)
-        with self._lock:
-            if self._conn is None:
+        with self._close_lock:
+            if self._closed:
                 return
+            self._closed = True
             try:
-                self._conn.close()
+                for session in reversed(self._sessions):
+                    try:
+                        session.close()
+                    except Exception:
+                        logger.warning("closing a chdb session failed", exc_info=True)
             finally:
-                self._conn = None
+                self._sessions.clear()
                 with _open_paths_lock:
                     _open_paths.discard(self.path)
 
@@ -183,54 +214,31 @@ class ChdbEngine:
     ) -> None:
         self.close()
 
-    # -- under the lock ---------------------------------------------------------------
-
-    def _query(self, sql: str | bytes, fmt: str, params: Mapping[str, str] | None = None) -> Any:
-        assert self._conn is not None
+    def _session(self, readonly: int, timeout_s: float, conn: Any = None) -> EngineSession:
+        conn = conn if conn is not None else chdb.connect(self.path)
         try:
-            return self._conn.query(sql, fmt, params=dict(params or {}))
-        except Exception as ex:  # chdb raises ChdbError/RuntimeError with ClickHouse's text
-            raise ClickHouseError.from_engine(str(ex)) from None
+            session = EngineSession(conn, readonly, timeout_s)
+        except BaseException:
+            conn.close()
+            raise
+        self._sessions.append(session)
+        return session
 
-    def _use(self, database: str) -> None:
-        if database == self._database:
-            return
-        self._database = None
-        quoted = "`" + database.replace("\\", "\\\\").replace("`", "\\`") + "`"
-        self._query(f"USE {quoted}", "TabSeparated")
-        self._database = database
+    def _judge(self, session: EngineSession, statement: bytes, readonly: int) -> sql_guard.Verdict:
+        """Parse ``statement`` with the engine (never running it) and let sql_guard judge the tree.
 
-    def _apply(self, settings: Mapping[str, str]) -> None:
-        """Move the handle from the previous call's settings to these, touching only differences."""
-        if self._dirty:
-            # After a SET statement the handle state is unknown: compare it with the baseline.
-            current = self._changed_settings()
-            for name in current.keys() | self._baseline.keys():
-                if self._baseline.get(name) != current.get(name):
-                    self._applied[name] = "\0changed by SET"
-            self._dirty = False
-        for name in [n for n in self._applied if n not in settings]:
-            self._restore(name)
-        for name, value in settings.items():
-            if name in _NOT_SETTABLE or self._applied.get(name) == value:
-                continue
-            if not _SETTING_NAME_RE.match(name):
-                raise ClickHouseError(_UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")
-            self._query(f"SET {name} = {_quote(value)}", "TabSeparated")
-            self._applied[name] = value
-
-    def _restore(self, name: str) -> None:
-        baseline = self._baseline.get(name)
-        del self._applied[name]
+        The statement travels as a query parameter, so it cannot end the query that parses it; the
+        parser refuses a second statement.
+        """
+        param = {"q": escape_param(_as_bytes(statement))}
         try:
-            self._query(f"SET {name} = {'DEFAULT' if baseline is None else _quote(baseline)}", "TabSeparated")
-        except ClickHouseError:
-            # Never fail every later request over one stuck setting; re-check the handle next time.
-            logger.warning("could not reset setting %s on the chdb handle", name, exc_info=True)
-            self._dirty = True
-
-    def _changed_settings(self) -> dict[str, str]:
-        sql = "SELECT name, value FROM system.settings WHERE changed"
-        rows = self._query(sql, "JSONEachRow").bytes().splitlines()
-        changed = (json.loads(row) for row in rows if row)
-        return {row["name"]: row["value"] for row in changed if row["name"] not in _NOT_SETTABLE}
+            parsed = session.query("SELECT parseQueryToJSON({q:String})", "TSVRaw", param).bytes()
+        except ClickHouseError as ex:
+            found = _TREELESS_RE.search(ex.message) if ex.code == _BAD_ARGUMENTS else None
+            if found is None:
+                raise ClickHouseError(ex.code, _PARSE_SCOPE_RE.sub("", ex.message), ex.name) from None
+            formatted = session.query("SELECT formatQuery({q:String})", "TSVRaw", param).bytes()
+            toks = list(tokens(formatted))
+            calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
+            return sql_guard.check_treeless(found.group(1), calls, readonly)
+        return sql_guard.check_tree(json.loads(parsed), readonly, self.limits.timeout_for)

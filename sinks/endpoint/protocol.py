@@ -3,8 +3,10 @@
 The query text is the ``query`` parameter followed by a newline and the body.
 For ``INSERT ... FORMAT fmt`` everything after the format name (and one
 newline) is data: it is spooled to a file, preferably in RAM (/dev/shm), and
-loaded with ``INSERT ... FROM INFILE``, the one bulk path chdb offers. Spooling
-happens outside the engine lock, so slow uploads do not block other queries.
+loaded with ``INSERT ... FROM INFILE``, the one bulk path chdb offers; ``VALUES``
+data goes the same way as ``FORMAT Values``, so data is never read as SQL.
+Spooling happens before a session is taken, so slow uploads block no query.
+Every client statement is judged by the engine's parser and sql_guard first.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sinks.endpoint.engine import ChdbEngine, QueryResult
-from sinks.endpoint.errors import SYNTAX_ERROR, UNKNOWN_TYPE_OF_QUERY, ClickHouseError
+from sinks.endpoint.errors import QUERY_IS_TOO_LARGE, SYNTAX_ERROR, UNKNOWN_TYPE_OF_QUERY, ClickHouseError
 from sinks.endpoint.request_body import RequestBody
 from sinks.endpoint.request_params import RequestParams, add_form_fields
-from sinks.endpoint.sql_scan import InsertSplit, describe, split_insert
+from sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, describe, split_insert
 
 _BINARY = "Native RowBinary Arrow ArrowStream Parquet ORC Avro Protobuf CapnProto MsgPack BSONEachRow Npy"
 _BINARY_FORMATS = tuple(_BINARY.split())
@@ -49,6 +51,34 @@ def _leb128(value: int) -> bytes:
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def readonly_level(role_readonly: bool, method: str, requested: str | None) -> int:
+    """The request's readonly level: the strictest of the role, the method and what the client asked for.
+
+    1 (reads only, no settings) is stricter than 2 (reads and settings), which is stricter than 0.
+    """
+    asked = (requested or "").strip()
+    client = 0 if asked in ("", "0") else 2 if asked == "2" else 1
+    levels = {1 if role_readonly else 0, 2 if method == "GET" else 0, client}
+    return 1 if 1 in levels else 2 if 2 in levels else 0
+
+
+def _too_large(what: str, limit: int) -> ClickHouseError:
+    return ClickHouseError(QUERY_IS_TOO_LARGE, f"{what} is larger than the endpoint's limit of {limit} bytes")
+
+
+def _read_bounded(parts: list[bytes], chunks: Iterator[bytes], limit: int) -> bytes:
+    """``parts`` and the rest of ``chunks`` joined, or QUERY_IS_TOO_LARGE once they pass ``limit``."""
+    size = sum(len(p) for p in parts)
+    if size > limit:
+        raise _too_large("Query", limit)
+    for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise _too_large("Query", limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def default_spool_dir() -> str:
@@ -82,22 +112,24 @@ class ClickHouseProtocol:
         """Execute the request; raises ClickHouseError for anything ClickHouse would reject.
 
         ``readonly`` is the caller's role (the HTTP layer decides it from the authenticated user): when true the
-        request runs with readonly=1, whatever the client asks for.
+        request runs on a readonly=1 session, whatever the client asks for. A GET runs at readonly=2 at least.
+        Settings from the URL and from form fields may raise readonly, never lower it.
         """
-        if readonly:
-            params.settings["readonly"] = "1"
+        limits = self.engine.limits
         query_id = params.query_id or str(uuid.uuid4())
+        chunks = iter(body)
         if body_type.lower().startswith("multipart/form-data"):
-            add_form_fields(params, body_type, body.read_all())
-        if method == "GET" and params.settings.get("readonly", "0") in ("", "0"):
-            params.settings["readonly"] = "2"  # as in ClickHouse: GET never modifies data
+            add_form_fields(params, body_type, _read_bounded([], chunks, limits.max_query_bytes))
+            chunks = iter(())
+        level = readonly_level(readonly, method, params.settings.pop("readonly", None))
         if method == "GET" and not params.query:
             return Reply(body=b"Ok.\n", headers={"Content-Type": "text/html; charset=UTF-8"})
         prefix = (params.query + "\n").encode() if params.query else b""
-        chunks = iter(body)
+        if len(prefix) > limits.max_query_bytes:
+            raise _too_large("Query", limits.max_query_bytes)
         split, text = self._split(prefix, chunks)
         if split is not None:
-            result = self._insert(split, text[split.data_start :], chunks, params)
+            result = self._insert(split, text[split.data_start :], chunks, params, level)
             return self._reply(result, params, query_id, None, b"")
         if not text.strip():
             raise ClickHouseError(SYNTAX_ERROR, "Empty query")
@@ -108,23 +140,24 @@ class ClickHouseProtocol:
             # As in ClickHouse: INFILE names a client-side file, so a server refuses it.
             raise ClickHouseError(UNKNOWN_TYPE_OF_QUERY, "Query has infile and was send directly to server")
         fmt = params.default_format or "TabSeparated"
-        result = self._execute(text, fmt, params)
+        kind = "insert" if statement.keyword == "INSERT" else "read" if statement.returns_rows else "write"
+        result = self._execute(text, fmt, params, level, kind, guard=text)
         out_fmt = statement.output_format or fmt
         data = result.data
         if not data and out_fmt == "Native" and statement.returns_rows:
-            data = self._empty_native_block(statement.without_format(text), params)
+            data = self._empty_native_block(statement.without_format(text), params, level)
         shown_fmt = out_fmt if statement.returns_rows or data else None
         return self._reply(result, params, query_id, shown_fmt, data)
 
-    def _empty_native_block(self, sql: bytes, params: RequestParams) -> bytes:
+    def _empty_native_block(self, sql: bytes, params: RequestParams, level: int) -> bytes:
         """The header-only block ClickHouse sends for an empty Native result; chdb sends nothing.
 
         Without it, clients lose the column names of empty results. DESCRIBE
-        finds them without running the query again.
+        finds them without running the query again (``sql`` was judged already).
         """
         try:
             wrapped = b"DESCRIBE TABLE (\n" + sql + b"\n)"
-            described = self._execute(wrapped, "JSONEachRow", params)
+            described = self._execute(wrapped, "JSONEachRow", params, level, "read")
         except ClickHouseError:
             return b""
         columns = [json.loads(line) for line in described.data.splitlines() if line]
@@ -134,40 +167,62 @@ class ClickHouseProtocol:
                 block += _leb128(len(text)) + text
         return bytes(block)
 
-    def _execute(self, sql: bytes, fmt: str, params: RequestParams) -> QueryResult:
-        return self.engine.execute(sql, fmt, params.params, params.settings, params.database)
+    def _execute(
+        self, sql: bytes, fmt: str, params: RequestParams, level: int, kind: str, guard: bytes | None = None
+    ) -> QueryResult:
+        return self.engine.execute(
+            sql, fmt, params.params, params.settings, params.database, readonly=level, kind=kind, guard=guard
+        )
 
-    @staticmethod
-    def _split(prefix: bytes, chunks: Iterator[bytes]) -> tuple[InsertSplit | None, bytes]:
-        """Read just enough of the body to find where INSERT data starts, if it is an insert."""
-        buf = prefix
-        complete = False
-        while True:
-            found = split_insert(buf, complete)
-            if isinstance(found, InsertSplit):
-                return found, buf
-            if found is None:
-                return None, buf + b"".join(chunks)
-            chunk = next(chunks, None)
-            if chunk is None:
-                complete = True
-            else:
-                buf += chunk
+    def _split(self, prefix: bytes, chunks: Iterator[bytes]) -> tuple[InsertSplit | None, bytes]:
+        """Find where INSERT data starts, if it is an insert, scanning the head at most twice.
+
+        The URL's query alone often decides. Otherwise the body is read up to the head limit (or its
+        end) and scanned once: rescanning after every chunk made large bodies quadratic.
+        """
+        limits = self.engine.limits
+        found: InsertSplit | str | None = split_insert(prefix, complete=False) if prefix else NEED_MORE
+        parts, size, complete = [prefix], len(prefix), False
+        if found == NEED_MORE:
+            while size < limits.insert_head_bytes:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    complete = True
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+            buf = b"".join(parts)
+            parts = [buf]
+            head = buf[: limits.insert_head_bytes]
+            found = split_insert(head, complete and len(head) == len(buf))
+            if found == NEED_MORE:
+                message = f"INSERT needs FORMAT <name> or VALUES within its first {limits.insert_head_bytes} bytes"
+                raise ClickHouseError(QUERY_IS_TOO_LARGE, message)
+        if isinstance(found, InsertSplit):
+            return found, b"".join(parts)
+        return None, _read_bounded(parts, chunks, limits.max_query_bytes)
 
     def _insert(
-        self, split: InsertSplit, head_data: bytes, chunks: Iterator[bytes], params: RequestParams
+        self, split: InsertSplit, head_data: bytes, chunks: Iterator[bytes], params: RequestParams, level: int
     ) -> QueryResult:
+        limit = self.engine.limits.max_insert_bytes
         # The suffix must not be .gz/.zst/...: ClickHouse picks INFILE decompression by extension.
         spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed before the engine reads it
             dir=self.spool_dir, prefix="clocktower-insert-", suffix=".data", delete=False
         )
         try:
             with spool:
+                size = len(head_data)
                 spool.write(head_data)
                 for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large("INSERT data", limit)
                     spool.write(chunk)
+                if size > limit:
+                    raise _too_large("INSERT data", limit)
             sql = split.infile_sql(spool.name)
-            return self._execute(sql, "TabSeparated", params)
+            return self._execute(sql, "TabSeparated", params, level, "insert", guard=split.head)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spool.name)

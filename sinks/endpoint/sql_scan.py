@@ -16,19 +16,23 @@ from dataclasses import dataclass
 _TOKEN_RE = re.compile(
     rb"""
       (?P<space>\s+)
-    | (?P<comment>--[^\n]*|\#[ !][^\n]*|/\*.*?\*/)
-    | (?P<string>'(?:[^'\\]|\\.|'')*')
-    | (?P<quoted>"(?:[^"\\]|\\.|"")*"|`(?:[^`\\]|\\.|``)*`)
-    | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+    | (?P<comment>--[^\n]*|\#[ !][^\n]*)
+    | (?P<nested>/\*)
+    | (?P<string>'(?:[^'\\]|\\.|'')*(?:'|\Z))
+    | (?P<quoted>"(?:[^"\\]|\\.|"")*(?:"|\Z)|`(?:[^`\\]|\\.|``)*(?:`|\Z))
+    | (?P<dollar>\$)
+    | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+    | (?P<number>[0-9][A-Za-z0-9_.]*)
     | (?P<other>.)
     """,
     re.VERBOSE | re.DOTALL,
 )
+_COMMENT_EDGE_RE = re.compile(rb"/\*|\*/")
 
 # Statements that return a result set (ClickHouse then reports X-ClickHouse-Format)
 # and that are safe where ClickHouse forces readonly (HTTP GET, readonly=1).
 READ_ONLY_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS", "("})
-_INSERT_QUERY_KEYWORDS = frozenset({"VALUES", "SELECT", "WITH", "INFILE"})
+_INSERT_QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "INFILE"})
 
 
 @dataclass(frozen=True)
@@ -42,21 +46,66 @@ class Token:
 
 
 def tokens(sql: bytes) -> Iterator[Token]:
-    """Yield significant tokens with their parenthesis depth (comments and spaces dropped)."""
+    """Yield significant tokens with their parenthesis depth (comments and spaces dropped).
+
+    Unterminated strings, quoted names, heredocs and comments run to the end of
+    the text, as the engine's lexer would read them (and then reject them).
+    """
     depth = 0
-    for match in _TOKEN_RE.finditer(sql):
+    pos, end = 0, len(sql)
+    while pos < end:
+        match = _TOKEN_RE.match(sql, pos)
+        assert match is not None  # ``other`` matches any byte
         kind = match.lastgroup
+        start, pos = match.start(), match.end()
+        if kind == "nested":
+            pos = _comment_end(sql, pos)
+            if pos < 0:  # never closed: the engine's lexer reports an error token, not a comment
+                yield Token("/*", start, end, depth)
+                return
+            continue
+        if kind == "dollar":
+            heredoc_end = _heredoc_end(sql, start)
+            if heredoc_end is not None:
+                pos = heredoc_end
+                yield Token("", start, pos, depth)
+                continue
         if kind in ("space", "comment"):
             continue
         raw = match.group()
         if kind == "word":
-            yield Token(raw.decode().upper(), match.start(), match.end(), depth)
+            yield Token(raw.decode().upper(), start, pos, depth)
             continue
         if raw == b")":
             depth = max(depth - 1, 0)
-        yield Token(raw.decode("latin-1") if kind == "other" else "", match.start(), match.end(), depth)
+        text = raw.decode("latin-1") if kind in ("other", "number") else ""
+        yield Token(text, start, pos, depth)
         if raw == b"(":
             depth += 1
+
+
+def _heredoc_end(sql: bytes, start: int) -> int | None:
+    """End of the heredoc at ``start``, as ClickHouse's lexer reads one: ``$tag$ ... $tag$``.
+
+    The tag is whatever lies between the first two ``$`` (``$$`` has an empty tag); without a
+    closing copy of it, the ``$`` is not a heredoc.
+    """
+    tag_end = sql.find(b"$", start + 1)
+    if tag_end < 0:
+        return None
+    tag = sql[start : tag_end + 1]
+    closing = sql.find(tag, tag_end + 1)
+    return None if closing < 0 else closing + len(tag)
+
+
+def _comment_end(sql: bytes, pos: int) -> int:
+    """Where a ``/* ... */`` comment that opened before ``pos`` ends (-1: never); ClickHouse nests them."""
+    level = 1
+    for edge in _COMMENT_EDGE_RE.finditer(sql, pos):
+        level += 1 if edge.group() == b"/*" else -1
+        if level == 0:
+            return edge.end()
+    return -1
 
 
 @dataclass(frozen=True)
@@ -81,16 +130,14 @@ class Statement:
 
 
 def describe(sql: bytes) -> Statement:
-    """Find the leading keyword, a trailing ``FORMAT name`` and any second statement."""
+    """Find the leading keyword, a trailing ``FORMAT name`` and any second statement.
+
+    INSERTs with data never get here (see :func:`split_insert`), so everything
+    after the first top-level ``;`` that is not another ``;`` is a second statement.
+    """
     toks = [t for t in tokens(sql) if t.depth == 0]
     keyword = toks[0].text if toks else ""
-    if keyword == "INSERT":
-        data_at = next((i for i, t in enumerate(toks) if t.text in ("VALUES", "FORMAT")), len(toks))
-        infile = any(t.text == "INFILE" for t in toks[:data_at])
-        if data_at < len(toks):  # inline data follows VALUES/FORMAT: the rest is data, not SQL
-            return Statement("INSERT", None, False, None, infile)
-        if infile:
-            return Statement("INSERT", None, False, None, True)
+    infile = keyword == "INSERT" and any(t.text == "INFILE" for t in toks)
     multi = False
     for i, tok in enumerate(toks):
         if tok.text == ";" and any(t.text != ";" for t in toks[i + 1 :]):
@@ -98,7 +145,7 @@ def describe(sql: bytes) -> Statement:
             break
     span = _format_span(toks)
     fmt = sql[span[0] : span[1]].split()[-1].decode() if span else None
-    return Statement(keyword, fmt, multi, span)
+    return Statement(keyword, fmt, multi, span, infile)
 
 
 def _format_span(toks: list[Token]) -> tuple[int, int] | None:
@@ -134,11 +181,13 @@ NEED_MORE = "need-more"
 
 
 def split_insert(buf: bytes, complete: bool) -> InsertSplit | str | None:
-    """Split ``INSERT ... FORMAT fmt<data>`` the way ClickHouse does.
+    """Split ``INSERT ... FORMAT fmt<data>`` or ``INSERT ... VALUES <data>`` the way ClickHouse does.
 
     Returns the split, ``None`` when ``buf`` is not an insert with attached
     data (so it is a plain statement), or ``NEED_MORE`` when ``buf`` is an
-    incomplete prefix that cannot be decided yet.
+    incomplete prefix that cannot be decided yet. ``VALUES`` data becomes
+    ``FORMAT Values`` data, so it is parsed as data and never as SQL: the
+    engine would otherwise run whatever follows a ``;`` after the values.
     """
     settings_at: int | None = None
     toks = tokens(buf)
@@ -150,6 +199,12 @@ def split_insert(buf: bytes, complete: bool) -> InsertSplit | str | None:
     for tok in toks:
         if tok.depth:
             continue
+        if tok.text == "VALUES":
+            if tok.end == len(buf) and not complete:
+                return NEED_MORE
+            before = buf[: tok.start].rstrip()
+            head = before + b" FORMAT Values"
+            return InsertSplit(head, len(before) if settings_at is None else settings_at, tok.end, "Values")
         if tok.text in _INSERT_QUERY_KEYWORDS:
             return None
         if tok.text == "SETTINGS" and settings_at is None:

@@ -1,0 +1,118 @@
+"""One chdb connection: a ClickHouse session at a fixed readonly level.
+
+chdb connections to one data dir share the engine but each is its own
+session (settings, current database) and they run in parallel. A session's
+readonly level is set once, at the engine's own level, before any client
+runs on it: the engine then enforces it, and nothing a client sends can lower
+it. Per-request settings are applied as differences from the session's
+baseline and put back on the next request, so none outlives its request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from chdb.state.sqlitelike import Connection
+
+from sinks.endpoint.errors import ClickHouseError
+
+logger = logging.getLogger(__name__)
+
+_SETTING_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNKNOWN_SETTING = 115
+_FLUSH_SQL, _FLUSH_OUT = "SELECT 'clocktower-session-flush'", b"clocktower-session-flush\n"
+# Never set per request: the session's level, and the database (set by USE).
+_NOT_SETTABLE = frozenset({"database", "readonly"})
+# Every session starts with these: Values data never evaluates expressions (they could call functions).
+BASELINE_SETTINGS = {
+    "input_format_values_interpret_expressions": "0",
+    "input_format_values_deduce_templates_of_expressions": "0",
+}
+
+
+def quote(value: str) -> str:
+    """Quote a setting value; ClickHouse converts quoted literals to the setting's type."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class EngineSession:
+    """A chdb connection at ``readonly`` (0, 1 or 2), with its timeout cap as a baseline setting."""
+
+    def __init__(self, conn: Connection, readonly: int, timeout_s: float) -> None:
+        self.conn = conn
+        self.readonly = readonly
+        self._database: str | None = None
+        self._applied: dict[str, str] = {}
+        for name, value in {**BASELINE_SETTINGS, "max_execution_time": f"{timeout_s:g}"}.items():
+            self.query(f"SET {name} = {quote(value)}")
+        if readonly:
+            self.query(f"SET readonly = {readonly}")  # last: after this the engine refuses to lower it
+        self._baseline = self._changed_settings()
+
+    def query(self, sql: str | bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None) -> Any:
+        try:
+            return self.conn.query(sql, fmt, params=dict(params or {}))
+        except Exception as ex:  # chdb raises ChdbError/RuntimeError with ClickHouse's text
+            error = ClickHouseError.from_engine(str(ex))
+        self._flush()
+        raise error
+
+    def _flush(self) -> None:
+        """Drop output a failed query left behind.
+
+        chdb 4.4 prepends what a query had produced before it failed (e.g. on TIMEOUT_EXCEEDED) to the
+        next result on the same connection: the next request, maybe another client's, would get it.
+        """
+        for _ in range(3):
+            try:
+                if self.conn.query(_FLUSH_SQL, "TSVRaw").bytes() == _FLUSH_OUT:
+                    return
+            except Exception:
+                logger.warning("flushing a chdb session failed", exc_info=True)
+        raise ClickHouseError(1001, "a chdb session could not be flushed after an error")
+
+    def use(self, database: str) -> None:
+        if database == self._database:
+            return
+        self._database = None
+        quoted = "`" + database.replace("\\", "\\\\").replace("`", "\\`") + "`"
+        self.query(f"USE {quoted}")
+        self._database = database
+
+    def apply(self, settings: Mapping[str, str]) -> None:
+        """Move the session from the previous request's settings to these, touching only differences.
+
+        At readonly=1 the engine itself refuses any change (as ClickHouse does); same-value settings pass.
+        """
+        for name in [n for n in self._applied if n not in settings]:
+            self._restore(name)
+        for name, value in settings.items():
+            if name in _NOT_SETTABLE or self._applied.get(name) == value:
+                continue
+            if not _SETTING_NAME_RE.match(name):
+                raise ClickHouseError(_UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")
+            self.query(f"SET {name} = {quote(value)}")
+            if self.readonly != 1:  # at readonly=1 only same-value SETs pass: nothing to put back
+                self._applied[name] = value
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _restore(self, name: str) -> None:
+        baseline = self._baseline.get(name)
+        del self._applied[name]
+        try:
+            self.query(f"SET {name} = {'DEFAULT' if baseline is None else quote(baseline)}")
+        except ClickHouseError:
+            logger.warning("could not reset setting %s on a chdb session", name, exc_info=True)
+            self._applied[name] = "\0unknown"  # try again next time
+
+    def _changed_settings(self) -> dict[str, str]:
+        sql = "SELECT name, value FROM system.settings WHERE changed"
+        rows = self.query(sql, "JSONEachRow").bytes().splitlines()
+        changed = (json.loads(row) for row in rows if row)
+        return {row["name"]: row["value"] for row in changed if row["name"] not in _NOT_SETTABLE}

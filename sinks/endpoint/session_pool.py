@@ -1,0 +1,65 @@
+"""A pool of engine sessions in which inserts go first.
+
+Each chdb connection is its own ClickHouse session and they run queries in
+parallel, so a slow read holds only its own session. Waiting inserts are
+served before any other waiter, and ``reserved`` sessions only ever run
+inserts: however many slow reads arrive, an insert never waits behind one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+from sinks.endpoint.errors import TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
+
+T = TypeVar("T")
+
+
+class SessionPool(Generic[T]):
+    """Hands out one session at a time per caller; priority callers (inserts) first."""
+
+    def __init__(self, sessions: list[T], reserved: int = 0) -> None:
+        if not 0 <= reserved < len(sessions) or not sessions:
+            raise ValueError("a pool needs at least one session that is not reserved")
+        self.sessions = list(sessions)
+        self._free = list(sessions)
+        self._reserved = reserved
+        self._cond = threading.Condition()
+        self._priority_waiting = 0
+
+    @contextmanager
+    def acquire(self, priority: bool, timeout_s: float) -> Iterator[T]:
+        session = self._take(priority, timeout_s)
+        try:
+            yield session
+        finally:
+            with self._cond:
+                self._free.append(session)
+                self._cond.notify_all()
+
+    def _may_take(self, priority: bool) -> bool:
+        if priority:
+            return bool(self._free)
+        return self._priority_waiting == 0 and len(self._free) > self._reserved
+
+    def _take(self, priority: bool, timeout_s: float) -> T:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if priority:
+                self._priority_waiting += 1
+            try:
+                while not self._may_take(priority):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        message = f"No free engine session within {timeout_s:g} s: too many simultaneous queries"
+                        raise ClickHouseError(TOO_MANY_SIMULTANEOUS_QUERIES, message)
+                    self._cond.wait(left)
+                return self._free.pop()
+            finally:
+                if priority:
+                    self._priority_waiting -= 1
+                    self._cond.notify_all()  # others may go now

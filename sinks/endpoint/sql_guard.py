@@ -1,0 +1,235 @@
+"""What a client's statement may do on the embedded engine, judged on the engine's own parse tree.
+
+The engine parses the statement (``parseQueryToJSON``, which also refuses a
+second statement) and this module walks the tree. Nothing a client sends may
+reach files, the network or other processes: table functions and storage
+engines are allow-listed (everything else, ``file``, ``url``, ``s3``,
+``remote``, ``executable``, chdb's ``python`` ..., is refused), the scalar
+``file()`` and ``disk()`` are refused, and so are ``INTO OUTFILE``, ``FROM
+INFILE``, ``INSERT INTO FUNCTION``, dictionaries with an external source,
+``BACKUP``/``RESTORE``, ``SYSTEM``, ``ATTACH ... FROM path``, and session state
+(temporary tables, transactions, ``SET ROLE``). ``SET`` and ``USE`` never
+reach the shared engine: over sessionless HTTP they change nothing, as in
+ClickHouse, and at readonly=1 they are refused. Pure logic: no engine here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sinks.endpoint.errors import (
+    ACCESS_DENIED,
+    READONLY,
+    SETTING_CONSTRAINT_VIOLATION,
+    ClickHouseError,
+)
+
+
+def _names(text: str) -> frozenset[str]:
+    """Names as the guard compares them: ASCII lower case."""
+    return frozenset(text.lower().split())
+
+
+# Table functions that only read the engine's own data or generate rows.
+TABLE_FUNCTIONS_ALLOWED = _names(
+    """
+    numbers numbers_mt zeros zeros_mt generaterandom generate_series generateseries primes values
+    sqlstandardvalues null view viewifpermitted viewexplain merge dictionary format input loop
+    mergetreeindex mergetreeprojection
+    """
+)
+# Local-only table functions nobody here needs: refused in FROM like any table function not allowed above.
+TABLE_FUNCTIONS_NOT_NEEDED = _names(
+    """
+    fuzzjson fuzzquery mergetreeanalyzeindexes mergetreeanalyzeindexesuuid mergetreecodecblockcounts
+    mergetreetextindex timeseriesdata timeseriesmetricfamilies timeseriesmetrics timeseriessamples
+    timeseriesselector timeseriestags
+    """
+)
+# Refused in any position (scalar or table): they read or write files, reach the network or run programs.
+FUNCTIONS_DENIED = _names(
+    """
+    file disk filecluster filesystem url urlcluster s3 s3cluster gcs oss cosn azureblobstorage
+    azureblobstoragecluster hdfs hdfscluster remote remotesecure cluster clusterallreplicas executable
+    executablepool mysql postgresql sqlite mongodb redis jdbc odbc bigquery ytsaurus arrowstream eval python
+    iceberg icebergs3 icebergazure iceberghdfs iceberglocal icebergcluster icebergs3cluster icebergazurecluster
+    iceberghdfscluster icebergLocalcluster deltalake deltalakes3 deltalakeazure deltalakelocal deltalakecluster
+    deltalakes3cluster deltalakeazurecluster hudi hudicluster paimon paimons3 paimonazure paimonhdfs paimonlocal
+    paimoncluster paimons3cluster paimonazurecluster paimonhdfscluster prometheusquery prometheusqueryrange
+    """
+)
+# Storage and database engines that keep data inside the engine's own data directory.
+ENGINES_ALLOWED = _names(
+    """
+    mergetree replacingmergetree summingmergetree aggregatingmergetree collapsingmergetree
+    versionedcollapsingmergetree coalescingmergetree graphitemergetree memory log tinylog stripelog null buffer
+    merge set join view materializedview livewindowview windowview dictionary generaterandom alias
+    atomic ordinary lazy
+    """
+)
+# Dictionary sources that stay inside the engine (none reach outside: ClickHouse's own connects over TCP).
+DICTIONARY_SOURCES_ALLOWED = frozenset({"null"})
+# Settings no client may set: they would read files, evaluate expressions in data, or lift the guards.
+SETTINGS_DENIED = _names(
+    """
+    readonly allow_ddl input_format_values_interpret_expressions input_format_values_deduce_templates_of_expressions
+    format_schema format_template_resultset format_template_row format_schema_path allow_introspection_functions
+    user_files_path max_execution_time_leaf disk storage_policy
+    """
+)
+# Statement types (as the engine names its tree nodes) that a client may not run at all.
+_STATEMENTS_DENIED = {
+    "BackupQuery": "BACKUP and RESTORE write or read files",
+    "SystemQuery": "SYSTEM statements act on the whole engine",
+    "TransactionControl": "transactions need a session, and HTTP requests here have none",
+}
+# Statements the engine cannot show as a tree: allowed only when they only read (checked on the formatted text).
+_TREELESS_READS = ("DescribeQuery", "ExistsTableQuery", "ExistsDatabaseQuery", "ExistsDictionaryQuery",
+                   "ExistsViewQuery", "ShowCreate", "ShowColumns", "ShowIndexes", "ShowSettingQuery",
+                   "ShowFunctions", "ShowEngines", "ShowProcesslist")
+_SESSION_STATEMENTS = {"SetQuery": "SET", "UseQuery": "USE"}
+_READS = frozenset({"SelectWithUnionQuery", "SelectIntersectExceptQuery", "ExplainQuery", "ShowTablesQuery"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How to run an allowed statement: ``kind`` is insert, read or write; ``session`` is SET/USE (a no-op)."""
+
+    kind: str
+    session: str | None = None
+
+
+def _denied(message: str) -> ClickHouseError:
+    return ClickHouseError(ACCESS_DENIED, message, "ACCESS_DENIED")
+
+
+def _fold(name: str) -> str:
+    """ASCII case folding, as the engine's case-insensitive names use (never Unicode tricks)."""
+    return name.lower() if name.isascii() else name
+
+
+def check_setting(name: str, value: object, cap_s: float) -> None:
+    """Refuse a setting no client may change, and a ``max_execution_time`` above the cap (or unlimited)."""
+    if _fold(name) == "readonly" and str(value).strip().strip("'") not in ("", "0"):
+        return  # raising readonly only restricts; the engine refuses it where readonly is already set
+    if _fold(name) in SETTINGS_DENIED:
+        raise _denied(f"Setting {name} cannot be changed on the embedded endpoint")
+    if _fold(name) == "max_execution_time":
+        try:
+            seconds = float(str(value).strip().strip("'"))
+        except ValueError:
+            return  # the engine reports the bad value itself
+        if seconds <= 0 or seconds > cap_s:
+            raise ClickHouseError(
+                SETTING_CONSTRAINT_VIOLATION,
+                f"Setting max_execution_time shouldn't be 0 or greater than {cap_s:g}",
+                "SETTING_CONSTRAINT_VIOLATION",
+            )
+
+
+def check_settings(settings: Mapping[str, str], cap_s: float) -> None:
+    for name, value in settings.items():
+        check_setting(name, value, cap_s)
+
+
+def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], float]) -> Verdict:
+    """Judge one parsed statement; raises ClickHouseError when it is refused.
+
+    ``cap_for`` gives the max_execution_time cap of a statement kind (read, write, insert).
+    """
+    kind = str(tree.get("type", ""))
+    if kind in _SESSION_STATEMENTS and (kind != "SetQuery" or tree.get("is_standalone")):
+        return session_statement(_SESSION_STATEMENTS[kind], readonly)
+    if kind in _STATEMENTS_DENIED:
+        raise _denied(f"{_STATEMENTS_DENIED[kind]}: not allowed on the embedded endpoint")
+    if kind == "InsertQuery" and "table_function" in tree:
+        raise _denied("INSERT INTO FUNCTION is not allowed on the embedded endpoint")
+    if kind == "CreateQuery":
+        _check_create(tree)
+    verdict = Verdict("insert" if kind == "InsertQuery" else "read" if kind in _READS else "write")
+    cap_s = cap_for(verdict.kind)
+    for key, node in _walk(tree, ""):
+        _check_node(key, node, cap_s)
+    return verdict
+
+
+def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int) -> Verdict:
+    """Judge a statement the engine cannot show as a tree, from its type and the names called in it.
+
+    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement.
+    """
+    if node_type == "SetRoleQuery":
+        return session_statement("SET ROLE", readonly)
+    if not node_type.startswith(_TREELESS_READS):
+        raise _denied(f"{node_type.removesuffix('Query')} statements are not allowed on the embedded endpoint")
+    for name in keyword_calls:
+        if _fold(name) in FUNCTIONS_DENIED:
+            raise _denied(f"Function {name} is not allowed on the embedded endpoint")
+    return Verdict("read")
+
+
+def session_statement(statement: str, readonly: int) -> Verdict:
+    """SET / USE / SET ROLE: refused at readonly=1, else a no-op (HTTP requests here carry no session)."""
+    if readonly == 1:
+        raise ClickHouseError(READONLY, f"Cannot execute {statement} in readonly mode", "READONLY")
+    if statement == "SET ROLE":
+        raise _denied("SET ROLE is not supported by the embedded endpoint")
+    return Verdict("session", statement)
+
+
+def _check_create(tree: Mapping[str, Any]) -> None:
+    if tree.get("is_temporary"):
+        raise _denied("Temporary tables need a session, and HTTP requests here have none")
+    if tree.get("has_attach_from_path") or "attach_from_path" in tree:
+        raise _denied("ATTACH ... FROM a path is not allowed on the embedded endpoint")
+    if tree.get("is_dictionary"):
+        source = (tree.get("dictionary") or {}).get("source") or {}
+        name = _fold(str(source.get("name", "")))
+        if name not in DICTIONARY_SOURCES_ALLOWED:
+            raise _denied(f"Dictionary source {name or '?'} is not allowed on the embedded endpoint")
+
+
+def _check_node(key: str, node: Mapping[str, Any], cap_s: float) -> None:
+    node_type = node.get("type")
+    if key in ("out_file", "infile"):
+        raise _denied("INTO OUTFILE and FROM INFILE are not allowed on the embedded endpoint")
+    if node_type == "SetQuery":
+        for change in node.get("changes") or ():
+            field = change.get("value") if isinstance(change.get("value"), dict) else {}
+            if field.get("field_type") == "CustomType":  # an expression as a value, e.g. disk = disk(path = ...)
+                raise _denied(f"Setting {change.get('name')} = <expression> is not allowed on the embedded endpoint")
+            value = field.get("value")
+            check_setting(str(change.get("name", "")), value if value is not None else "", cap_s)
+        return
+    if node_type not in ("Function", "FunctionWithKeyValueArguments"):
+        return
+    name = str(node.get("name", ""))
+    folded = _fold(name)
+    if folded in FUNCTIONS_DENIED:
+        raise _denied(f"Function {name} is not allowed on the embedded endpoint")
+    if node_type == "FunctionWithKeyValueArguments":
+        if key == "source" and folded not in DICTIONARY_SOURCES_ALLOWED:
+            raise _denied(f"Dictionary source {name} is not allowed on the embedded endpoint")
+        return
+    engine_kind = str(node.get("kind", ""))
+    if key == "engine" or engine_kind.endswith("_ENGINE"):
+        if folded not in ENGINES_ALLOWED:
+            raise _denied(f"Engine {name} is not allowed on the embedded endpoint")
+    elif engine_kind == "BACKUP_NAME":
+        raise _denied("BACKUP and RESTORE are not allowed on the embedded endpoint")
+    elif key in ("table_function", "as_table_function") and folded not in TABLE_FUNCTIONS_ALLOWED:
+        raise _denied(f"Table function {name} is not allowed on the embedded endpoint")
+
+
+def _walk(node: Any, key: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every dict in the tree with the key it hangs under (list items inherit their list's key)."""
+    stack: list[tuple[str, Any]] = [(key, node)]
+    while stack:
+        key, node = stack.pop()
+        if isinstance(node, dict):
+            yield key, node
+            stack.extend((k, v) for k, v in node.items() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((key, v) for v in node)
