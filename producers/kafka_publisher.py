@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from schemas.codec import encode_batch
 from schemas.event import Event
 from schemas.kafka_security import KafkaSecurity
+from schemas.record_mac import NodeSigning, sign
 from schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,11 @@ class KafkaPublisher:
     """Batches events into envelope records and publishes them."""
 
     def __init__(self, bootstrap: str, max_events_per_record: int = 1000, compression: str = "lz4",
-                 extra_config: dict[str, object] | None = None, security: KafkaSecurity | None = None) -> None:
+                 extra_config: dict[str, object] | None = None, security: KafkaSecurity | None = None,
+                 node_key: bytes | None = None) -> None:
         self.max_events = max_events_per_record
+        # Records are signed with this node's key (CLOCKTOWER_NODE_KEY) so the streams can check who sent them.
+        self.node_key = node_key if node_key is not None else NodeSigning().node_key_bytes()
         self.acked: Counter[str] = Counter()     # events acknowledged, per schema
         self.failed: Counter[str] = Counter()    # events whose delivery failed, per schema
         self.sent: Counter[str] = Counter()      # events handed to the producer, per schema
@@ -61,7 +65,7 @@ class KafkaPublisher:
 
     def publish_batch(self, events: list[Event]) -> None:
         """Queue one pre-grouped batch (one schema, one node) as one record."""
-        key, value, headers = encode_batch(events)
+        key, value, headers = self.signed(topic_for(type(events[0])).name, *encode_batch(events))
         schema = type(events[0]).SCHEMA
         n = len(events)
 
@@ -75,6 +79,10 @@ class KafkaPublisher:
 
         self.publish_raw(topic_for(type(events[0])).name, key, value, headers, on_delivery)
         self.sent[schema] += n
+
+    def signed(self, topic: str, key: bytes, value: bytes, headers: list) -> tuple[bytes, bytes, list]:
+        """The record with this node's MAC header added, when the publisher has a node key."""
+        return key, value, sign(self.node_key, topic, key, value, headers) if self.node_key else headers
 
     def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None,
                     on_delivery=None) -> None:  # noqa: ANN001

@@ -152,8 +152,8 @@ class SpoolingPublisher(KafkaPublisher):
     # --- publishing ---------------------------------------------------------------
     def publish_batch(self, events: list[Event]) -> None:
         """Queue one pre-grouped batch (one schema, one node) as one record."""
-        key, value, headers = encode_batch(events)
-        self.publish_raw(topic_for(type(events[0])).name, key, value, headers)
+        topic = topic_for(type(events[0])).name
+        self.publish_raw(topic, *self.signed(topic, *encode_batch(events)))
         with self._lock:
             self.sent[type(events[0]).SCHEMA] += len(events)
 

@@ -13,9 +13,10 @@ import faust
 
 from clocktower.config import Settings
 from schemas.kafka_security import KafkaSecurity
+from schemas.record_mac import NodeSigning
 from streams.kafka_credentials import faust_credentials
 from streams.processors import Processors
-from streams.record_handler import RecordHandler
+from streams.record_handler import RecordHandler, identity_check
 from streams.remediation_budget import RemediationBudget
 from streams.settings import StreamsPolicy
 
@@ -45,7 +46,7 @@ app = faust.App(
 processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
                         clock_update_ns=round(settings.clock_update_ms * 1e6),
                         remediation_budget=RemediationBudget(policy.remediation_max_per_hour))
-handler = RecordHandler(processors)
+handler = RecordHandler(processors, identity=identity_check(NodeSigning()))
 
 _INPUTS = ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
            "telemetry.gpu")

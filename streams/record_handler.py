@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_batch, encode_batch
+from schemas.record_mac import NodeSigning, check
 from streams import metrics
 from streams.emit import records
 from streams.processors import Processors
@@ -20,6 +22,12 @@ Out = tuple[str, bytes, bytes, Headers]
 DEADLETTER_TOPIC = "deadletter"
 # (topic, key, headers) -> None if the producer may speak for this key, else the reason it may not.
 IdentityCheck = Callable[[str, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]], str | None]
+
+
+def identity_check(signing: NodeSigning) -> IdentityCheck | None:
+    """With CLOCKTOWER_PRODUCER_KEY set, only records signed by the node they are keyed by are processed."""
+    key = signing.producer_key_bytes()
+    return partial(check, key) if key else None
 
 
 class RecordHandler:

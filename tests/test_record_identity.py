@@ -1,0 +1,66 @@
+"""Who may speak for a node: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on records signed by their node."""
+
+from __future__ import annotations
+
+from producers.kafka_publisher import KafkaPublisher
+from schemas.codec import decode_batch, encode_batch
+from schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
+from schemas.telemetry import GpuHealth
+from streams.processors import Processors
+from streams.record_handler import RecordHandler, identity_check
+
+T0 = 1_780_000_000 * 10**9
+PRODUCER_KEY = b"p" * 32
+TOPIC = "telemetry.gpu"
+
+
+def _xid79(node: str) -> tuple[bytes, bytes, list]:
+    return encode_batch([GpuHealth(node=node, ts_ns=T0, gpu=0, uuid="GPU-0", xid=79)])
+
+
+def _handler() -> RecordHandler:
+    check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
+    assert check is not None
+    return RecordHandler(Processors(b"k" * 32), identity=check)
+
+
+def _actions(out: list) -> list[str]:
+    return [e.action for t, k, v, h in out if t == "control.commands" for e in decode_batch(t, k, v, h).events]
+
+
+def _reason(out: list) -> str:
+    [(topic, k, v, h)] = out
+    assert topic == "deadletter"
+    dl = decode_batch(topic, k, v, h).events[0]
+    assert dl.detector == "streams"
+    return dl.reason
+
+
+def test_a_node_signed_record_is_acted_on() -> None:
+    pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
+    key, value, headers = pub.signed(TOPIC, *_xid79("node-1"))
+    assert any(h == H_NODE_MAC for h, _ in headers)
+    assert _actions(_handler().handle(TOPIC, 0, 1, key, value, headers)) == ["drain", "spare"]
+
+
+def test_an_anonymous_xid79_drains_nothing() -> None:
+    out = _handler().handle(TOPIC, 0, 1, *_xid79("node-1"))
+    assert "identity: record is not signed" in _reason(out)
+
+
+def test_a_node_cannot_speak_for_another() -> None:
+    pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-2"))   # node-2's own key
+    out = _handler().handle(TOPIC, 0, 1, *pub.signed(TOPIC, *_xid79("node-1")))     # a record keyed node-1
+    assert "does not match the key's node" in _reason(out)
+
+
+def test_an_altered_record_is_refused() -> None:
+    pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
+    key, value, headers = pub.signed(TOPIC, *_xid79("node-1"))
+    _, other_value, _ = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=3, uuid="GPU-3", xid=79)])
+    assert "does not match" in _reason(_handler().handle(TOPIC, 0, 1, key, other_value, headers))
+
+
+def test_without_a_producer_key_there_is_no_check() -> None:
+    assert identity_check(NodeSigning(producer_key=None)) is None
+    assert KafkaPublisher("127.0.0.1:1", node_key=b"").signed(TOPIC, b"k", b"v", []) == (b"k", b"v", [])
