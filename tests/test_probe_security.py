@@ -214,8 +214,9 @@ def test_probe_back_goes_only_to_listed_host_and_port() -> None:
 # -- exhaustion -----------------------------------------------------------------------------------------------
 
 def test_unauthenticated_floods_take_no_slot_and_no_table_entry() -> None:
-    """Probes from 150 unlisted sources, and 3000 distinct pairs MACed with a wrong key from a listed IP,
-    take no probe-back slot and leave no pending pair (before: 64 slots and the 65,536-entry table filled)."""
+    """Probes from 150 unlisted sources, and 1000 distinct pairs MACed with a wrong key from a listed IP,
+    take no probe-back slot and leave no pending pair (before: 64 slots and the 65,536-entry table filled).
+    1150 datagrams fit in the agent's socket buffer, so none is lost even if the agent is slow to read."""
     listed, p1 = _free_port(), _free_port()
     node1 = _agent("node-1", p1, (f"127.0.0.1:{listed}",), lambda events: None, probe_peers=0)
     try:
@@ -224,23 +225,22 @@ def test_unauthenticated_floods_take_no_slot_and_no_table_entry() -> None:
             with _udp(f"127.0.{1 + i // 200}.{10 + i % 200}") as spoofed:
                 spoofed.sendto(wire.encode_probe(wire.Probe(f"n{i}", i, 0, now + i), KEY), ("127.0.0.1", p1))
         with _udp("127.0.0.1") as same_ip:
-            for i in range(3000):
+            for i in range(1000):
                 same_ip.sendto(wire.encode_probe(wire.Probe("node-0", i, 0, now + i), WRONG_KEY), ("127.0.0.1", p1))
-                if i % 500 == 499:
-                    time.sleep(0.02)                    # stay within the socket's receive buffer
         assert _wait(lambda: node1.stats()["counts"].get("bad_mac", 0) + node1.stats()["counts"].get(
-            "unlisted_source", 0) >= 3150, 10)
+            "unlisted_source", 0) >= 1150, 10)
         stats = node1.stats()
     finally:
         node1.stop()
-    assert stats["counts"]["unlisted_source"] == 150 and stats["counts"]["bad_mac"] == 3000
+    assert stats["counts"]["unlisted_source"] == 150 and stats["counts"]["bad_mac"] == 1000
     assert stats["probed_back"] == 0 and stats["pending_pairs"] == 0 and stats["peers"] == []
     assert "probes_received" not in stats["counts"]
 
 
 def test_a_flooding_key_holder_is_rate_limited_and_cannot_fill_the_pending_table() -> None:
-    """A listed node with the key floods distinct pair ids: its token bucket drops most, its pending pairs stay
-    under the per-sender bound, and another node's pairs are still joined meanwhile."""
+    """A listed node with the key floods distinct pair ids: its token bucket drops most (what it lets through
+    stays within burst + rate x time, whatever the kernel dropped), its pending pairs stay under the
+    per-sender bound, and another node's pairs are still joined meanwhile."""
     flood_port, p0, p1 = _free_port(), _free_port(), _free_port()
     at1: list[ClockProbe] = []
     node1 = _agent("node-1", p1, (f"127.0.0.1:{flood_port}", f"127.0.0.1:{p0}"), at1.extend, probe_peers=0,
@@ -249,22 +249,26 @@ def test_a_flooding_key_holder_is_rate_limited_and_cannot_fill_the_pending_table
     stamps = SendClock()
     try:
         assert _wait(lambda: len(at1) >= 10, 5)
+        received_before = node1.stats()["counts"]["probes_received"]
+        t0 = time.monotonic()
         with _udp("127.0.0.1", flood_port) as flooder:
             for i in range(4000):
                 flooder.sendto(wire.encode_probe(wire.Probe("flooder", i, 0, stamps.stamp()), KEY), ("127.0.0.1", p1))
-                if i % 400 == 399:
-                    time.sleep(0.05)                    # ~4000 datagrams/s, 10x the default rate limit
+                if i % 100 == 99:
+                    time.sleep(0.01)                    # at most ~10,000 datagrams/s, 20x the default limit
             before = len(at1)
-            assert _wait(lambda: node1.stats()["counts"].get("rate_limited", 0) >= 2000, 5)
+            assert _wait(lambda: node1.stats()["counts"].get("rate_limited", 0) >= 1000, 5)
+            time.sleep(0.2)
             stats = node1.stats()
+            elapsed = time.monotonic() - t0
             assert _wait(lambda: len(at1) >= before + 20, 5), "node-0's pairs stopped being joined"
     finally:
         node0.stop()
         node1.stop()
-    accepted = stats["counts"]["probes_received"]
-    assert stats["counts"]["rate_limited"] + stats["counts"].get("pending_sender_overflow", 0) > 2000
+    limit = node1.config.datagrams_per_s                          # burst = one second's worth
+    let_in = stats["counts"]["probes_received"] - received_before
+    assert let_in <= limit + limit * elapsed + 2 * RATE * elapsed + 10, (let_in, elapsed)   # + node-0's own
     assert stats["pending_pairs"] <= 100 + 2 * RATE               # the flooder's bound + node-0's in flight
-    assert accepted < 4000
     assert {e.sender for e in at1} == {"node-0"}
 
 
