@@ -1,0 +1,132 @@
+"""What the embedded broker (noida-db 0.2.3) keeps across a kill -9: the loss window the README states.
+
+Measured facts (see the README, "Durability"):
+* noida-db has no option to sync before it acknowledges: no flag, environment variable or config for it
+  (`noida-db help`, the binary's strings; a topic's `flush.messages=1` is accepted and ignored).
+* It keeps the whole Kafka state in memory and writes it as one JSON file, kafka.json (tmp file, then
+  rename, never fsync), about once a second while anything changed. Writing takes longer as the log
+  grows (about 3.6 bytes of JSON per byte of records).
+* So an acknowledged record survives a kill -9 only once the next snapshot after its ack has been
+  written, and after a restart the log ends where that snapshot ended: offsets handed out after it are
+  handed out again to new records.
+
+These tests pin that down deterministically: a kill -9 just after a snapshot loses what was acked since,
+and records acked 3 s before a kill -9 (a small log) are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clocktower.ports import free_port, wait_open
+from clocktower.stack import _noida_binary
+
+TOPIC = "durability"
+
+
+class Broker:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir.parent / "broker.log", "ab") as log:
+            self.proc = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
+                                          "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        assert wait_open("127.0.0.1", self.port, 15), "the broker did not open its port"
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def snapshot_id(self) -> tuple[int, int] | None:
+        """Changes every time the broker writes its state file (a new inode, by rename)."""
+        try:
+            st = os.stat(self.data_dir / "kafka.json")
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "kafka")
+    b.start()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(15)
+    try:
+        yield b
+    finally:
+        if b.proc is not None and b.proc.poll() is None:
+            b.kill9()
+
+
+def produce(bootstrap: str, n: int, tag: bytes) -> list[int]:
+    """n records with acks=all; the offsets the broker acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 0})
+    offsets: list[int] = []
+    for i in range(n):
+        producer.produce(TOPIC, b"%s-%d" % (tag, i),
+                         on_delivery=lambda err, msg: offsets.append(msg.offset()) if err is None else None)
+    assert producer.flush(15) == 0
+    assert len(offsets) == n, "every record was acknowledged"
+    return offsets
+
+
+def end_offset(bootstrap: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "durability-check"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def wait_snapshot(broker: Broker, after: tuple[int, int] | None, timeout: float = 10) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = broker.snapshot_id()
+        if now is not None and now != after:
+            return now
+        time.sleep(0.002)
+    raise AssertionError(f"the broker wrote no state file within {timeout} s")
+
+
+def test_a_kill_9_right_after_the_ack_loses_acked_records_and_offsets_are_reused(broker: Broker) -> None:
+    assert produce(broker.bootstrap, 1, b"first") == [0]
+    snap = wait_snapshot(broker, broker.snapshot_id())   # written after the ack: "first" is in it
+    t0 = time.monotonic()
+    acked = produce(broker.bootstrap, 100, b"lost")  # acknowledged with acks=all ...
+    broker.kill9()                                    # ... and the broker dies before its next snapshot
+    took = time.monotonic() - t0
+    assert broker.snapshot_id() == snap, f"a snapshot ran within {took:.3f} s: cannot tell (machine too slow?)"
+    assert acked == list(range(1, 101))
+
+    broker.start()
+    assert end_offset(broker.bootstrap) == 1, "only what the last snapshot held survives"
+    assert produce(broker.bootstrap, 1, b"new") == [1], "offset 1 is handed out a second time"
+
+
+def test_records_acked_3_s_before_a_kill_9_are_kept(broker: Broker) -> None:
+    acked = produce(broker.bootstrap, 100, b"kept")
+    time.sleep(3.0)                                   # the snapshot period is about 1 s on a small log
+    broker.kill9()
+    broker.start()
+    assert end_offset(broker.bootstrap) == len(acked) == 100
