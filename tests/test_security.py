@@ -257,6 +257,10 @@ def test_viewer_is_really_readonly(endpoint: ClickHouseHttpEndpoint) -> None:
         urllib.request.urlopen(request, timeout=10)
     assert caught.value.code == 403
     assert admin_count(endpoint, "ro") == 0 and not table_exists(endpoint, "ro2")
+    # Grafana sends max_execution_time with every query: accepted within the cap, refused above it.
+    assert http(endpoint, "SELECT 1", login=VIEWER, max_execution_time="1") == (200, b"1\n")
+    status, body = http(endpoint, "SELECT 1", login=VIEWER, max_execution_time="1000")
+    assert status == 400 and b"SETTING_CONSTRAINT_VIOLATION" in body
     assert http(endpoint, "SELECT count() FROM ro", login=VIEWER) == (200, b"0\n")
     assert http(endpoint, "INSERT INTO ro VALUES (1)")[0] == 200  # the admin still writes afterwards
     viewer = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=VIEWER[0],

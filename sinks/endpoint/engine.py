@@ -175,7 +175,12 @@ class ChdbEngine:
                 kind = verdict.kind
             cap = self.limits.timeout_for(kind)
             sql_guard.check_settings(settings, cap)
-            if readonly != 1:  # at readonly=1 the session's own cap stands and cannot be changed
+            if readonly == 1:
+                # The engine lets no setting change at readonly=1, but Grafana sends max_execution_time with
+                # every query (ClickHouse servers allow it with changeable_in_readonly): within the cap it is
+                # accepted, and the session's own cap stands.
+                settings.pop("max_execution_time", None)
+            else:
                 settings.setdefault("max_execution_time", f"{cap:g}")
             session.apply(settings)
             result = session.query(sql, fmt, params)

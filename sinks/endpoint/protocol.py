@@ -157,7 +157,7 @@ class ClickHouseProtocol:
         """
         try:
             wrapped = b"DESCRIBE TABLE (\n" + sql + b"\n)"
-            described = self._execute(wrapped, "JSONEachRow", params, level, "read")
+            described = self._execute(wrapped, "JSONEachRow", params, level, "read", guard=wrapped)
         except ClickHouseError:
             return b""
         columns = [json.loads(line) for line in described.data.splitlines() if line]
