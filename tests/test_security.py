@@ -246,6 +246,7 @@ def test_viewer_is_really_readonly(endpoint: ClickHouseHttpEndpoint) -> None:
         ("SELECT 1 SETTINGS readonly = 0", {}),
         ("SELECT 1 SETTINGS max_result_rows = 5", {}),
         ("SELECT 1", {"max_result_rows": "5"}),
+        ("KILL QUERY WHERE 1", {}),
     ]
     for sql, params in attempts:
         status, body = http(endpoint, sql, login=VIEWER, **params)

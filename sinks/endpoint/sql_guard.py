@@ -144,6 +144,9 @@ def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], 
         return session_statement(_SESSION_STATEMENTS[kind], readonly)
     if kind in _STATEMENTS_DENIED:
         raise _denied(f"{_STATEMENTS_DENIED[kind]}: not allowed on the embedded endpoint")
+    if kind == "KillQueryQuery" and readonly:
+        # Every session is the engine's one user, so a reader could otherwise kill the sink's inserts.
+        raise ClickHouseError(READONLY, "Cannot execute KILL in readonly mode", "READONLY")
     if kind == "InsertQuery" and "table_function" in tree:
         raise _denied("INSERT INTO FUNCTION is not allowed on the embedded endpoint")
     if kind == "CreateQuery":

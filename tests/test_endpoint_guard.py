@@ -1,0 +1,59 @@
+"""Pure parts of the endpoint's guard: the session pool's insert priority and the readonly level."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sinks.endpoint.errors import ClickHouseError
+from sinks.endpoint.protocol import readonly_level
+from sinks.endpoint.session_pool import SessionPool
+
+
+def test_reserved_sessions_only_run_inserts() -> None:
+    pool = SessionPool(["a", "b"], reserved=1)
+    with pool.acquire(priority=False, timeout_s=1):
+        with pytest.raises(ClickHouseError, match="TOO_MANY_SIMULTANEOUS_QUERIES"), pool.acquire(False, 0.05):
+            pass
+        with pool.acquire(priority=True, timeout_s=0.05) as insert_session:
+            assert insert_session in ("a", "b")
+
+
+def test_waiting_inserts_go_before_waiting_reads() -> None:
+    pool = SessionPool(["only"], reserved=0)
+    order: list[str] = []
+
+    def wait(name: str, priority: bool) -> None:
+        with pool.acquire(priority=priority, timeout_s=5):
+            order.append(name)
+
+    with pool.acquire(priority=False, timeout_s=1):
+        read = threading.Thread(target=wait, args=("read", False))
+        read.start()
+        time.sleep(0.05)  # the read waits first
+        insert = threading.Thread(target=wait, args=("insert", True))
+        insert.start()
+        time.sleep(0.05)
+    read.join()
+    insert.join()
+    assert order == ["insert", "read"]
+
+
+@pytest.mark.parametrize(
+    "role_readonly, method, asked, level",
+    [
+        (False, "POST", None, 0),
+        (False, "GET", None, 2),
+        (False, "GET", "0", 2),  # a GET never writes, whatever the client asks
+        (False, "POST", "2", 2),
+        (False, "POST", "1", 1),
+        (True, "POST", "0", 1),  # the read-only role cannot be lowered
+        (True, "GET", "2", 1),
+        (True, "POST", "", 1),
+    ],
+)
+def test_readonly_level_is_the_strictest_asked(role_readonly: bool, method: str, asked: str | None,
+                                               level: int) -> None:
+    assert readonly_level(role_readonly, method, asked) == level
