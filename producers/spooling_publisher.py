@@ -30,14 +30,22 @@ as long as that check completes; if it cannot (the broker keeps failing it, or m
 delivered twice. The order per partition also relies on librdkafka's idempotent producer, which keeps
 retrying a partition's records in order.
 
+An ack is not always durable: the embedded broker acknowledges before it writes, and a kill -9 loses about
+the last second of acked records (more as its log grows). So every acked record is also held in memory for
+`ack_hold_s` (producers/ack_hold.py). If the broker goes away within that time, the held records go back to
+the spool as in doubt, and the read-back above resends only those Kafka no longer has (after the records
+already queued: their order relative to newer records is not kept).
+
 What can still be lost: a crash of this process while records sit only in librdkafka's memory (sent
-directly and not yet acknowledged, at most `message_timeout_ms` of traffic while the broker is up), and,
+directly and not yet acknowledged, at most `message_timeout_ms` of traffic while the broker is up), records
+a broker loses more than `ack_hold_s` after acking them, or while this publisher is stopped, and,
 on a machine crash, the last `fsync_interval_s` of spooled records (see producers/spool.py). When the
 spool is full the oldest segments are dropped, counted (records and events) and logged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -49,6 +57,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from producers.ack_hold import AckHold
 from producers.kafka_publisher import KafkaPublisher
 from producers.spool import Spool, SpoolEntry, SpoolRecord
 from schemas.codec import encode_batch
@@ -86,12 +95,14 @@ class SpoolingPublisher(KafkaPublisher):
                  compression: str = "lz4", max_events_per_record: int = 1000, *,
                  message_timeout_ms: int = 5000, probe_interval_s: float = 0.5, probe_timeout_s: float = 1.0,
                  fsync_interval_s: float = 1.0, replay_window: int = 500, dedup_scan_limit: int = 1_000_000,
-                 segment_bytes: int | None = None, extra_config: dict[str, object] | None = None) -> None:
+                 segment_bytes: int | None = None, extra_config: dict[str, object] | None = None,
+                 ack_hold_s: float = 5.0) -> None:
         if compression not in ("lz4", "zstd"):
             raise ValueError(f"compression must be lz4 or zstd, not {compression!r}")
         self._lock = threading.RLock()
         self.bootstrap = bootstrap
         self.spool = Spool(spool_dir, max_spool_bytes, segment_bytes)
+        self._hold = AckHold(ack_hold_s)
         try:
             self._init(bootstrap, max_events_per_record, compression, message_timeout_ms, probe_interval_s,
                        probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config)
@@ -116,6 +127,7 @@ class SpoolingPublisher(KafkaPublisher):
         self.fsync_interval_s = fsync_interval_s
         self.replay_window = replay_window
         self.dedup_scan_limit = dedup_scan_limit
+        self._recounted: set[int] = set()          # spooled again after their ack: not counted twice
 
         self._instance = uuid.uuid4().hex[:16]     # with the seq, makes each record's ct-rid unique
         self._seq = self.spool.next_seq
@@ -144,6 +156,7 @@ class SpoolingPublisher(KafkaPublisher):
         self.dropped_records = 0
         self.dropped_events = 0
         self.rejected_records = 0
+        self.respooled_records = 0                 # acked, then back to the spool when the broker went away
 
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name="spool-pump", daemon=True)
@@ -252,8 +265,12 @@ class SpoolingPublisher(KafkaPublisher):
             rec = p.rec
             if err is None:
                 self._broker_up = True
-                self.acked[rec.schema] += rec.events
-                self.acked_records += 1
+                if seq in self._recounted:
+                    self._recounted.discard(seq)
+                else:
+                    self.acked[rec.schema] += rec.events
+                    self.acked_records += 1
+                self._hold.hold(rec, time.monotonic())
                 if p.on_disk:
                     self.spool.ack(seq)
                 if p.replay:
@@ -309,16 +326,34 @@ class SpoolingPublisher(KafkaPublisher):
         self._next_probe = time.monotonic() + self.probe_interval_s
         if not self._closing:
             self._spill_memory()
+            self._respool_held()
+
+    def _respool_held(self) -> None:
+        """Acked records still held go back to the spool, in doubt: resent only if Kafka lost them."""
+        held = self._hold.take_all()
+        for old in held:
+            rec = SpoolRecord(self._seq, old.topic, old.key, old.value, old.headers, old.ts_ms)  # same ct-rid
+            self._seq += 1
+            if self._append(rec):
+                self._recounted.add(rec.seq)
+                self.respooled_records += 1
+                self._doubt_since = rec.ts_ms if self._doubt_since is None else min(self._doubt_since, rec.ts_ms)
+                self._doubt_topics.add(rec.topic)
+        if held:
+            log.warning("%d records acknowledged in the last %.0f s are spooled again until Kafka shows it "
+                        "still has them", len(held), self._hold.hold_s)
 
     # --- the pump: probe, replay, fsync ---------------------------------------------------
     def _pump(self) -> None:
         next_sync = time.monotonic() + self.fsync_interval_s
         while not self._stop.is_set():
             try:
-                self.producer.poll(0.05)
+                self._poll(0.05)
                 if self._fatal is not None:
                     self._recreate_producer()
                 now = time.monotonic()
+                with self._lock:
+                    self._hold.release(now)
                 if now >= next_sync:
                     with self._lock:
                         self.spool.sync()
@@ -331,6 +366,25 @@ class SpoolingPublisher(KafkaPublisher):
             except Exception:  # the pump must keep going; the spool holds the records meanwhile
                 log.exception("spool pump error")
                 time.sleep(0.5)
+
+    def _poll(self, timeout: float) -> bool:
+        """Serve librdkafka's callbacks; False when the producer hit a fatal error (the pump then recreates it).
+
+        A fatal error can come out of poll itself: the idempotent producer's OUT_OF_ORDER_SEQUENCE_NUMBER after
+        a broker restarted having lost records it had acknowledged (its sequence state went back in time)."""
+        try:
+            self.producer.poll(timeout)
+            return True
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.fatal()):
+                raise
+            with self._lock:
+                if self._fatal is None:
+                    log.error("librdkafka fatal error: %s; the producer will be recreated", err.str())
+                    self._fatal = err.str()
+                    self._go_down(f"fatal: {err.str()}")
+            return False
 
     def _probe(self) -> None:
         try:
@@ -350,8 +404,9 @@ class SpoolingPublisher(KafkaPublisher):
         with self._lock:
             old, self._fatal = self.producer, None
             self.producer = KafkaPublisher(self.bootstrap, self.max_events, self._compression, self._extra).producer
-        old.purge()
-        old.flush(0)               # purged records fail into the spool (they are on disk already)
+        with contextlib.suppress(KafkaException):
+            old.purge()
+            old.flush(0)           # purged records fail into the spool (they are on disk already)
 
     def _replay_step(self) -> None:
         with self._lock:
@@ -398,8 +453,11 @@ class SpoolingPublisher(KafkaPublisher):
                     self._replay_after = rec.seq
                     self.spool.ack(rec.seq)
                     self.deduplicated_records += 1
-                    self.acked[rec.schema] += rec.events
-                    self.acked_records += 1
+                    if rec.seq in self._recounted:
+                        self._recounted.discard(rec.seq)
+                    else:
+                        self.acked[rec.schema] += rec.events
+                        self.acked_records += 1
                     continue
                 if not self._produce(rec, on_disk=True, replay=True):
                     break
@@ -467,7 +525,8 @@ class SpoolingPublisher(KafkaPublisher):
                 left = self._outstanding()
             if left == 0 or time.monotonic() >= deadline:
                 break
-            self.producer.poll(0.05)
+            if not self._poll(0.05):
+                time.sleep(0.05)               # the pump is recreating the producer
         with self._lock:
             self.spool.sync()
         return left
@@ -513,6 +572,8 @@ class SpoolingPublisher(KafkaPublisher):
         acked: events the broker acknowledged (replayed and deduplicated ones included); acked_records: records.
         spooled / spooled_events: records (events) written to the spool. replayed: records sent from the spool
         and acknowledged. deduplicated: spooled records found already in Kafka and so not resent.
+        held: acked records held for ack_hold_s; respooled: acked records spooled again because the broker
+        went away within ack_hold_s (resent only if Kafka lost them; acked counts them once).
         dropped_events / dropped_records: lost to a full spool. rejected_records: refused by the broker for
         good (too large, invalid). corrupt_records: spool frames that failed their checksum and were skipped.
         spool_bytes / spool_records / spool_events: what the spool holds now. broker_up: the current verdict.
@@ -533,6 +594,8 @@ class SpoolingPublisher(KafkaPublisher):
                 "spool_records": self.spool.pending_records,
                 "spool_events": self.spool.pending_events,
                 "in_flight": len(self._inflight),
+                "held": len(self._hold),
+                "respooled": self.respooled_records,
                 "broker_up": self._broker_up,
             }
 

@@ -176,6 +176,50 @@ def test_broker_outage_mid_stream_loses_nothing_doubles_nothing(broker: Broker, 
     print(f"\n{total} events, outage {t_back - t_down:.1f} s, drained {t_done - t_back:.1f} s after restart, {st}")
 
 
+# --- the broker acks, then loses the records (kill -9 before its next snapshot) ---------------------------------
+def _snapshot(data_dir: Path) -> tuple[int, int] | None:
+    """Changes every time noida-db writes its state file (kafka.json, replaced by rename)."""
+    try:
+        st = (data_dir / "kafka.json").stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+@pytest.mark.parametrize("hold_s", [5.0, 0.0], ids=["held", "not-held"])
+def test_records_acked_then_lost_by_a_killed_broker_are_resent(broker: Broker, tmp_path: Path,
+                                                               hold_s: float) -> None:
+    broker.start()
+    ensure_topics(broker.bootstrap)
+    pub = SpoolingPublisher(broker.bootstrap, tmp_path / "spool", ack_hold_s=hold_s)
+    try:
+        wait_for(lambda: pub.broker_up, 10, "the first probe")
+        pub.publish_batch(gpu_batch("node-h", 0, 10))
+        assert pub.flush(10) == 0
+        before = _snapshot(broker.data_dir)
+        wait_for(lambda: _snapshot(broker.data_dir) != before, 5, "a broker snapshot holding the first batch")
+        snap = _snapshot(broker.data_dir)
+        for i in range(1, 20):
+            pub.publish_batch(gpu_batch("node-h", i * 10, 10))
+        assert pub.flush(10) == 0                      # all acknowledged with acks=all ...
+        assert broker.proc is not None
+        broker.proc.kill()                             # ... and the broker dies before writing them
+        broker.proc.wait(10)
+        assert _snapshot(broker.data_dir) == snap, "a snapshot ran between the acks and the kill: inconclusive"
+        wait_for(lambda: not pub.broker_up, 10, "the publisher to see the broker gone")
+        broker.start()
+        wait_for(lambda: pub.broker_up and pub.flush(0.5) == 0, 60, "the publisher to deliver everything")
+        st = pub.stats()
+    finally:
+        pub.close()
+    events = consume_all(broker.bootstrap, TOPIC)
+    if hold_s:
+        assert_exactly_once_in_order(events, Counter({"node-h": 200}))
+        assert st["respooled"] == 20 and st["deduplicated"] == 1 and st["acked"] == 200, st
+    else:                                              # what an ack from this broker is worth without the hold
+        assert sorted(seq for _, _, seq in events) == list(range(10))
+
+
 # --- spool full --------------------------------------------------------------------------------------------
 def link_batch(r: int, n: int = 10) -> list[LinkState]:
     return [LinkState(node="node-a", ts_ns=T0 + r * 1000 + i, interface="eth0", kind="ethernet", up=True,
