@@ -198,3 +198,22 @@ def test_demo_stops_cleanly_on(sig: signal.Signals, tmp_path: Path) -> None:
     finally:
         proc.kill()
         _kill_all({**children, **descendants(proc.pid)})
+
+
+NOHUP_CHECK = textwrap.dedent("""
+    import signal
+    from clocktower.shutdown_signals import stop_on_signals
+    stop_on_signals()
+    print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN,
+          signal.getsignal(signal.SIGTERM) is signal.default_int_handler)
+""")
+
+
+@pytest.mark.parametrize("ignored", [True, False], ids=["under-nohup", "plain"])
+def test_sighup_stops_unless_nohup_asked_to_ignore_it(ignored: bool) -> None:
+    def preexec() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignored else signal.SIG_DFL)
+
+    out = subprocess.run([sys.executable, "-c", NOHUP_CHECK], cwd=REPO, capture_output=True, text=True, timeout=30,
+                         preexec_fn=preexec)
+    assert out.stdout.split() == [str(ignored), "True"], out.stderr
