@@ -43,7 +43,7 @@ class GpuFaultDetector:
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
     def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Event]:
-        if not self.budget.allow(ev.ts_ns):
+        if not self.budget.allow():
             b = self.budget
             note = (f"; drain and spare withheld, needs human approval: the fleet limit of {b.max_per_window} "
                     f"replacements per {b.window_ns / 1e9:g} s is reached")

@@ -10,8 +10,9 @@ class StreamsPolicy(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
 
     remediation_max_per_hour: int = Field(
-        default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of event "
-        "time without a human; more are reported as incidents that need approval. Per stream worker.")
+        default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of the "
+        "worker's own clock (never event time, which producers write) without a human; more are reported as incidents "
+        "that need approval. Per stream worker.")
     streams_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus endpoint of the stream "
                                       "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
                                       "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")

@@ -68,24 +68,72 @@ def _xid79(node: str, ts: int) -> GpuHealth:
     return GpuHealth(node=node, ts_ns=ts, gpu=0, uuid="GPU-0", xid=79)
 
 
+class _Clock:
+    """The worker's processing clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now_ns = 5 * S
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
-    budget = RemediationBudget(max_per_window=2, window_ns=3600 * S)
+    clock = _Clock()
+    budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
     d = GpuFaultDetector(CommandIssuer(KEY), budget)
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
+        clock.now_ns += 150 * S
         out = d.on_gpu_health(_xid79(f"node-{i}", T0 + i * 150 * S))
         actions.append([e.action for e in out if isinstance(e, ControlCommand)])
         assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
     assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
     assert budget.withheld == 2 and "needs human approval" in out[0].detail
-    # An hour (of event time) after the first, the budget has room again.
+    # An hour (of the worker's clock) after the first, the budget has room again.
+    clock.now_ns += 3600 * S - 3 * 150 * S
     out = d.on_gpu_health(_xid79("node-9", T0 + 3600 * S))
     assert [e.action for e in out if isinstance(e, ControlCommand)] == ["drain", "spare"]
 
 
-def test_remediation_budget_window_slides_on_event_time() -> None:
-    b = RemediationBudget(max_per_window=1, window_ns=10 * S)
-    assert b.allow(T0) and not b.allow(T0 + 9 * S) and b.allow(T0 + 10 * S) and b.withheld == 1
+def _replaced(out: list) -> int:
+    return sum(1 for e in out if isinstance(e, ControlCommand) and e.action == "drain")
+
+
+def _published(out: list) -> list:
+    """The events in a handler's output records, decoded as a consumer would."""
+    return [e for t, k, v, h in out for e in decode_batch(t, k, v, h).events]
+
+
+def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
+    """Ten XID 79s for ten nodes, stamped t + i hours but processed at once: two replacements, not ten."""
+    budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=_Clock())
+    handler = RecordHandler(Processors(KEY, remediation_budget=budget))
+    pairs = 0
+    for i in range(10):
+        k, v, h = encode_batch([_xid79(f"node-{i}", T0 + i * 3600 * S)])
+        out = handler.handle("telemetry.gpu", 0, i, k, v, h)
+        pairs += _replaced(_published(out))
+    assert pairs == 2 and budget.withheld == 8
+
+
+def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None:
+    clock = _Clock()
+    budget = RemediationBudget(max_per_window=1, window_ns=3600 * S, clock_ns=clock)
+    d = GpuFaultDetector(CommandIssuer(KEY), budget)
+    assert _replaced(d.on_gpu_health(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
+    clock.now_ns += 3600 * S   # an hour of real time later, a real fault is replaced
+    assert _replaced(d.on_gpu_health(_xid79("real", T0 + 3600 * S))) == 1
+
+
+def test_remediation_budget_window_slides_on_processing_time_only() -> None:
+    clock = _Clock()
+    b = RemediationBudget(max_per_window=1, window_ns=10 * S, clock_ns=clock)
+    assert b.allow()
+    clock.now_ns += 9 * S
+    assert not b.allow()
+    clock.now_ns += 1 * S
+    assert b.allow() and b.withheld == 1
 
 
 class _Exploding(Processors):
