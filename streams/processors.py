@@ -11,6 +11,7 @@ from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth
 from streams.clocksync import ClockSynchronizer
 from streams.clocksync.probe_time import ProbeTime
 from streams.command_signing import CommandIssuer
+from streams.event_failure import EventFailure
 from streams.flow_latency_join import FlowLatencyJoin
 from streams.gpu_fault_detector import GpuFaultDetector
 from streams.iteration_breakdown import IterationBreakdownAggregator
@@ -34,31 +35,56 @@ class Processors:
         self.links = LinkFlapDetector(issuer)
         self.gpus = GpuFaultDetector(issuer, remediation_budget)
 
-    def on_batch(self, events: list[Event]) -> list[Event]:
+    def on_batch(self, events: list[Event], failures: list[EventFailure] | None = None) -> list[Event]:
+        """The events derived from a batch. With `failures` given, an event that raises is appended there and
+        the others' outputs are still returned (their state changes are kept, so their outputs must be
+        published too); without it, the first error propagates. The caller logs: a batch of bad events logs once."""
         out: list[Event] = []
         saw_probes = False
-        for e in events:
-            if isinstance(e, ClockProbe):
-                self.clocks.add_probe(e)
-                self._probe_time.observe(e.receiver, e.rx_ns)
-                saw_probes = True
-            elif isinstance(e, FlowSample):
-                r = self.flows.add(e)
-                if r is not None:
-                    out.append(r)
-            elif isinstance(e, CollectiveEvent):
-                out += self.iterations.add_collective(e)
-            elif isinstance(e, IterationEvent):
-                out += self.iterations.add_iteration(e)
-            elif isinstance(e, LinkState):
-                out += self.links.on_link_state(e)
-            elif isinstance(e, GpuHealth):
-                out += self.gpus.on_gpu_health(e)
-        now = self._probe_time.advance() if saw_probes else self.probe_time_ns
-        if now >= self._next_clock_update_ns:   # once per grid step of probe time crossed
-            self._next_clock_update_ns = (now // self.clock_update_ns + 1) * self.clock_update_ns
-            out += self.clocks.update(now)
+        for i, e in enumerate(events):
+            try:
+                derived, probe = self._on_event(e)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller, which dead-letters the record
+                if failures is None:
+                    raise
+                failures.append(EventFailure(i, exc))
+                continue
+            out += derived
+            saw_probes = saw_probes or probe
+        try:
+            out += self._clock_update(saw_probes)
+        except Exception as exc:  # noqa: BLE001 - as above
+            if failures is None:
+                raise
+            failures.append(EventFailure(None, exc))
         return out
+
+    def _on_event(self, e: Event) -> tuple[list[Event], bool]:
+        """One event's derived events, and whether it was a clock probe."""
+        if isinstance(e, ClockProbe):
+            self.clocks.add_probe(e)
+            self._probe_time.observe(e.receiver, e.rx_ns)
+            return [], True
+        if isinstance(e, FlowSample):
+            r = self.flows.add(e)
+            return ([r] if r is not None else []), False
+        if isinstance(e, CollectiveEvent):
+            return self.iterations.add_collective(e), False
+        if isinstance(e, IterationEvent):
+            return self.iterations.add_iteration(e), False
+        if isinstance(e, LinkState):
+            return self.links.on_link_state(e), False
+        if isinstance(e, GpuHealth):
+            return self.gpus.on_gpu_health(e), False
+        return [], False
+
+    def _clock_update(self, saw_probes: bool) -> list[Event]:
+        now = self._probe_time.advance() if saw_probes else self.probe_time_ns
+        if now < self._next_clock_update_ns:
+            return []
+        # once per grid step of probe time crossed
+        self._next_clock_update_ns = (now // self.clock_update_ns + 1) * self.clock_update_ns
+        return self.clocks.update(now)
 
     @property
     def probe_time_ns(self) -> int:

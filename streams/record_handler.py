@@ -1,8 +1,10 @@
 """One input record in, the records to publish out; nothing a record holds can stop the worker.
 
-A record that fails decoding is skipped and counted (the sink dead-letters it). Any
-exception while processing a decoded batch dead-letters that record with
-detector="streams", is counted, and the worker goes on with the next one.
+A record that fails decoding is skipped and counted (the sink dead-letters it). An
+event of a decoded batch that raises does not cost the others their outputs: those are
+published (the detectors' state has moved on for them), and the record is dead-lettered
+once with detector="streams" and a reason naming the failed events, and counted. Any
+other exception dead-letters the record the same way; the worker goes on either way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_bat
 from schemas.record_mac import NodeSigning, check
 from streams import metrics
 from streams.emit import records
+from streams.event_failure import EventFailure, failure_reason
 from streams.processors import Processors
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,14 @@ class RecordHandler:
             if refused is not None:
                 metrics.IDENTITY_REJECTS.labels(topic).inc()
                 return self._dead_letter(topic, partition, offset, key, value, f"identity: {refused}")
-            out = list(records(self.processors.on_batch(batch.events)))
+            failures: list[EventFailure] = []
+            out = list(records(self.processors.on_batch(batch.events, failures)))
+            if failures:
+                metrics.BATCH_FAILURES.labels(topic).inc()
+                reason = failure_reason(failures, len(batch.events))
+                log.error("processing %s[%d]@%d: %s; dead-lettered, the other events' outputs published", topic,
+                          partition, offset, bounded(reason, 2000), exc_info=failures[0].error)
+                out += self._dead_letter(topic, partition, offset, key, value, reason)
         except Exception as exc:  # noqa: BLE001 - one bad batch is dead-lettered, the worker goes on
             metrics.BATCH_FAILURES.labels(topic).inc()
             log.exception("processing %s[%d]@%d failed; dead-lettered", topic, partition, offset)

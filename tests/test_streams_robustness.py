@@ -7,6 +7,7 @@ from prometheus_client import REGISTRY
 from schemas.analytics import Incident
 from schemas.codec import decode_batch, encode_batch
 from schemas.control import ControlCommand
+from schemas.operations import DeadLetter
 from schemas.telemetry import GpuHealth, LinkState
 from streams.command_signing import CommandIssuer, verify
 from streams.gpu_fault_detector import GpuFaultDetector
@@ -139,10 +140,10 @@ def test_remediation_budget_window_slides_on_processing_time_only() -> None:
 class _Exploding(Processors):
     """Processors whose GPU detector raises on one node: a bug no input should be able to trigger."""
 
-    def on_batch(self, events):  # noqa: ANN001, ANN201
+    def on_batch(self, events, failures=None):  # noqa: ANN001, ANN201
         if events and events[0].node == "boom":
             raise RuntimeError("detector bug " + "x" * 100_000)
-        return super().on_batch(events)
+        return super().on_batch(events, failures)
 
 
 def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> None:
@@ -167,3 +168,51 @@ def test_decode_failures_are_counted() -> None:
     assert handler.handle("telemetry.gpu", 0, 1, b"n", b"not json", [("ct-schema", b"gpu_health")]) == []
     after = REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.gpu"})
     assert after == before + 1
+
+
+class _GpuBug(GpuFaultDetector):
+    """A GPU detector with a bug that GPU 1's readings trigger."""
+
+    def on_gpu_health(self, ev: GpuHealth) -> list:
+        if ev.gpu == 1:
+            raise ValueError("detector bug on gpu 1 " + "y" * 100_000)
+        return super().on_gpu_health(ev)
+
+
+def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
+    processors = Processors(KEY)
+    processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
+    handler = RecordHandler(processors)
+    before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
+    batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", xid=79),
+             GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=1, uuid="GPU-1", xid=79),
+             GpuHealth(node="node-1", ts_ns=T0 + 2, gpu=2, uuid="GPU-2", throttle_reasons=0x40, temperature_c=95)]
+    k, v, h = encode_batch(batch)
+    out = handler.handle("telemetry.gpu", 3, 77, k, v, h)
+    events = _published(out)
+    incidents = sorted((e.target, e.kind) for e in events if isinstance(e, Incident))
+    assert incidents == [("node-1/gpu0", "gpu_xid"), ("node-1/gpu2", "gpu_thermal")]
+    assert sorted(e.action for e in events if isinstance(e, ControlCommand)) == ["drain", "spare"]
+    dead = [e for e in events if isinstance(e, DeadLetter)]
+    assert [t for t, *_ in out].count("deadletter") == 1
+    assert len(dead) == 1 and dead[0].detector == "streams" and dead[0].origin_offset == 77
+    assert dead[0].reason.startswith("streams error: 1 of 3 events failed (#1); first: ValueError: detector bug")
+    assert len(dead[0].reason) <= 1200
+    after = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"})
+    assert after == before + 1
+    # The thermal incident opened in that batch resolves later: its open was published, so the resolve refers to it.
+    k, v, h = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + S, gpu=2, uuid="GPU-2", temperature_c=60)])
+    resolved = [e for e in _published(handler.handle("telemetry.gpu", 3, 78, k, v, h)) if isinstance(e, Incident)]
+    opened = next(e for e in events if isinstance(e, Incident) and e.kind == "gpu_thermal")
+    assert [(e.state, e.incident_id) for e in resolved] == [("resolve", opened.incident_id)]
+
+
+def test_without_a_failures_list_the_first_error_propagates() -> None:
+    processors = Processors(KEY)
+    processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
+    try:
+        processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1")])
+    except ValueError as exc:
+        assert "detector bug" in str(exc)
+    else:
+        raise AssertionError("the error was swallowed")
