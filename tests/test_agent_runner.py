@@ -143,8 +143,10 @@ def test_clock_source_needs_a_safe_key_and_a_cluster_bind(tmp_path) -> None:  # 
     report = json.loads(clocktower(*run, "--clock-bind", "127.0.0.1:0",
                                    env=_env(CLOCKTOWER_CLOCK_KEY_FILE=str(key))).stdout)
     assert report["sources"]["clock"]["enabled"] is True, report   # the key file from the environment
-    assert_one_error_line(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "0.0.0.0:0"),
-                          "every interface", "--clock-bind-any")
+    report = json.loads(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "0.0.0.0:0").stdout)
+    assert report["sources"]["clock"]["enabled"] is False, report   # off, saying why; the agent still runs
+    assert "every interface" in report["sources"]["clock"]["reason"]
+    assert "--clock-bind-any" in report["sources"]["clock"]["reason"]
     report = json.loads(clocktower(*run, "--clock-key-file", str(key), "--clock-bind", "0.0.0.0:0",
                                    "--clock-bind-any").stdout)
     assert report["sources"]["clock"]["enabled"] is True, report
@@ -152,6 +154,43 @@ def test_clock_source_needs_a_safe_key_and_a_cluster_bind(tmp_path) -> None:  # 
     key.chmod(0o644)
     report = json.loads(clocktower(*run, "--clock-key-file", str(key)).stdout)
     assert report["sources"]["clock"]["enabled"] is False and "chmod 600" in report["sources"]["clock"]["reason"]
+
+
+def test_a_clock_source_the_probe_agent_refuses_is_off_and_says_why(tmp_path) -> None:  # noqa: ANN001
+    from producers.agent.clock_source import ClockProbeSource
+    from producers.clock.key import generate_key_file
+
+    key = generate_key_file(tmp_path / "clock.key")
+    src = ClockProbeSource("n", None, ("127.0.0.1:7373",), key_file=key, interface="ct-nosuch0")
+    off = src.check()
+    assert off.ok is False and "ct-nosuch0" in off.reason and "has no IPv4 address" in off.reason
+
+
+def test_no_route_to_the_clock_peer_at_boot_leaves_the_other_sources_running(tmp_path) -> None:  # noqa: ANN001
+    """In a fresh network namespace (only a down loopback) the route lookup for the first clock peer fails:
+    the clock source is off with that reason, the agent runs its other sources and exits 0."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        import pytest
+        pytest.skip("needs root and unshare(1) to create a network namespace with no routes")
+    key = tmp_path / "clock.key"
+    assert clocktower("agent", "--gen-clock-key", str(key)).returncode == 0
+    r = subprocess.run(["unshare", "-n", sys.executable, "-m", "clocktower", "agent", "--stdout", "--duration", "0.5",
+                        "--json", "--sources", "clock,links", "--clock-peer", "10.255.0.1:7373",
+                        "--clock-key-file", str(key)], capture_output=True, text=True, env=_env(), timeout=60,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0 and "unshare failed" in r.stderr:
+        import pytest
+        pytest.skip(f"cannot create a network namespace here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.splitlines()[-1])
+    clock = report["sources"]["clock"]
+    assert clock["enabled"] is False and "no route to clock peer 10.255.0.1:7373" in clock["reason"], report
+    assert report["sources"]["links"]["enabled"] is True, report
 
 
 def test_two_agents_exchange_clock_probes_and_report_counts(tmp_path) -> None:  # noqa: ANN001

@@ -1,7 +1,9 @@
 """The clock-probe agent (producers/clock) as a node-agent source, so one agent process runs everything.
 
 The source is off, saying why, without a clock key (probes anyone could forge would corrupt every
-clock estimate) or without peers; a key file that is unsafe or unreadable also leaves it off.
+clock estimate) or without peers; a key file that is unsafe or unreadable also leaves it off, and so
+does a configuration the probe agent refuses (no route to the first peer at boot, an interface without
+an address, a wildcard bind): the other sources of the agent still run.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ class ClockProbeSource:
             except ClockKeyError as exc:
                 self._off = str(exc)
             else:
-                self._config = ProbeAgentConfig(node=node, key=key, bind=bind, peers=peers, probe_peers=probe_peers,
-                                                pairs_per_s=pairs_per_s, timestamping=timestamping,  # type: ignore[arg-type]
-                                                interface=interface, allow_any_bind=allow_any_bind)
+                try:
+                    self._config = ProbeAgentConfig(
+                        node=node, key=key, bind=bind, peers=peers, probe_peers=probe_peers, pairs_per_s=pairs_per_s,
+                        timestamping=timestamping, interface=interface,  # type: ignore[arg-type]
+                        allow_any_bind=allow_any_bind)
+                except ValueError as exc:
+                    self._off = f"{exc} (the clock source stays off until the agent restarts)"
         self._agent: ProbeAgent | None = None
 
     def check(self) -> Availability:
