@@ -14,10 +14,12 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from pydantic import SecretStr
+from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 H_NODE_MAC = "ct-node-mac"
+NODE_KEY_HEX_CHARS = 64       # node_key() is an HMAC-SHA256 digest: 32 bytes
+MIN_PRODUCER_KEY_CHARS = 32
 _H_SCHEMA = "ct-schema"   # as in schemas/codec.py
 _H_VERSION = "ct-version"
 
@@ -59,18 +61,50 @@ def check(producer_key: bytes, topic: str, key: bytes | None, value: bytes | Non
 
 
 class NodeSigning(BaseSettings):
-    """CLOCKTOWER_NODE_KEY on a node (hex, from `node_key`); CLOCKTOWER_PRODUCER_KEY where records are checked."""
+    """CLOCKTOWER_NODE_KEY on a node (hex, from `node_key`); CLOCKTOWER_PRODUCER_KEY where records are checked.
 
-    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
+    Both are checked when the settings are read, so a malformed key is a clear configuration error at start
+    (never a raw ValueError when the publisher is built), and an empty or short producer key never turns the
+    check off or weakens it silently. Errors never echo a key.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore", hide_input_in_errors=True)
 
     node_key: SecretStr | None = None
     producer_key: SecretStr | None = None
 
+    @field_validator("node_key")
+    @classmethod
+    def _node_key_is_hex(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return None
+        text = v.get_secret_value().strip()
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raw = None
+        if raw is None or len(text) != NODE_KEY_HEX_CHARS:
+            raise ValueError(f"CLOCKTOWER_NODE_KEY must be {NODE_KEY_HEX_CHARS} hex characters (the output of "
+                             f"`python -m schemas.record_mac NODE`), got {len(text)} characters"
+                             + ("" if raw is not None or not text else " that are not all hex"))
+        return SecretStr(text)
+
+    @field_validator("producer_key")
+    @classmethod
+    def _producer_key_is_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return None
+        n = len(v.get_secret_value().encode())
+        if n < MIN_PRODUCER_KEY_CHARS:
+            raise ValueError(f"CLOCKTOWER_PRODUCER_KEY must be at least {MIN_PRODUCER_KEY_CHARS} characters, got "
+                             f"{n}; unset it to turn the producer check off (e.g. `openssl rand -hex 32`)")
+        return v
+
     def node_key_bytes(self) -> bytes | None:
-        return bytes.fromhex(self.node_key.get_secret_value()) if self.node_key else None
+        return bytes.fromhex(self.node_key.get_secret_value()) if self.node_key is not None else None
 
     def producer_key_bytes(self) -> bytes | None:
-        return self.producer_key.get_secret_value().encode() if self.producer_key else None
+        return self.producer_key.get_secret_value().encode() if self.producer_key is not None else None
 
 
 if __name__ == "__main__":   # `python -m schemas.record_mac NODE`: the CLOCKTOWER_NODE_KEY to give that node

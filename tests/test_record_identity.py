@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from producers.kafka_publisher import KafkaPublisher
 from schemas.codec import decode_batch, encode_batch
 from schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
@@ -64,3 +67,36 @@ def test_an_altered_record_is_refused() -> None:
 def test_without_a_producer_key_there_is_no_check() -> None:
     assert identity_check(NodeSigning(producer_key=None)) is None
     assert KafkaPublisher("127.0.0.1:1", node_key=b"").signed(TOPIC, b"k", b"v", []) == (b"k", b"v", [])
+
+
+BAD_NODE_KEY = "not-hex-at-all-" + "q" * 49   # 64 characters, not hex
+
+
+def test_a_malformed_node_key_is_a_clear_settings_error_that_hides_the_key(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("CLOCKTOWER_NODE_KEY", BAD_NODE_KEY)
+    with pytest.raises(ValidationError) as raised:
+        KafkaPublisher("127.0.0.1:1")   # reads CLOCKTOWER_NODE_KEY when built
+    assert "CLOCKTOWER_NODE_KEY must be 64 hex characters" in str(raised.value)
+    assert BAD_NODE_KEY not in str(raised.value) and "qqqq" not in str(raised.value)
+    for bad in ("ab" * 16, "", "0x" + "ab" * 31):
+        with pytest.raises(ValidationError, match="must be 64 hex characters"):
+            NodeSigning(node_key=bad)
+    good = node_key(PRODUCER_KEY, "node-1")
+    assert NodeSigning(node_key=good.hex() + "\n").node_key_bytes() == good   # a trailing newline from a file
+
+
+def test_an_empty_or_short_producer_key_is_refused_not_silently_off() -> None:
+    for bad in ("", "p" * 31):
+        with pytest.raises(ValidationError, match="at least 32 characters") as raised:
+            NodeSigning(producer_key=bad)
+        assert "p" * 31 not in str(raised.value)
+    assert NodeSigning(producer_key=PRODUCER_KEY.decode()).producer_key_bytes() == PRODUCER_KEY
+
+
+def test_the_agent_reports_a_malformed_node_key_in_one_line(tmp_path) -> None:  # noqa: ANN001
+    from tests.test_cli import _env, assert_one_error_line, clocktower
+
+    r = clocktower("agent", "--duration", "0.5", "--sources", "links", "--kafka", "127.0.0.1:1",
+                   "--spool-dir", str(tmp_path / "spool"), env=_env(CLOCKTOWER_NODE_KEY=BAD_NODE_KEY))
+    line = assert_one_error_line(r, "node_key", "CLOCKTOWER_NODE_KEY must be 64 hex characters")
+    assert "qqqq" not in line
