@@ -12,8 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 from producers.agent.source import Availability, Emit
+from producers.clock.config import ProbeAgentConfig
 from producers.clock.key import ENV_VAR, ClockKeyError, load_key
-from producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
+from producers.clock.probe_agent import ProbeAgent
 from schemas.telemetry import ClockProbe
 
 

@@ -7,7 +7,9 @@
 - `rate_limit`    the token bucket behind the per-source rate
 - `endpoints`     host:port parsing and the default bind on the cluster interface
 - `timestamping`  the socket layer: SO_TIMESTAMPING options, NIC capabilities, control-message parsing
+- `config`        ProbeAgentConfig: what one agent is told, checked when it is built
 - `probe_agent`   the prober/responder loops, emitting ClockProbe events to a sink; `python -m` runs one agent
+- `cli`           the command line of `python -m producers.clock.probe_agent`
 
 Nothing is imported here eagerly, so `python -m producers.clock.probe_agent` runs cleanly.
 """
@@ -18,7 +20,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "PairIds": "probe_agent", "ProbeAgent": "probe_agent", "ProbeAgentConfig": "probe_agent",
+    "PairIds": "probe_agent", "ProbeAgent": "probe_agent", "ProbeAgentConfig": "config",
     "ProbeAgentError": "probe_agent", "parse_endpoint": "probe_agent",
     "TimestampedSocket": "timestamping", "TimestampingError": "timestamping", "TimestampingModes": "timestamping",
     "nic_timestamping": "timestamping",

@@ -52,11 +52,12 @@ ids. Two agents repeat each other's ids only if they drew the same prefix
 (1 in 65536) and their counter ranges overlap, i.e. they started within as many
 microseconds of each other as pairs they sent. The receiver keys pairs by
 (sender, pair_id) anyway, so even that does not mix up a join.
+
+What the agent is told (and its checks) is `config.ProbeAgentConfig`; the command line is `cli.main`.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import errno
 import logging
@@ -65,8 +66,6 @@ import queue
 import random
 import secrets
 import select
-import signal
-import socket
 import statistics
 import sys
 import threading
@@ -77,14 +76,12 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from producers.clock.admission import Admission
-from producers.clock.endpoints import DEFAULT_PORT, default_bind, format_endpoint, is_wildcard, parse_endpoint
-from producers.clock.key import ENV_VAR as KEY_ENV_VAR
-from producers.clock.key import MIN_KEY_BYTES, ClockKeyError, generate_key_file, load_key
+from producers.clock.config import ProbeAgentConfig
+from producers.clock.endpoints import DEFAULT_PORT, format_endpoint, parse_endpoint
 from producers.clock.replay import SendClock
-from producers.clock.timestamping import Mode, TimestampedSocket, TimestampingError
+from producers.clock.timestamping import TimestampedSocket, TimestampingError
 from producers.clock.wire import (
     MAX_FOLLOW_UP_ENTRIES,
-    MAX_NAME_BYTES,
     TX_SOURCES,
     FollowUp,
     FollowUpEntry,
@@ -126,81 +123,6 @@ class PairIds:
         pair_id = (self.prefix << 48) | self._counter
         self._counter = (self._counter + 1) & _MASK48
         return pair_id
-
-
-@dataclass(frozen=True)
-class ProbeAgentConfig:
-    node: str
-    key: bytes = field(repr=False)        # the cluster's clock key (see `key`): every datagram is MACed with it
-    bind: str | None = None               # None: on the cluster interface (see `endpoints.default_bind`)
-    peers: tuple[str, ...] = ()           # the only sources accepted, and the only addresses probed back
-    probe_peers: int = 10                 # K
-    pairs_per_s: float = 10.0             # R, per peer
-    pair_spacing_us: float = 10.0         # s; 0 sends both probes with one sendmmsg, back to back
-    timestamping: Mode = "software"
-    interface: str | None = None          # the NIC, for hardware timestamping
-    flush_interval_s: float = 0.5
-    max_batch: int = 1000
-    tx_timeout_s: float = 1.0             # how long to wait for the kernel's TX timestamps
-    join_timeout_s: float = 2.0           # how long the responder keeps half-joined pairs
-    purity_tolerance_ns: int = 2_000
-    warm_up: bool = True                  # a WARM_UP datagram just before each pair (see the module docstring)
-    probe_back: bool = True               # probe every node that probes us (see the module docstring)
-    max_probed_back: int = 64             # bound on peers added by probe-back at any time
-    probe_back_expiry_s: float = 10.0     # a probed-back node silent this long is dropped
-    seed: int | None = None               # peer choice and phases, for reproducible tests
-    allow_any_bind: bool = False          # a wildcard bind (0.0.0.0, ::) only when asked for
-    replay_window_s: float = 30.0         # datagrams stamped further than this from our clock are dropped
-    max_datagrams_per_s: float | None = None     # per source; None: 8 x pairs_per_s + 20 (a peer sends ~4)
-    max_pending_per_sender: int | None = None    # half-joined pairs per sender; None: from the rate and timeout
-
-    def __post_init__(self) -> None:
-        if not self.node or len(self.node.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"node name must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {self.node!r}")
-        if not isinstance(self.key, bytes) or len(self.key) < MIN_KEY_BYTES:
-            raise ValueError(f"the clock key must be at least {MIN_KEY_BYTES} bytes")
-        checks = [(self.probe_peers >= 0, "probe_peers must be >= 0"),
-                  (0 < self.pairs_per_s <= 10_000, "pairs_per_s must be in (0, 10000]"),
-                  (0 <= self.pair_spacing_us <= 1000, "pair_spacing_us must be in [0, 1000]"),
-                  (self.flush_interval_s > 0, "flush_interval_s must be > 0"),
-                  (self.max_batch >= 1, "max_batch must be >= 1"),
-                  (self.tx_timeout_s > 0, "tx_timeout_s must be > 0"),
-                  (self.join_timeout_s > 0, "join_timeout_s must be > 0"),
-                  (self.purity_tolerance_ns >= 0, "purity_tolerance_ns must be >= 0"),
-                  (self.max_probed_back >= 0, "max_probed_back must be >= 0"),
-                  (self.probe_back_expiry_s > 0, "probe_back_expiry_s must be > 0"),
-                  (self.replay_window_s > 0, "replay_window_s must be > 0"),
-                  (self.max_datagrams_per_s is None or self.max_datagrams_per_s > 0,
-                   "max_datagrams_per_s must be > 0"),
-                  (self.max_pending_per_sender is None or self.max_pending_per_sender >= 1,
-                   "max_pending_per_sender must be >= 1")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        if self.bind is None:
-            object.__setattr__(self, "bind", default_bind(self.peers, self.interface))
-        family, address = parse_endpoint(self.bind_address, what="bind", allow_port_zero=True)
-        if is_wildcard(address) and not self.allow_any_bind:
-            raise ValueError(f"bind {self.bind} would accept probes on every interface: bind the cluster "
-                             f"interface's address, or allow it explicitly (--clock-bind-any)")
-        for peer in self.peers:
-            parse_endpoint(peer, family)
-
-    @property
-    def bind_address(self) -> str:
-        """The host:port bound (resolved from the peers and interface when `bind` was not given)."""
-        assert self.bind is not None
-        return self.bind
-
-    @property
-    def datagrams_per_s(self) -> float:
-        """Per-source cap: a peer at our rate sends ~4 datagrams per pair (warm-up, 2 probes, follow-up)."""
-        return self.max_datagrams_per_s or 8 * self.pairs_per_s + 20
-
-    @property
-    def pending_per_sender(self) -> int:
-        """Half-joined pairs kept per sender: 4x what one at our rate has in flight within join_timeout_s."""
-        return self.max_pending_per_sender or max(64, round(4 * self.pairs_per_s * self.join_timeout_s))
 
 
 @dataclass(slots=True, eq=False)
@@ -742,91 +664,10 @@ def _summary(samples: Sequence[int]) -> dict[str, float] | None:
             "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max": ordered[-1]}
 
 
-# -- command line -------------------------------------------------------------------------------------------
-
-def _read_peers(args: argparse.Namespace) -> tuple[str, ...]:
-    peers = list(args.peer or ())
-    if args.peers_file:
-        with open(args.peers_file, encoding="utf-8") as f:
-            peers += [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
-    return tuple(peers)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m producers.clock.probe_agent`: run one agent; events to Kafka, or JSON lines on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m producers.clock.probe_agent", description=main.__doc__)
-    parser.add_argument("--node", default=socket.gethostname(), help="this node's name (default: hostname)")
-    parser.add_argument("--bind", help=f"host:port to send and receive on (default: port {DEFAULT_PORT} on the "
-                                       "address of --interface, else of the interface that reaches the first peer)")
-    parser.add_argument("--bind-any", action="store_true", help="allow a wildcard --bind (0.0.0.0 or ::)")
-    parser.add_argument("--key-file", default=os.environ.get(KEY_ENV_VAR),
-                        help=f"the cluster's clock key, a 0600 file (default ${KEY_ENV_VAR}); required")
-    parser.add_argument("--gen-key", metavar="PATH", help="write a new random clock key to PATH (0600) and exit")
-    parser.add_argument("--peer", action="append", help="a peer's host:port (repeatable)")
-    parser.add_argument("--peers-file", help="file with one peer host:port per line")
-    parser.add_argument("--probe-peers", type=int, default=10, help="K: peers to probe, chosen at random")
-    parser.add_argument("--rate", type=float, default=10.0, help="R: probe pairs per second per peer")
-    parser.add_argument("--spacing-us", type=float, default=10.0, help="s: microseconds between a pair's probes")
-    parser.add_argument("--no-warm-up", action="store_true", help="send no warm-up datagram before each pair")
-    parser.add_argument("--no-probe-back", action="store_true", help="do not probe the nodes that probe us")
-    parser.add_argument("--timestamping", choices=("software", "hardware", "auto"), default="software")
-    parser.add_argument("--interface", help="the cluster NIC: the default bind, and hardware timestamping")
-    parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (default: until a signal)")
-    parser.add_argument("--kafka", help="bootstrap servers; without it, events are printed as JSON lines")
-    parser.add_argument("--stats-file", help="write the final stats() as JSON here")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--log-level", default="WARNING")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.duration < 0:
-        parser.error("--duration must be >= 0")
-    if args.gen_key:
-        try:
-            print(f"wrote a new clock key to {generate_key_file(args.gen_key)}: copy it (0600) to every node")
-        except ClockKeyError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if not args.key_file:
-        print(f"error: no clock key: pass --key-file PATH or set {KEY_ENV_VAR} (make one with --gen-key PATH); "
-              "without it anyone could forge probes", file=sys.stderr)
-        return 2
-    publisher = None
-    try:
-        config = ProbeAgentConfig(node=args.node, key=load_key(args.key_file), bind=args.bind,
-                                  allow_any_bind=args.bind_any, peers=_read_peers(args),
-                                  probe_peers=args.probe_peers, pairs_per_s=args.rate,
-                                  pair_spacing_us=args.spacing_us, timestamping=args.timestamping,
-                                  interface=args.interface, seed=args.seed, warm_up=not args.no_warm_up,
-                                  probe_back=not args.no_probe_back)
-        if args.kafka:
-            from producers.kafka_publisher import KafkaPublisher
-            publisher = KafkaPublisher(args.kafka)
-            sink: Sink = publisher.publish
-        else:
-            def sink(events: list[ClockProbe]) -> None:
-                sys.stdout.write("".join(e.model_dump_json() + "\n" for e in events))
-                sys.stdout.flush()
-        agent = ProbeAgent(config, sink).start()
-    except (ValueError, OSError, ProbeAgentError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    done = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: done.set())
-    done.wait(args.duration or None)
-    agent.stop()
-    if publisher is not None:
-        publisher.flush(10.0)
-    if args.stats_file:
-        import json
-        with open(args.stats_file, "w", encoding="utf-8") as f:
-            json.dump(agent.stats(), f, indent=1)
-    if agent.failure is not None:
-        print(f"error: the agent failed: {agent.failure}", file=sys.stderr)
-        return 1
-    return 0
+    """`python -m producers.clock.probe_agent`: the command line lives in `producers.clock.cli`."""
+    from producers.clock.cli import main as cli_main
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
