@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
+import confluent_kafka
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from producers.kafka_publisher import KafkaPublisher
@@ -16,7 +17,7 @@ from schemas.topics import BY_NAME, TopicSpec
 from sinks.clickhouse.batch_set import FlushPolicy
 from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from sinks.clickhouse.partition_batch import PartitionBatch
-from sinks.clickhouse.resume import ResumePoint, first_reused_offset, resume_point
+from sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, first_reused_offset
 from sinks.clickhouse.table_writer import TableWriter
 
 T0 = time.time_ns()
@@ -29,22 +30,47 @@ def _links(r: int, n: int = 10) -> list[LinkState]:
                       carrier_changes=i) for i in range(n)]
 
 
+def _kept_prefix(first_new: int, asked: list[int] | None = None):  # noqa: ANN202 - a probe
+    def same(o: int) -> bool:
+        if asked is not None:
+            asked.append(o)
+        return o < first_new
+    return same
+
+
 def test_resume_point_rules() -> None:
-    assert resume_point(-1, -1, 50) == ResumePoint(OFFSET_BEGINNING)
-    assert resume_point(10, 12, 50) == ResumePoint(12)          # rows stored after the last commit
-    assert resume_point(12, -1, 12) == ResumePoint(12)          # caught up
-    assert resume_point(40, 45, 30) == ResumePoint(30, lost=True, lost_count=15)   # past the log end
+    assert OFFSET_BEGINNING == confluent_kafka.OFFSET_BEGINNING
+    ok = _kept_prefix(10**9)
+    assert find_resume(-1, -1, 0, 50, ok) == ResumePoint(OFFSET_BEGINNING)
+    assert find_resume(10, 12, 0, 50, ok) == ResumePoint(12)          # rows stored after the last commit
+    assert find_resume(12, -1, 0, 12, ok) == ResumePoint(12)          # caught up
+    assert find_resume(3, 3, 8, 20, ok) == ResumePoint(8)             # retention removed 3..7: nothing to compare
+    assert find_resume(40, 45, 0, 30, _kept_prefix(22)) == ResumePoint(22, lost=True, resume_was=45)  # past the end
+
+
+def test_a_log_refilled_past_the_resume_point_is_still_checked() -> None:
+    """C1: the broker kept 0..5, new records took 6..11; the log end 12 is past the resume point 10."""
+    asked: list[int] = []
+    point = find_resume(10, 10, 0, 12, _kept_prefix(6, asked))
+    assert point == ResumePoint(6, lost=True, resume_was=10)
+    assert asked[0] == 9 and len(asked) <= 1 + 4
+
+
+def test_unknown_probes_and_a_spent_budget_only_move_the_resume_point_down() -> None:
+    unknown_at_7 = lambda o: None if o == 7 else o < 8  # noqa: E731
+    point = find_resume(10, 10, 0, 12, unknown_at_7)
+    assert point.lost and point.offset <= 7 and not point.certain
+    assert find_resume(10, 10, 0, 12, lambda o: None) == ResumePoint(0, lost=True, resume_was=10, certain=False)
+    ticks = iter(range(100))
+    point = find_resume(1000, 1000, 0, 2000, _kept_prefix(613), budget_s=3, clock=lambda: next(ticks))
+    assert point.lost and not point.certain and point.offset <= 613
 
 
 def test_first_reused_offset_is_a_binary_search() -> None:
     asked: list[int] = []
-
-    def same(o: int) -> bool:
-        asked.append(o)
-        return o < 613
-
-    assert first_reused_offset(0, 1000, same) == 613 and len(asked) <= 11
-    assert first_reused_offset(5, 9, lambda o: True) == 9 and first_reused_offset(5, 9, lambda o: False) == 5
+    assert first_reused_offset(0, 1000, _kept_prefix(613, asked)) == (613, True) and len(asked) <= 11
+    assert first_reused_offset(5, 9, lambda o: True) == (9, True)
+    assert first_reused_offset(5, 9, lambda o: False) == (5, True)
 
 
 @pytest.mark.e2e
@@ -100,16 +126,10 @@ def _sink(bootstrap: str, writer: TableWriter) -> KafkaClickHouseSink:
                                policy=FlushPolicy(max_rows=1000, max_age_s=0.2))
 
 
-@pytest.mark.e2e
-def test_a_log_that_lost_acked_records_resumes_at_the_first_reused_offset(services, caplog) -> None:
-    s, client = services.settings, services.client
-    writer = TableWriter(client)
-    writer.ensure_schema()
-    _publish(s.bootstrap, list(range(10)))             # records 0..9 at offsets 0..9
+def _store_then_lose(s, writer: TableWriter, refill: list[int]) -> None:  # noqa: ANN001 - settings
+    """Store records 0..9 at offsets 0..9, then the broker "loses" the log, and `refill` is written anew."""
+    _publish(s.bootstrap, list(range(10)))
     _run_until(_sink(s.bootstrap, writer), s.bootstrap, 10)
-    assert client.query("SELECT count() FROM link_states").result_rows[0][0] == 100
-
-    # The broker "loses" offsets 6..9: it kept records 0..5, and new records 100..102 get offsets 6..8.
     admin = AdminClient({"bootstrap.servers": s.bootstrap})
     admin.delete_topics([TOPIC])[TOPIC].result(15)
     for _ in range(50):
@@ -118,17 +138,61 @@ def test_a_log_that_lost_acked_records_resumes_at_the_first_reused_offset(servic
             break
         except Exception:  # noqa: BLE001 - the deletion may still be in progress
             time.sleep(0.2)
-    _publish(s.bootstrap, [0, 1, 2, 3, 4, 5, 100, 101, 102])
+    _publish(s.bootstrap, refill)
 
+
+def _records_by_offset(client) -> dict[int, list[int]]:  # noqa: ANN001
+    """offset -> [record number of each distinct record stored there] (10 rows per record)."""
+    rows = client.query(f"SELECT _offset, intDiv(ts_ns - {T0}, 1000) AS r, count() FROM link_states "
+                        "GROUP BY _offset, r ORDER BY _offset, r").result_rows
+    assert all(n == 10 for _, _, n in rows), f"a record stored more or less than once: {rows}"
+    out: dict[int, list[int]] = {}
+    for o, r, _ in rows:
+        out.setdefault(o, []).append(r)
+    return out
+
+
+def _lost_error(caplog, rows: int) -> bool:  # noqa: ANN001
+    return any(r.levelname == "ERROR" and "lost acknowledged records" in r.getMessage()
+               and f"Deleted their {rows} rows" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.e2e
+def test_a_log_that_lost_acked_records_resumes_at_the_first_reused_offset(services, caplog) -> None:
+    s, client = services.settings, services.client
+    writer = TableWriter(client)
+    writer.ensure_schema()
+    # The broker kept records 0..5; new records 100..102 get offsets 6..8 (log end 9 < resume 10).
+    _store_then_lose(s, writer, [0, 1, 2, 3, 4, 5, 100, 101, 102])
     _run_until(_sink(s.bootstrap, writer), s.bootstrap, 9)
-    by_offset = dict(client.query("SELECT _offset, count() FROM link_states GROUP BY _offset").result_rows)
-    assert {o: n for o, n in by_offset.items() if o >= 0} == {o: 10 for o in range(9)}, "nothing doubled or skipped"
-    assert {o: n for o, n in by_offset.items() if o < 0} == {-1 - o: 10 for o in (6, 7, 8, 9)}, "lost rows kept"
-    new = client.query("SELECT min(ts_ns) FROM link_states WHERE _offset = 6").result_rows[0][0]
-    assert new == T0 + 100 * 1000, "offset 6 now holds the new record"
+    assert _records_by_offset(client) == {**{o: [o] for o in range(6)}, 6: [100], 7: [101], 8: [102]}
     assert _committed(s.bootstrap) == 9
-    assert any("lost at least 1 acknowledged records" in r.getMessage() and r.levelname == "ERROR"
-               for r in caplog.records)
+    assert _lost_error(caplog, 40), "the ERROR line counts the 40 deleted rows of lost records 6..9"
+
+
+@pytest.mark.e2e
+def test_new_records_past_the_old_resume_point_are_not_skipped(services, caplog) -> None:
+    """C1: producers refilled the log to 12, past the resume point 10, before the sink came back."""
+    s, client = services.settings, services.client
+    writer = TableWriter(client)
+    writer.ensure_schema()
+    _store_then_lose(s, writer, [0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104, 105])
+    _run_until(_sink(s.bootstrap, writer), s.bootstrap, 12)
+    assert _records_by_offset(client) == {**{o: [o] for o in range(6)}, **{6 + i: [100 + i] for i in range(6)}}
+    assert _lost_error(caplog, 40)
+
+
+@pytest.mark.e2e
+def test_lost_records_resent_after_newer_ones_are_stored_once(services, caplog) -> None:
+    """C2: the ack hold resends lost records 6 and 7 after a newer record took offset 6: each is stored once."""
+    s, client = services.settings, services.client
+    writer = TableWriter(client)
+    writer.ensure_schema()
+    _store_then_lose(s, writer, [0, 1, 2, 3, 4, 5, 100, 6, 7])
+    _run_until(_sink(s.bootstrap, writer), s.bootstrap, 9)
+    stored = _records_by_offset(client)
+    assert stored == {**{o: [o] for o in range(6)}, 6: [100], 7: [6], 8: [7]}
+    assert _lost_error(caplog, 40)
 
 
 @pytest.mark.e2e
@@ -143,3 +207,20 @@ def test_tables_made_before_topic_was_stored_are_migrated(services) -> None:
     writer.ensure_schema()
     writer.ensure_schema()   # and again: idempotent
     assert writer.resume_offsets(BY_NAME[TOPIC]) == {(TOPIC, 0): 42}
+
+
+@pytest.mark.e2e
+def test_rows_deleted_after_a_loss_can_be_stored_again(services) -> None:
+    """ClickHouse remembers dedup tokens past a DELETE: a sink reading kept records again needs a fresh token."""
+    client = services.client
+    writer = TableWriter(client)
+    writer.ensure_schema()
+    spec = BY_NAME[TOPIC]
+    for salt in ("sink-a", "sink-b"):
+        batch = PartitionBatch(spec, 0, salt)
+        batch.add(3, _links(3))
+        writer.insert(batch)
+        assert client.query("SELECT count() FROM link_states").result_rows[0][0] == 10
+        assert writer.delete_from(spec, 0, 3) == 10
+    first, second = (_sink(services.settings.bootstrap, writer) for _ in range(2))
+    assert first.batches.salt != second.batches.salt, "each sink process salts its tokens"

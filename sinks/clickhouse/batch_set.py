@@ -27,8 +27,9 @@ class BatchSet:
     keeps an empty batch so that its offset is committed on the same schedule.
     """
 
-    def __init__(self, policy: FlushPolicy | None = None) -> None:
+    def __init__(self, policy: FlushPolicy | None = None, salt: str = "") -> None:
         self.policy = policy or FlushPolicy()
+        self.salt = salt   # part of every dedup token (see PartitionBatch)
         self.batches: dict[Key, PartitionBatch] = {}
         self.offsets: dict[Key, int] = {}
 
@@ -36,7 +37,7 @@ class BatchSet:
         key = (topic, partition)
         batch = self.batches.get(key)
         if batch is None:
-            batch = self.batches[key] = PartitionBatch(BY_NAME[topic], partition)
+            batch = self.batches[key] = PartitionBatch(BY_NAME[topic], partition, self.salt)
         return batch
 
     def add(self, topic: str, partition: int, offset: int, events: list[Event], raw: bytes | None = None) -> None:

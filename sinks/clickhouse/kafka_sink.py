@@ -1,17 +1,19 @@
 """The sink's Kafka side: consume, decode, batch, insert, then commit.
 
-Exactly-once into ClickHouse comes from two rules:
-- offsets are committed only after every pending batch is inserted;
-- on assignment, each (topic, partition) resumes after the highest `_offset` of
-  it already stored (or the committed offset, whichever is later), so rows
-  inserted just before a crash are not inserted again; past the log end, the
-  broker lost records, and the sink says so and resumes at the end (resume.py).
+Exactly-once into ClickHouse comes from two rules: offsets are committed only after every
+pending batch is inserted, and each (topic, partition) resumes after the later of its committed
+offset and its highest stored `_offset`, so rows inserted just before a crash are not inserted again.
+When the broker lost acknowledged records and reused their offsets (the embedded noida-db does after
+a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
+deletes the rows stored from it on and reads the log again from there (resume.py), so the tables
+mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
 A retried insert reuses its dedup token, which covers a lost insert reply.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import threading
 
@@ -22,12 +24,17 @@ from schemas.kafka_security import KafkaSecurity
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
-from sinks.clickhouse.resume import ResumePoint, first_reused_offset, resume_point
+from sinks.clickhouse.resume import find_resume
 from sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging
 DEADLETTER_TOPIC = "deadletter"
+# The resume checks run inside the assign callback, which must return well within max.poll.interval.ms
+# (10 s): each probe waits at most PROBE_TRIES x PROBE_TIMEOUT_S, each search at most SEARCH_BUDGET_S.
+PROBE_TRIES = 3
+PROBE_TIMEOUT_S = 0.5
+SEARCH_BUDGET_S = 4.0
 
 
 class KafkaClickHouseSink:
@@ -38,7 +45,7 @@ class KafkaClickHouseSink:
                  instance_id: str | None = None, security: KafkaSecurity | None = None) -> None:
         self.writer = writer
         self.topics = topics or [t.name for t in TOPICS]
-        self.batches = BatchSet(policy)
+        self.batches = BatchSet(policy, salt=secrets.token_hex(4))
         login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
         self._group_id = group_id
         self._probe_config = {"bootstrap.servers": bootstrap, "enable.auto.commit": False, "logger": RDKAFKA_LOG,
@@ -49,7 +56,9 @@ class KafkaClickHouseSink:
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
             "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
+            # Never rewind silently: an out-of-range fetch (the broker lost records under us) comes back as
+            # _AUTO_OFFSET_RESET and goes through the same loss path as an assignment.
+            "auto.offset.reset": "error",
             "session.timeout.ms": 6000,  # the lowest noida-db accepts: a killed sink is replaced sooner
             "fetch.wait.max.ms": 100,
             # Also the rebalance timeout: how long a join waits for a member that died without leaving.
@@ -71,55 +80,63 @@ class KafkaClickHouseSink:
         for topic in {tp.topic for tp in partitions}:
             stored |= self.writer.resume_offsets(BY_NAME[topic])
         reset = []
-        for tp in partitions:
-            key = (tp.topic, tp.partition)
-            _, log_end = consumer.get_watermark_offsets(tp, timeout=10)
-            point = resume_point(committed.get(key, -1), stored.get(key, -1), log_end)
-            if point.lost:
-                first_new = self._first_reused(tp, log_end)
-                metrics.LOST_RECORDS.labels(tp.topic).inc(point.lost_count)
-                log.error("%s[%d]: the log ends at %d, but records up to %d were stored or committed: the broker lost "
-                          "at least %d acknowledged records and gave their offsets to new records from %d on. "
-                          "Resuming at %d; the stored rows of lost records are kept with _offset = -1 - offset.",
-                          tp.topic, tp.partition, log_end, log_end + point.lost_count - 1, point.lost_count,
-                          first_new, first_new)
-                self.writer.retire_offsets(BY_NAME[tp.topic], tp.partition, first_new)
-                point = ResumePoint(first_new, lost=True)
-                reset.append(tp)
-            tp.offset = point.offset
+        probe = Consumer({**self._probe_config, "group.id": f"{self._group_id}-probe"})
+        try:
+            for tp in partitions:
+                key = (tp.topic, tp.partition)
+                low, high = consumer.get_watermark_offsets(tp, timeout=10)
+                point = find_resume(committed.get(key, -1), stored.get(key, -1), low, high,
+                                    lambda offset, tp=tp: self._same(probe, tp, offset), budget_s=SEARCH_BUDGET_S)
+                if point.lost:
+                    self._forget_lost(tp, point.offset, point.resume_was, high, point.certain)
+                    reset.append(tp)
+                tp.offset = point.offset
+        finally:
+            probe.close()
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
         consumer.assign(partitions)
         # Rows stored before a crash but never committed: commit them now, so the group's lag is true.
-        # After a loss, commit the log end (lower than the committed offset) so no later start skips ahead.
+        # After a loss, commit the first reused offset (lower than the committed one) so no later start skips ahead.
         ahead = [tp for tp in partitions
                  if tp in reset or (tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1))]
         if ahead:
             consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ahead],
                             asynchronous=False)
 
-    def _first_reused(self, tp: TopicPartition, log_end: int) -> int:
-        """After a broker loss: the first offset whose record is not the one stored at that offset."""
-        spec = BY_NAME[tp.topic]
-        probe = Consumer({**self._probe_config, "group.id": f"{self._group_id}-probe"})
+    def _forget_lost(self, tp: TopicPartition, first_new: int, resume_was: int, high: int, certain: bool) -> None:
+        """Delete the rows of records the log no longer holds at their offsets, and say so."""
+        deleted = self.writer.delete_from(BY_NAME[tp.topic], tp.partition, first_new)
+        metrics.LOST_RECORDS.labels(tp.topic).inc(resume_was - first_new)
+        metrics.DELETED_ROWS.labels(tp.topic).inc(deleted)
+        log.error("%s[%d]: the broker lost acknowledged records: offsets %d..%d no longer hold the records stored or "
+                  "committed from them (log end now %d%s). Deleted their %d rows; reading again from %d. Producers "
+                  "that hold acks resend what was lost; other records at those offsets are gone.",
+                  tp.topic, tp.partition, first_new, resume_was - 1, high,
+                  "" if certain else "; a probe went unanswered or the search ran out of time, so this is a lower "
+                  "bound of the first reused offset and some kept records are read again", deleted, first_new)
+
+    def _same(self, probe: Consumer, tp: TopicPartition, offset: int) -> bool | None:
+        """Whether the record at `offset` is the one stored from it; None when the broker does not hand it over."""
+        for _ in range(PROBE_TRIES):
+            probe.assign([TopicPartition(tp.topic, tp.partition, offset)])
+            msgs = [m for m in probe.consume(num_messages=1, timeout=PROBE_TIMEOUT_S)
+                    if m.error() is None and m.offset() == offset]
+            if msgs:
+                return self._matches(msgs[0], tp.topic, tp.partition, offset)
+        log.warning("%s[%d]@%d: the broker did not hand over the record; counted as differing", tp.topic,
+                    tp.partition, offset)
+        return None
+
+    def _matches(self, m: Message, topic: str, partition: int, offset: int) -> bool:
+        """Compare a record with its stored rows (count and first timestamp) or its dead letter."""
         try:
-            low, _ = probe.get_watermark_offsets(tp, timeout=10)
-
-            def same(offset: int) -> bool:
-                probe.assign([TopicPartition(tp.topic, tp.partition, offset)])
-                msgs = [m for m in probe.consume(num_messages=1, timeout=5) if m.error() is None]
-                if not msgs:
-                    return True   # nothing there to compare: count it as kept
-                m = msgs[0]
-                try:
-                    events = decode_batch(tp.topic, m.key(), m.value(), m.headers()).events
-                except DecodeError:
-                    return self.writer.dead_lettered(tp.topic, tp.partition, offset)
-                return self.writer.stored_record(spec, tp.partition, offset) == (len(events),
-                                                                                 min(e.ts_ns for e in events))
-
-            return first_reused_offset(max(low, 0), log_end, same)
-        finally:
-            probe.close()
+            events = decode_batch(topic, m.key(), m.value(), m.headers()).events
+        except DecodeError:
+            return self.writer.dead_lettered(topic, partition, offset)
+        stored = self.writer.stored_record(BY_NAME[topic], partition, offset)
+        if not events:
+            return stored is None
+        return stored == (len(events), min(e.ts_ns for e in events))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.flush()
@@ -143,7 +160,9 @@ class KafkaClickHouseSink:
         """Batch one record or dead-letter it: no record, whatever it holds, stops the sink."""
         err = msg.error()
         if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                self._refetch_after_out_of_range(msg)
+            elif err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
             return
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -159,6 +178,13 @@ class KafkaClickHouseSink:
             reason = f"sink error: {type(exc).__name__}: {exc}"
         self._dead_letter(topic, partition, offset, msg.key(), msg.value(), reason)
         self.batches.skip(topic, partition, offset)
+
+    def _refetch_after_out_of_range(self, msg: Message) -> None:
+        """The fetch position is past the log end: the broker lost records under us. Find where to go on."""
+        log.error("%s[%d]: fetch out of range (%s); checking for lost records", msg.topic(), msg.partition(),
+                  msg.error().str())
+        self.flush()   # pending rows are stored and committed first, so the resume check sees all of them
+        self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in self.consumer.assignment()])
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                      value: bytes | None, reason: str) -> None:

@@ -10,5 +10,7 @@ DEADLETTER_FAILURES = Counter("clocktower_sink_deadletter_failures_total",
                               "rejected records skipped because their dead letter could not be built or queued",
                               ["topic"])
 LOST_RECORDS = Counter("clocktower_sink_broker_lost_records_total",
-                       "acknowledged records the broker lost (log end below the sink's resume point; offsets reused)",
+                       "stored or committed offsets whose records the broker lost (their offsets reused or gone)",
                        ["topic"])
+DELETED_ROWS = Counter("clocktower_sink_lost_rows_deleted_total",
+                       "rows deleted because the broker lost the records they came from", ["topic"])

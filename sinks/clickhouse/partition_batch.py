@@ -21,10 +21,13 @@ class PartitionBatch:
     Only whole Kafka records are added, so an insert never splits a record. The
     dedup token also digests the records' bytes: after a broker lost records and
     reused their offsets, new records at old offsets are not taken for duplicates.
+    `salt` (one per sink process) keeps records read again after their rows were
+    deleted from being dropped as duplicates of the first insert.
     """
 
     spec: TopicSpec
     partition: int
+    salt: str = ""
     rows: int = 0
     first_offset: int = -1
     last_offset: int = -1
@@ -63,7 +66,7 @@ class PartitionBatch:
     def dedup_token(self) -> str:
         """Same records -> same token, so a retried insert is dropped by ClickHouse."""
         return (f"{self.spec.name}:{self.partition}:{self.first_offset}-{self.last_offset}:{self.rows}:"
-                f"{self._digest.hexdigest()}")
+                f"{self._digest.hexdigest()}{':' + self.salt if self.salt else ''}")
 
     def to_arrow(self) -> pa.Table:
         arrays, names = [], []

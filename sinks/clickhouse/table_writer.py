@@ -65,15 +65,17 @@ class TableWriter:
             "SELECT count() FROM deadletter WHERE origin_topic = {t:String} AND origin_partition = {p:UInt32} "
             "AND origin_offset = {o:Int64}", parameters={"t": topic, "p": partition, "o": offset}).result_rows[0][0])
 
-    def retire_offsets(self, spec: TopicSpec, partition: int, from_offset: int) -> None:
-        """Mark rows of records the broker lost (offsets >= `from_offset`, to be reused) so no resume counts them.
+    def delete_from(self, spec: TopicSpec, partition: int, from_offset: int) -> int:
+        """Delete the rows of records at offsets >= `from_offset` (the broker lost them); how many rows went.
 
-        The rows stay; their `_offset` becomes -1 - offset, which keeps the old offset readable.
+        Synchronous (mutations_sync=2), so the sink reads the log again only once they are gone.
         """
-        self.client.command(
-            f"ALTER TABLE `{spec.table}` UPDATE `_offset` = -1 - `_offset` WHERE `_topic` = {_quote(spec.name)} "
-            f"AND `_partition` = {int(partition)} AND `_offset` >= {int(from_offset)}",
-            settings={"mutations_sync": 2})
+        where = (f"`_topic` = {_quote(spec.name)} AND `_partition` = {int(partition)} "
+                 f"AND `_offset` >= {int(from_offset)}")
+        rows = int(self.client.query(f"SELECT count() FROM `{spec.table}` WHERE {where}").result_rows[0][0])
+        if rows:
+            self.client.command(f"ALTER TABLE `{spec.table}` DELETE WHERE {where}", settings={"mutations_sync": 2})
+        return rows
 
 
 def _quote(text: str) -> str:
