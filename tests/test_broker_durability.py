@@ -110,18 +110,26 @@ def wait_snapshot(broker: Broker, after: tuple[int, int] | None, timeout: float 
 
 
 def test_a_kill_9_right_after_the_ack_loses_acked_records_and_offsets_are_reused(broker: Broker) -> None:
-    assert produce(broker.bootstrap, 1, b"first") == [0]
-    snap = wait_snapshot(broker, broker.snapshot_id())   # written after the ack: "first" is in it
-    t0 = time.monotonic()
-    acked = produce(broker.bootstrap, 100, b"lost")  # acknowledged with acks=all ...
-    broker.kill9()                                    # ... and the broker dies before its next snapshot
-    took = time.monotonic() - t0
-    assert broker.snapshot_id() == snap, f"a snapshot ran within {took:.3f} s: cannot tell (machine too slow?)"
-    assert acked == list(range(1, 101))
-
-    broker.start()
-    assert end_offset(broker.bootstrap) == 1, "only what the last snapshot held survives"
-    assert produce(broker.bootstrap, 1, b"new") == [1], "offset 1 is handed out a second time"
+    # A snapshot may land in the ~1 s between the ack and the kill (a loaded 2-core machine): then nothing
+    # was lost and the try tells nothing, so the scenario runs again on the same broker, up to 5 times.
+    took: list[float] = []
+    for _ in range(5):
+        base = end_offset(broker.bootstrap)
+        assert produce(broker.bootstrap, 1, b"first") == [base]
+        snap = wait_snapshot(broker, broker.snapshot_id())   # written after the ack: "first" is in it
+        t0 = time.monotonic()
+        acked = produce(broker.bootstrap, 100, b"lost")  # acknowledged with acks=all ...
+        broker.kill9()                                    # ... and the broker dies before its next snapshot
+        took.append(time.monotonic() - t0)
+        conclusive = broker.snapshot_id() == snap
+        broker.start()
+        if conclusive:
+            break
+    else:
+        raise AssertionError(f"a snapshot ran within the ack-to-kill window in every try ({took} s): cannot tell")
+    assert acked == list(range(base + 1, base + 101))
+    assert end_offset(broker.bootstrap) == base + 1, "only what the last snapshot held survives"
+    assert produce(broker.bootstrap, 1, b"new") == [base + 1], "offset base + 1 is handed out a second time"
 
 
 def test_records_acked_3_s_before_a_kill_9_are_kept(broker: Broker) -> None:
