@@ -224,3 +224,47 @@ def test_rows_deleted_after_a_loss_can_be_stored_again(services) -> None:
         assert writer.delete_from(spec, 0, 3) == 10
     first, second = (_sink(services.settings.bootstrap, writer) for _ in range(2))
     assert first.batches.salt != second.batches.salt, "each sink process salts its tokens"
+
+
+@pytest.mark.e2e
+def test_a_broker_that_loses_records_under_a_running_sink_is_not_read_again_from_0(services, tmp_path, caplog) -> None:
+    """The fetch position ends up past the log end: with auto.offset.reset=earliest the sink silently read the whole
+    log again (doubling it); now the out-of-range fetch goes through the loss path."""
+    from tests.test_broker_durability import Broker, wait_snapshot
+
+    broker = Broker(tmp_path / "kafka")
+    broker.start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(15)
+    writer = TableWriter(services.client)
+    writer.ensure_schema()
+    stop = threading.Event()
+    sink = _sink(broker.bootstrap, writer)
+    t = threading.Thread(target=sink.run, args=(stop,))
+    try:
+        _publish(broker.bootstrap, list(range(10)))
+        t.start()
+        _wait(lambda: _committed(broker.bootstrap) == 10, "records 0..9 stored")
+        wait_snapshot(broker, broker.snapshot_id())
+        saved = (broker.data_dir / "kafka.json").read_bytes()     # the state a kill -9 would fall back to
+        _publish(broker.bootstrap, list(range(10, 20)))
+        _wait(lambda: _committed(broker.bootstrap) == 20, "records 10..19 stored")
+        broker.kill9()
+        (broker.data_dir / "kafka.json").write_bytes(saved)       # records 10..19 were acked, stored, then lost
+        broker.start()
+        _publish(broker.bootstrap, [100, 101, 102])               # new records at offsets 10..12
+        _wait(lambda: _committed(broker.bootstrap) == 13, "the sink to store new records 10..12 (not 0..12 again)")
+        time.sleep(1.0)                                           # and nothing else arrives
+    finally:
+        stop.set()
+        t.join(30)
+        broker.kill9()
+    assert _records_by_offset(services.client) == {**{o: [o] for o in range(10)}, 10: [100], 11: [101], 12: [102]}
+    assert _lost_error(caplog, 100)
+
+
+def _wait(cond, what: str, timeout: float = 30) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

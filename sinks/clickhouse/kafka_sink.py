@@ -17,7 +17,7 @@ import secrets
 import socket
 import threading
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
 from schemas.kafka_security import KafkaSecurity
@@ -100,8 +100,12 @@ class KafkaClickHouseSink:
         ahead = [tp for tp in partitions
                  if tp in reset or (tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1))]
         if ahead:
-            consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ahead],
-                            asynchronous=False)
+            try:
+                consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ahead],
+                                asynchronous=False)
+            except KafkaException as exc:   # e.g. a stale generation after a broker restart: the next flush commits,
+                log.warning("commit on assignment failed (%s); the next flush commits", exc)  # and a stale
+                # committed offset is caught by the check below the resume point on the next assignment
 
     def _forget_lost(self, tp: TopicPartition, first_new: int, resume_was: int, high: int, certain: bool) -> None:
         """Delete the rows of records the log no longer holds at their offsets, and say so."""
