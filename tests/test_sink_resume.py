@@ -268,3 +268,59 @@ def _wait(cond, what: str, timeout: float = 30) -> None:  # noqa: ANN001
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+class _FakeConsumer:
+    """Hands out prepared lists of messages, as consume() would; commits and assignments are recorded only."""
+
+    def __init__(self, polls: list[list[confluent_kafka.Message]], stop: threading.Event) -> None:
+        self.polls, self.stop = polls, stop
+
+    def subscribe(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
+        if not self.polls:
+            self.stop.set()
+            return []
+        return self.polls.pop(0)
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0)]
+
+    def commit(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _FakeWriter:
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def insert(self, batch: PartitionBatch) -> None:
+        self.offsets += batch.to_arrow().column("_offset").to_pylist()
+
+
+def _message(offset: int, error: int | None = None) -> confluent_kafka.Message:
+    key, value, headers = _record(offset)
+    err = confluent_kafka.KafkaError(error, "fake") if error is not None else None
+    return confluent_kafka.Message(topic=TOPIC, partition=0, offset=offset, key=key, value=value, headers=headers,
+                                   error=err)
+
+
+def test_records_after_an_out_of_range_error_in_the_same_poll_are_not_batched_twice() -> None:
+    """After the positions are reset, the rest of that poll's list is fetched again: handling it too doubled it."""
+    stop = threading.Event()
+    writer = _FakeWriter()
+    sink = KafkaClickHouseSink("127.0.0.1:9", writer, topics=[TOPIC], group_id=GROUP, instance_id="fake",  # type: ignore[arg-type]
+                               policy=FlushPolicy(max_rows=1000, max_age_s=60))
+    sink.consumer.close()
+    sink.consumer = _FakeConsumer([[_message(0), _message(1, confluent_kafka.KafkaError._AUTO_OFFSET_RESET),
+                                    _message(1)], [_message(1)]], stop)  # type: ignore[assignment]
+    reassigned: list[int] = []
+    sink._on_assign = lambda consumer, partitions: reassigned.append(len(partitions))  # type: ignore[method-assign]
+    sink.run(stop)
+    assert reassigned == [1]
+    assert sorted(set(writer.offsets)) == [0, 1] and len(writer.offsets) == 20, "each record's 10 rows once"

@@ -152,7 +152,8 @@ class KafkaClickHouseSink:
         try:
             while not stop.is_set():
                 for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
-                    self._handle(msg)
+                    if self._handle(msg):
+                        break                  # positions were reset: the rest of this list is fetched again
                     self.flush(due_only=True)  # per record: a batch never grows past max_rows + one record
                 self.flush(due_only=True)
             self.flush()
@@ -160,21 +161,25 @@ class KafkaClickHouseSink:
             self.producer.flush(10)
             self.consumer.close()
 
-    def _handle(self, msg: Message) -> None:
-        """Batch one record or dead-letter it: no record, whatever it holds, stops the sink."""
+    def _handle(self, msg: Message) -> bool:
+        """Batch one record or dead-letter it: no record, whatever it holds, stops the sink.
+
+        True when the fetch positions were reset (after an out-of-range fetch).
+        """
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._AUTO_OFFSET_RESET:
                 self._refetch_after_out_of_range(msg)
-            elif err.code() != KafkaError._PARTITION_EOF:
+                return True
+            if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
-            return
+            return False
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         metrics.RECORDS.labels(topic).inc()
         try:
             batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
             self.batches.add(topic, partition, offset, batch.events, msg.value())
-            return
+            return False
         except DecodeError as exc:
             reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug or an odd record: that record only is rejected
@@ -182,12 +187,16 @@ class KafkaClickHouseSink:
             reason = f"sink error: {type(exc).__name__}: {exc}"
         self._dead_letter(topic, partition, offset, msg.key(), msg.value(), reason)
         self.batches.skip(topic, partition, offset)
+        return False
 
     def _refetch_after_out_of_range(self, msg: Message) -> None:
         """The fetch position is past the log end: the broker lost records under us. Find where to go on."""
         log.error("%s[%d]: fetch out of range (%s); checking for lost records", msg.topic(), msg.partition(),
                   msg.error().str())
-        self.flush()   # pending rows are stored and committed first, so the resume check sees all of them
+        try:
+            self.flush()   # pending rows are stored first, so the resume check sees all of them
+        except KafkaException as exc:   # the commit (e.g. a stale generation): the rows are stored, which is enough
+            log.warning("commit before the loss check failed (%s)", exc)
         self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in self.consumer.assignment()])
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
