@@ -7,7 +7,10 @@ When the broker lost acknowledged records and reused their offsets (the embedded
 a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
 deletes the rows stored from it on and reads the log again from there (resume.py), so the tables
 mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
-A retried insert reuses its dedup token, which covers a lost insert reply.
+Not caught: a log refilled past a running sink's fetch position before its next fetch (no error, no
+reassignment): new records below that position are skipped, the lost ones' rows kept.
+A retried insert reuses its dedup token (salted per process, so records read again after a delete
+are stored again), which covers a lost insert reply.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -31,7 +35,8 @@ log = logging.getLogger(__name__)
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging
 DEADLETTER_TOPIC = "deadletter"
 # The resume checks run inside the assign callback, which must return well within max.poll.interval.ms
-# (10 s): each probe waits at most PROBE_TRIES x PROBE_TIMEOUT_S, each search at most SEARCH_BUDGET_S.
+# (10 s): each probe waits at most PROBE_TRIES x PROBE_TIMEOUT_S, and the searches of one assignment together
+# at most SEARCH_BUDGET_S (then they resume at the end of the proven prefix: more is read again, nothing skipped).
 PROBE_TRIES = 3
 PROBE_TIMEOUT_S = 0.5
 SEARCH_BUDGET_S = 4.0
@@ -80,13 +85,15 @@ class KafkaClickHouseSink:
         for topic in {tp.topic for tp in partitions}:
             stored |= self.writer.resume_offsets(BY_NAME[topic])
         reset = []
+        deadline = time.monotonic() + SEARCH_BUDGET_S
         probe = Consumer({**self._probe_config, "group.id": f"{self._group_id}-probe"})
         try:
             for tp in partitions:
                 key = (tp.topic, tp.partition)
                 low, high = consumer.get_watermark_offsets(tp, timeout=10)
                 point = find_resume(committed.get(key, -1), stored.get(key, -1), low, high,
-                                    lambda offset, tp=tp: self._same(probe, tp, offset), budget_s=SEARCH_BUDGET_S)
+                                    lambda offset, tp=tp: self._same(probe, tp, offset),
+                                    budget_s=max(0.0, deadline - time.monotonic()))
                 if point.lost:
                     self._forget_lost(tp, point.offset, point.resume_was, high, point.certain)
                     reset.append(tp)

@@ -2,10 +2,11 @@
 
 The embedded noida-db can lose acknowledged records on a kill -9 and give their offsets to new
 records; producers may refill the log past the old resume point before the sink notices. So on
-every assignment the record just below the resume point is compared with the rows stored from
-it. If it differs (or the log now ends below the resume point), a binary search finds the first
-offset whose record differs; the sink deletes the rows stored from that offset on and reads the
-log again from there, so ClickHouse mirrors the log exactly once. Pure logic: no Kafka here.
+every assignment (and after an out-of-range fetch) the record just below the resume point is
+compared with the rows stored from it. If it differs (or the log now ends below the resume
+point), a binary search finds the first offset whose record differs; the sink deletes the rows
+stored from that offset on and reads the log again from there, so ClickHouse mirrors the log
+exactly once. Pure logic: no Kafka here.
 """
 
 from __future__ import annotations
