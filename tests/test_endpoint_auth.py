@@ -166,9 +166,11 @@ def test_connections_mid_request_beyond_the_limit_wait_then_get_503(fake) -> Non
     busy: list[socket.socket] = []
     extra: list[socket.socket] = []
     try:
-        for _ in range(3):  # each has started a request and not finished its headers: never closed to make room
+        head = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{endpoint.port}\r\nAuthorization: {basic(ADMIN, ADMIN_PW)}\r\n"
+                "Content-Length: 100\r\n\r\nSELECT").encode()
+        for _ in range(3):  # each is authenticated and mid-body: never closed to make room
             conn = socket.create_connection(("127.0.0.1", endpoint.port))
-            conn.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            conn.sendall(head)
             busy.append(conn)
         _wait_for_threads(before + 3)
         extra = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(2)]

@@ -47,7 +47,7 @@ from producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
 from producers.clock.rate_limit import TokenBucket
 from producers.clock.replay import ReplayGuard, SendClock
 from schemas.telemetry import ClockProbe
-from sinks.endpoint import ChdbEngine, ClickHouseError, ClickHouseHttpEndpoint
+from sinks.endpoint import ChdbEngine, ClickHouseError, ClickHouseHttpEndpoint, sql_guard
 from sinks.endpoint import protocol as protocol_module
 from sinks.endpoint.auth import User
 from sinks.endpoint.engine import escape_param
@@ -55,7 +55,14 @@ from sinks.endpoint.limits import EndpointLimits
 from sinks.endpoint.protocol import ClickHouseProtocol
 from sinks.endpoint.request_body import RequestBody
 from sinks.endpoint.request_params import parse_params
-from sinks.endpoint.sql_guard import FUNCTIONS_DENIED, TABLE_FUNCTIONS_ALLOWED, TABLE_FUNCTIONS_NOT_NEEDED
+from sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
+from sinks.endpoint.sql_guard import (
+    FUNCTIONS_DENIED,
+    TABLE_FUNCTIONS_ALLOWED,
+    TABLE_FUNCTIONS_NOT_NEEDED,
+    check_setting,
+    check_table_setting,
+)
 from sinks.endpoint.sql_scan import describe
 
 ADMIN, VIEWER = ("admin", "admin-pass"), ("viewer", "viewer-pass")
@@ -386,6 +393,122 @@ def test_insert_head_is_scanned_a_bounded_number_of_times(endpoint: ClickHouseHt
     with pytest.raises(ClickHouseError, match="QUERY_IS_TOO_LARGE"):  # no FORMAT within the head: refused
         _handle(endpoint, b"INSERT INTO linear " + b"x" * (3 << 20), chunk=1024)
     assert len(scanned) <= 2 and sum(scanned) <= 2 * LIMITS.insert_head_bytes
+
+
+# -- review findings: settings are allow-listed, never outlive their request, and headers have a deadline ---
+
+
+FILE_LIKE = ("path", "file", "schema", "dir", "url")
+
+
+def test_every_file_like_setting_is_refused(endpoint: ClickHouseHttpEndpoint) -> None:
+    # A new chdb release adds settings: only those on the allow-list pass, so none that names a file can.
+    where = " OR ".join(f"name ILIKE '%{word}%'" for word in FILE_LIKE)
+    status, body = http(endpoint, f"SELECT name FROM system.settings WHERE {where}")
+    names = body.decode().split()
+    assert status == 200 and "output_format_schema" in names and "input_format_record_errors_file_path" in names
+    for name in names:
+        with pytest.raises(ClickHouseError, match="ACCESS_DENIED"):
+            check_setting(name, "/tmp/x", cap_s=1)
+    status, body = http(endpoint, "SELECT lower(name) FROM system.settings")
+    assert set(body.decode().split()) >= SETTINGS_ALLOWED, "an allowed setting the engine does not know (a typo?)"
+    status, body = http(endpoint, "SELECT name FROM system.merge_tree_settings WHERE name ILIKE '%disk%' "
+                                  "OR name ILIKE '%path%' OR name ILIKE '%policy%'")
+    assert status == 200 and b"storage_policy" in body
+    for name in body.decode().split():
+        with pytest.raises(ClickHouseError, match="ACCESS_DENIED"):
+            check_table_setting(name)
+
+
+def test_settings_cannot_write_files(endpoint: ClickHouseHttpEndpoint, tmp_path: Path) -> None:
+    proto, errors = tmp_path / "x.proto", tmp_path / "errs"
+    http(endpoint, "CREATE TABLE rec (a Int64) ENGINE = MergeTree ORDER BY a")
+    select = "SELECT 1 AS a FORMAT Protobuf"
+    attempts = [
+        (http, {"get": select, "output_format_schema": str(proto)}),
+        (http, {"sql": select, "output_format_schema": str(proto)}),
+        (http, {"get": f"SELECT 1 AS a SETTINGS output_format_schema = '{proto}' FORMAT Protobuf"}),
+        (http, {"sql": f"SELECT 1 AS a SETTINGS output_format_schema = '{proto}' FORMAT Protobuf"}),
+        (http, {"sql": f"SELECT * FROM (SELECT 1 AS a SETTINGS output_format_schema = '{proto}') FORMAT Protobuf"}),
+        (http, {"sql": "INSERT INTO rec SETTINGS input_format_allow_errors_num = 5, "
+                       f"input_format_record_errors_file_path = '{errors}' FORMAT CSV\nattacker text\n1\n"}),
+        (http, {"sql": "INSERT INTO rec FORMAT CSV\nattacker text\n1\n", "input_format_allow_errors_num": "5",
+                "input_format_record_errors_file_path": str(errors)}),
+        (http, {"sql": "SELECT 1", "dialect": "kusto"}),
+        (http, {"get": "SELECT 1 SETTINGS dialect = 'prql'"}),
+    ]
+    for send, kwargs in attempts:
+        status, body = send(endpoint, **kwargs)
+        assert status == 403 and b"(ACCESS_DENIED)" in body, (kwargs, body)
+    assert not proto.exists() and not errors.exists()
+    assert admin_count(endpoint, "rec") == 0
+    assert http(endpoint, get="SELECT 1 AS a", output_format_json_quote_64bit_integers="1", max_result_rows="5",
+                session_timezone="UTC", date_time_output_format="iso") == (200, b"1\n")
+
+
+def test_a_request_cannot_break_the_writers_sessions(endpoint: ClickHouseHttpEndpoint,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Even a setting that leaves a session unable to run SQL (the parser dialect, were it allowed) must not
+    # outlive its request: the session is reset at once, or closed and replaced.
+    monkeypatch.setattr(sql_guard, "SETTINGS_ALLOWED", SETTINGS_ALLOWED | {"dialect"})
+    http(endpoint, "CREATE TABLE unbroken (a Int64) ENGINE = MergeTree ORDER BY a")
+    for dialect in ("kusto", "prql", "kusto"):
+        http(endpoint, "SELECT 1", dialect=dialect)
+        http(endpoint, "INSERT INTO unbroken FORMAT CSV\n7\n", dialect=dialect)
+    for i in range(3):  # sink-style inserts, each on whichever writer session the pool hands out
+        status, body = http(endpoint, f"INSERT INTO unbroken FORMAT CSV\n{i}\n")
+        assert status == 200, body
+    assert http(endpoint, "SELECT name FROM system.settings WHERE changed AND name = 'dialect'") == (200, b"")
+    assert admin_count(endpoint, "unbroken") >= 3
+
+
+def test_treeless_statements_carry_no_settings(endpoint: ClickHouseHttpEndpoint) -> None:
+    inner = "SELECT (SELECT sum(sipHash64(number)) FROM numbers(4e10)) AS x"
+    started = time.monotonic()
+    for sql in [f"DESCRIBE ({inner}) SETTINGS max_execution_time = 0", f"DESCRIBE ({inner} SETTINGS max_threads = 1)",
+                "SHOW CREATE TABLE system.one SETTINGS output_format_schema = '/tmp/x'"]:
+        status, body = http(endpoint, sql)
+        assert status == 403 and b"may not carry SETTINGS" in body, (sql, body)
+    assert time.monotonic() - started < 2
+    assert http(endpoint, "DESCRIBE (SELECT 1 AS x)") == (200, b"x\tUInt8\t\t\t\t\t\n")
+
+
+@pytest.fixture
+def small_endpoint(endpoint: ClickHouseHttpEndpoint) -> Iterator[ClickHouseHttpEndpoint]:
+    """A second listener on the same engine: 4 connection slots, a 1 s header deadline."""
+    users = {ADMIN[0]: User(ADMIN[1], readonly=False)}
+    server = ClickHouseHttpEndpoint(endpoint.engine, port=0, users=users, max_connections=4, header_timeout_s=1.0)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_slowloris_cannot_lock_anyone_out(small_endpoint: ClickHouseHttpEndpoint) -> None:
+    slow = [socket.create_connection(("127.0.0.1", small_endpoint.port)) for _ in range(4)]
+    try:
+        for conn in slow:
+            conn.sendall(b"G")  # a request has begun, and will never finish
+        time.sleep(0.2)
+        for _ in range(3):  # every slot holds a slowloris, yet logged-in clients are served at once
+            started = time.monotonic()
+            assert http(small_endpoint, "SELECT 1") == (200, b"1\n")
+            assert time.monotonic() - started < 1.0
+        trickle = socket.create_connection(("127.0.0.1", small_endpoint.port))
+        slow.append(trickle)
+        trickle.settimeout(0.3)
+        started, closed = time.monotonic(), False
+        while time.monotonic() - started < 4 and not closed:
+            try:
+                trickle.sendall(b"G")  # a byte well within every per-read timeout
+                closed = trickle.recv(100) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - started < 2.5, "a trickling request outlived the header deadline"
+    finally:
+        for conn in slow:
+            conn.close()
 
 
 # --- the clock probes (item 7) ---------------------------------------------------------

@@ -13,6 +13,7 @@ request, as with sessionless HTTP.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import json
 import logging
@@ -127,10 +128,12 @@ class ChdbEngine:
             limits = self.limits
             writers = [self._session(0, limits.write_timeout_s, first)]
             writers += [self._session(0, limits.write_timeout_s) for _ in range(limits.write_sessions - 1)]
+            getters = [self._session(2, limits.read_timeout_s) for _ in range(limits.get_sessions)]
+            readers = [self._session(1, limits.read_timeout_s) for _ in range(limits.reader_sessions)]
             self._pools: dict[int, SessionPool[EngineSession]] = {
-                0: SessionPool(writers, reserved=1),
-                2: SessionPool([self._session(2, limits.read_timeout_s) for _ in range(limits.get_sessions)]),
-                1: SessionPool([self._session(1, limits.read_timeout_s) for _ in range(limits.reader_sessions)]),
+                0: SessionPool(writers, reserved=1, renew=self._renew),
+                2: SessionPool(getters, renew=self._renew),
+                1: SessionPool(readers, renew=self._renew),
             }
             version, timezone = self.execute("SELECT version(), timezone()").data.decode().split()
         except BaseException:
@@ -182,8 +185,11 @@ class ChdbEngine:
                 settings.pop("max_execution_time", None)
             else:
                 settings.setdefault("max_execution_time", f"{cap:g}")
-            session.apply(settings)
-            result = session.query(sql, fmt, params)
+            try:
+                session.apply(settings)
+                result = session.query(sql, fmt, params)
+            finally:
+                session.reset()  # at once: the next statement, and its guard's parse, run on the baseline
         return QueryResult(
             data=result.bytes() or b"",
             rows_read=result.rows_read(),
@@ -229,6 +235,24 @@ class ChdbEngine:
         self._sessions.append(session)
         return session
 
+    def _renew(self, session: EngineSession) -> EngineSession:
+        """``session`` if it is sound, else a fresh session at its level (a broken one is never reused)."""
+        if not session.broken or self._closed:
+            return session
+        try:
+            fresh = self._session(session.readonly, session.timeout_s)
+        except Exception:
+            logger.exception("could not replace a broken chdb session; will retry when it is next returned")
+            return session
+        with contextlib.suppress(ValueError):
+            self._sessions.remove(session)
+        try:
+            session.close()
+        except Exception:
+            logger.warning("closing a broken chdb session failed", exc_info=True)
+        logger.warning("replaced a broken chdb session (readonly=%d)", session.readonly)
+        return fresh
+
     def _judge(self, session: EngineSession, statement: bytes, readonly: int) -> sql_guard.Verdict:
         """Parse ``statement`` with the engine (never running it) and let sql_guard judge the tree.
 
@@ -245,5 +269,6 @@ class ChdbEngine:
             formatted = session.query("SELECT formatQuery({q:String})", "TSVRaw", param).bytes()
             toks = list(tokens(formatted))
             calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
-            return sql_guard.check_treeless(found.group(1), calls, readonly)
+            has_settings = any(t.text == "SETTINGS" for t in toks)
+            return sql_guard.check_treeless(found.group(1), calls, readonly, has_settings)
         return sql_guard.check_tree(json.loads(parsed), readonly, self.limits.timeout_for)

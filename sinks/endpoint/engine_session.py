@@ -4,8 +4,10 @@ chdb connections to one data dir share the engine but each is its own
 session (settings, current database) and they run in parallel. A session's
 readonly level is set once, at the engine's own level, before any client
 runs on it: the engine then enforces it, and nothing a client sends can lower
-it. Per-request settings are applied as differences from the session's
-baseline and put back on the next request, so none outlives its request.
+it. Per-request settings are applied just before the client's query and put
+back to the session's baseline right after it (in ``finally``), so none
+outlives its request and the guard always parses under the baseline. A session
+whose flush or reset fails is ``broken``: its pool closes and replaces it.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ class EngineSession:
     def __init__(self, conn: Connection, readonly: int, timeout_s: float) -> None:
         self.conn = conn
         self.readonly = readonly
+        self.timeout_s = timeout_s
         self._database: str | None = None
         self._applied: dict[str, str] = {}
+        self.broken = False
         for name, value in {**BASELINE_SETTINGS, "max_execution_time": f"{timeout_s:g}"}.items():
             self.query(f"SET {name} = {quote(value)}")
         if readonly:
@@ -73,6 +77,7 @@ class EngineSession:
                     return
             except Exception:
                 logger.warning("flushing a chdb session failed", exc_info=True)
+        self.broken = True
         raise ClickHouseError(1001, "a chdb session could not be flushed after an error")
 
     def use(self, database: str) -> None:
@@ -84,32 +89,37 @@ class EngineSession:
         self._database = database
 
     def apply(self, settings: Mapping[str, str]) -> None:
-        """Move the session from the previous request's settings to these, touching only differences.
+        """Set this request's settings (one SET); ``reset`` must follow, whatever happens.
 
         At readonly=1 the engine itself refuses any change (as ClickHouse does); same-value settings pass.
         """
-        for name in [n for n in self._applied if n not in settings]:
-            self._restore(name)
-        for name, value in settings.items():
-            if name in _NOT_SETTABLE or self._applied.get(name) == value:
-                continue
+        changes = {n: v for n, v in settings.items() if n not in _NOT_SETTABLE}
+        for name in changes:
             if not _SETTING_NAME_RE.match(name):
                 raise ClickHouseError(_UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")
-            self.query(f"SET {name} = {quote(value)}")
-            if self.readonly != 1:  # at readonly=1 only same-value SETs pass: nothing to put back
-                self._applied[name] = value
+        if not changes:
+            return
+        if self.readonly != 1:  # at readonly=1 only same-value SETs pass: nothing to put back
+            self._applied.update(changes)
+        self.query("SET " + ", ".join(f"{name} = {quote(value)}" for name, value in changes.items()))
+
+    def reset(self) -> None:
+        """Put every setting ``apply`` changed back to the baseline; on failure the session is ``broken``."""
+        if not self._applied:
+            return
+        names, self._applied = list(self._applied), {}
+        sql = "SET " + ", ".join(
+            f"{name} = {'DEFAULT' if self._baseline.get(name) is None else quote(self._baseline[name])}"
+            for name in names
+        )
+        try:
+            self.query(sql)
+        except ClickHouseError:
+            logger.warning("could not reset settings %s on a chdb session: replacing it", names, exc_info=True)
+            self.broken = True
 
     def close(self) -> None:
         self.conn.close()
-
-    def _restore(self, name: str) -> None:
-        baseline = self._baseline.get(name)
-        del self._applied[name]
-        try:
-            self.query(f"SET {name} = {'DEFAULT' if baseline is None else quote(baseline)}")
-        except ClickHouseError:
-            logger.warning("could not reset setting %s on a chdb session", name, exc_info=True)
-            self._applied[name] = "\0unknown"  # try again next time
 
     def _changed_settings(self) -> dict[str, str]:
         sql = "SELECT name, value FROM system.settings WHERE changed"

@@ -7,8 +7,11 @@ HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
 
 Every query needs a user and password (sinks/endpoint/auth.py); /ping answers
 anyone. At most ``max_connections`` connections are served at once, each by
-one thread (sinks/endpoint/connection_slots.py): idle ones give way to new
-ones, and when all are mid-request a newcomer waits ``BUSY_WAIT_S``, then gets 503.
+one thread (sinks/endpoint/connection_slots.py): idle ones, and ones that have
+not yet sent their headers and authenticated, give way to new ones; request
+line and headers must arrive within ``header_timeout_s`` of the first byte.
+When all are serving authenticated requests a newcomer waits ``BUSY_WAIT_S``,
+then gets 503.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from sinks.endpoint.auth import Authenticator, OriginGuard, User
 from sinks.endpoint.connection_slots import ConnectionSlots
 from sinks.endpoint.engine import ChdbEngine
 from sinks.endpoint.errors import STD_EXCEPTION, ClickHouseError
+from sinks.endpoint.limits import EndpointLimits
 from sinks.endpoint.protocol import ClickHouseProtocol, Reply
 from sinks.endpoint.request_body import RequestBody
 from sinks.endpoint.request_params import RequestParams, parse_params
@@ -55,13 +59,14 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], protocol: ClickHouseProtocol, authenticator: Authenticator,
-                 max_connections: int, allowed_hosts: tuple[str, ...]) -> None:
+                 max_connections: int, allowed_hosts: tuple[str, ...], header_timeout_s: float) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.protocol = protocol
         self.authenticator = authenticator
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
         self.slots = ConnectionSlots(max_connections)
+        self.header_timeout_s = header_timeout_s
         super().__init__(address, _Handler)
         self.origin_guard = OriginGuard(address[0], int(self.server_address[1]), allowed_hosts)
 
@@ -117,16 +122,20 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def handle_one_request(self) -> None:
-        """Wait for the next request as an idle (reclaimable) connection, then serve it as a busy one."""
+        """Wait for the next request as an idle (reclaimable) connection, then read it under the header deadline.
+
+        It stays reclaimable until it has authenticated (``_dispatch``): sending a byte claims nothing.
+        """
         slots = self.server.slots
         slots.idle(self.connection)
         try:
             started = bool(self.rfile.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
         except OSError:  # the keep-alive timeout, or a reset
             started = False
-        if not slots.busy(self.connection) or not started:
+        if not started:
             self.close_connection = True
             return
+        slots.started(self.connection, self.server.header_timeout_s)
         super().handle_one_request()
 
     def do_GET(self) -> None:
@@ -161,6 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
             user = self.server.authenticator.authenticate(self.headers, pairs)
         except ClickHouseError as ex:
             self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
+            return
+        if not self.server.slots.busy(self.connection):  # closed meanwhile to make room, or too slow
+            self.close_connection = True
             return
         params: RequestParams | None = None
         body: RequestBody | None = None
@@ -228,7 +240,7 @@ class ClickHouseHttpEndpoint:
 
     def __init__(self, engine: ChdbEngine, host: str = "127.0.0.1", port: int = 8123, *,
                  users: Mapping[str, User], max_connections: int = 32, allowed_hosts: tuple[str, ...] = (),
-                 protocol: ClickHouseProtocol | None = None) -> None:
+                 protocol: ClickHouseProtocol | None = None, header_timeout_s: float | None = None) -> None:
         self.engine = engine
         self.protocol = protocol or ClickHouseProtocol(engine)
         self.host = host
@@ -236,6 +248,9 @@ class ClickHouseHttpEndpoint:
         self.authenticator = Authenticator(users)
         self.max_connections = max_connections
         self.allowed_hosts = allowed_hosts
+        if header_timeout_s is None:  # CLOCKTOWER_ENDPOINT_HEADER_TIMEOUT_S, with the engine's other limits
+            header_timeout_s = (engine.limits if engine is not None else EndpointLimits()).header_timeout_s
+        self.header_timeout_s = header_timeout_s
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -257,7 +272,7 @@ class ClickHouseHttpEndpoint:
             return
         try:
             server = _Server((self.host, self.port), self.protocol, self.authenticator,
-                             self.max_connections, self.allowed_hosts)
+                             self.max_connections, self.allowed_hosts, self.header_timeout_s)
         except OSError as ex:
             if ex.errno == errno.EADDRINUSE:
                 message = f"cannot serve ClickHouse HTTP on {self.host}:{self.port}: port already in use"

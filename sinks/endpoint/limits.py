@@ -30,6 +30,9 @@ class EndpointLimits(BaseSettings):
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a request waits for a free session, else 503"
     )
+    header_timeout_s: float = Field(
+        default=5.0, gt=0, description="request line and headers must arrive within this of the first byte, else closed"
+    )
 
     def timeout_for(self, kind: str) -> float:
         """The max_execution_time cap of a statement kind (insert, write or read)."""

@@ -4,13 +4,15 @@ Each chdb connection is its own ClickHouse session and they run queries in
 parallel, so a slow read holds only its own session. Waiting inserts are
 served before any other waiter, and ``reserved`` sessions only ever run
 inserts: however many slow reads arrive, an insert never waits behind one.
+A returned session passes through ``renew`` first, which may swap a broken
+session for a fresh one, so a broken session is never handed out again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
@@ -22,7 +24,7 @@ T = TypeVar("T")
 class SessionPool(Generic[T]):
     """Hands out one session at a time per caller; priority callers (inserts) first."""
 
-    def __init__(self, sessions: list[T], reserved: int = 0) -> None:
+    def __init__(self, sessions: list[T], reserved: int = 0, renew: Callable[[T], T] | None = None) -> None:
         if not 0 <= reserved < len(sessions) or not sessions:
             raise ValueError("a pool needs at least one session that is not reserved")
         self.sessions = list(sessions)
@@ -30,6 +32,7 @@ class SessionPool(Generic[T]):
         self._reserved = reserved
         self._cond = threading.Condition()
         self._priority_waiting = 0
+        self._renew = renew
 
     @contextmanager
     def acquire(self, priority: bool, timeout_s: float) -> Iterator[T]:
@@ -37,6 +40,8 @@ class SessionPool(Generic[T]):
         try:
             yield session
         finally:
+            if self._renew is not None:
+                session = self._renew(session)
             with self._cond:
                 self._free.append(session)
                 self._cond.notify_all()

@@ -8,7 +8,10 @@ engines are allow-listed (everything else, ``file``, ``url``, ``s3``,
 ``file()`` and ``disk()`` are refused, and so are ``INTO OUTFILE``, ``FROM
 INFILE``, ``INSERT INTO FUNCTION``, dictionaries with an external source,
 ``BACKUP``/``RESTORE``, ``SYSTEM``, ``ATTACH ... FROM path``, and session state
-(temporary tables, transactions, ``SET ROLE``). ``SET`` and ``USE`` never
+(temporary tables, transactions, ``SET ROLE``). Settings, in the URL or in a
+``SETTINGS`` clause anywhere in the tree, must be on settings_allowed's list;
+statements the engine cannot show as a tree (DESCRIBE, SHOW CREATE ...) may
+carry no ``SETTINGS`` clause at all. ``SET`` and ``USE`` never
 reach the shared engine: over sessionless HTTP they change nothing, as in
 ClickHouse, and at readonly=1 they are refused. Pure logic: no engine here.
 """
@@ -25,6 +28,7 @@ from sinks.endpoint.errors import (
     SETTING_CONSTRAINT_VIOLATION,
     ClickHouseError,
 )
+from sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
 
 
 def _names(text: str) -> frozenset[str]:
@@ -71,14 +75,8 @@ ENGINES_ALLOWED = _names(
 )
 # Dictionary sources that stay inside the engine (none reach outside: ClickHouse's own connects over TCP).
 DICTIONARY_SOURCES_ALLOWED = frozenset({"null"})
-# Settings no client may set: they would read files, evaluate expressions in data, or lift the guards.
-SETTINGS_DENIED = _names(
-    """
-    readonly allow_ddl input_format_values_interpret_expressions input_format_values_deduce_templates_of_expressions
-    format_schema format_template_resultset format_template_row format_schema_path allow_introspection_functions
-    user_files_path max_execution_time_leaf disk storage_policy
-    """
-)
+# Table (storage) settings are many and engine-specific, and only a few place data: refused by these words.
+TABLE_SETTING_DENIED_WORDS = ("disk", "path", "policy", "zookeeper", "keeper", "file", "s3", "azure", "hdfs", "remote")
 # Statement types (as the engine names its tree nodes) that a client may not run at all.
 _STATEMENTS_DENIED = {
     "BackupQuery": "BACKUP and RESTORE write or read files",
@@ -111,11 +109,14 @@ def _fold(name: str) -> str:
 
 
 def check_setting(name: str, value: object, cap_s: float) -> None:
-    """Refuse a setting no client may change, and a ``max_execution_time`` above the cap (or unlimited)."""
+    """Refuse a setting off the allow-list, and a ``max_execution_time`` above the cap (or unlimited).
+
+    ``readonly`` may only be raised: the engine refuses it where readonly is already set.
+    """
     if _fold(name) == "readonly" and str(value).strip().strip("'") not in ("", "0"):
-        return  # raising readonly only restricts; the engine refuses it where readonly is already set
-    if _fold(name) in SETTINGS_DENIED:
-        raise _denied(f"Setting {name} cannot be changed on the embedded endpoint")
+        return
+    if _fold(name) not in SETTINGS_ALLOWED:
+        raise _denied(f"Setting {name} cannot be changed on the embedded endpoint (not on its allow-list)")
     if _fold(name) == "max_execution_time":
         try:
             seconds = float(str(value).strip().strip("'"))
@@ -153,20 +154,24 @@ def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], 
         _check_create(tree)
     verdict = Verdict("insert" if kind == "InsertQuery" else "read" if kind in _READS else "write")
     cap_s = cap_for(verdict.kind)
-    for key, node in _walk(tree, ""):
-        _check_node(key, node, cap_s)
+    for key, node, parent in _walk(tree, ""):
+        _check_node(key, node, cap_s, table_level=parent == "Storage" or key == "settings_changes")
     return verdict
 
 
-def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int) -> Verdict:
+def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int, has_settings: bool = False) -> Verdict:
     """Judge a statement the engine cannot show as a tree, from its type and the names called in it.
 
-    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement.
+    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement;
+    ``has_settings``: the word SETTINGS appears in it. Its settings cannot be judged without a tree
+    (``DESCRIBE (SELECT ...) SETTINGS max_execution_time = 0`` lifted the time cap), so it is refused.
     """
     if node_type == "SetRoleQuery":
         return session_statement("SET ROLE", readonly)
     if not node_type.startswith(_TREELESS_READS):
         raise _denied(f"{node_type.removesuffix('Query')} statements are not allowed on the embedded endpoint")
+    if has_settings:
+        raise _denied(f"{node_type.removesuffix('Query')} statements may not carry SETTINGS on the embedded endpoint")
     for name in keyword_calls:
         if _fold(name) in FUNCTIONS_DENIED:
             raise _denied(f"Function {name} is not allowed on the embedded endpoint")
@@ -194,7 +199,14 @@ def _check_create(tree: Mapping[str, Any]) -> None:
             raise _denied(f"Dictionary source {name or '?'} is not allowed on the embedded endpoint")
 
 
-def _check_node(key: str, node: Mapping[str, Any], cap_s: float) -> None:
+def check_table_setting(name: str) -> None:
+    """Refuse a table (storage) setting that could place data elsewhere: disks, policies, paths, remote storage."""
+    folded = _fold(name)
+    if not folded.isascii() or any(word in folded for word in TABLE_SETTING_DENIED_WORDS):
+        raise _denied(f"Table setting {name} is not allowed on the embedded endpoint")
+
+
+def _check_node(key: str, node: Mapping[str, Any], cap_s: float, table_level: bool = False) -> None:
     node_type = node.get("type")
     if key in ("out_file", "infile"):
         raise _denied("INTO OUTFILE and FROM INFILE are not allowed on the embedded endpoint")
@@ -204,7 +216,10 @@ def _check_node(key: str, node: Mapping[str, Any], cap_s: float) -> None:
             if field.get("field_type") == "CustomType":  # an expression as a value, e.g. disk = disk(path = ...)
                 raise _denied(f"Setting {change.get('name')} = <expression> is not allowed on the embedded endpoint")
             value = field.get("value")
-            check_setting(str(change.get("name", "")), value if value is not None else "", cap_s)
+            if table_level:
+                check_table_setting(str(change.get("name", "")))
+            else:
+                check_setting(str(change.get("name", "")), value if value is not None else "", cap_s)
         return
     if node_type not in ("Function", "FunctionWithKeyValueArguments"):
         return
@@ -226,13 +241,14 @@ def _check_node(key: str, node: Mapping[str, Any], cap_s: float) -> None:
         raise _denied(f"Table function {name} is not allowed on the embedded endpoint")
 
 
-def _walk(node: Any, key: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every dict in the tree with the key it hangs under (list items inherit their list's key)."""
-    stack: list[tuple[str, Any]] = [(key, node)]
+def _walk(node: Any, key: str) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+    """Every dict in the tree with the key it hangs under and its parent's type (list items inherit both)."""
+    stack: list[tuple[str, Any, str]] = [(key, node, "")]
     while stack:
-        key, node = stack.pop()
+        key, node, parent = stack.pop()
         if isinstance(node, dict):
-            yield key, node
-            stack.extend((k, v) for k, v in node.items() if isinstance(v, dict | list))
+            yield key, node, parent
+            own = str(node.get("type", ""))
+            stack.extend((k, v, own) for k, v in node.items() if isinstance(v, dict | list))
         elif isinstance(node, list):
-            stack.extend((key, v) for v in node)
+            stack.extend((key, v, parent) for v in node)
