@@ -2,7 +2,8 @@
 
 docker-compose.yml has no default passwords or keys and refuses to start without these:
 the ClickHouse writer's password, Grafana's read-only `dashboards` password, Grafana's admin
-password, and the command-signing key.
+password, and the command-signing key. It also names the writer (CLOCKTOWER_CLICKHOUSE_USER), so a
+shell that sources .env logs the CLI in as that user: the image removes `default`.
 
     python scripts/make_compose_env.py [PATH]    # default: .env next to docker-compose.yml
 """
@@ -17,13 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clocktower.private_file import create_private_file  # noqa: E402
 
+USER = "clocktower"  # docker-compose.yml's default for CLOCKTOWER_CLICKHOUSE_USER
 NAMES = ("CLOCKTOWER_CLICKHOUSE_PASSWORD", "CLOCKTOWER_DASHBOARDS_PASSWORD", "CLOCKTOWER_GRAFANA_ADMIN_PASSWORD",
          "CLOCKTOWER_CONTROL_KEY")
 
 
 def main() -> int:
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / ".env"
-    text = "".join(f"{name}={secrets.token_urlsafe(32)}\n" for name in NAMES)
+    text = f"CLOCKTOWER_CLICKHOUSE_USER={USER}\n" + "".join(f"{name}={secrets.token_urlsafe(32)}\n" for name in NAMES)
     if not create_private_file(path, text.encode()):
         print(f"{path} exists: kept as it is (delete it to generate new secrets)", file=sys.stderr)
         return 1

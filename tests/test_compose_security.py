@@ -67,9 +67,24 @@ def test_the_dashboards_user_is_readonly_1_with_select_only() -> None:
     assert _env("clickhouse")[env_name] == _env("grafana")["CLOCKTOWER_DASHBOARDS_PASSWORD"]
     profile = root.find(f"profiles/{user.findtext('profile')}")
     assert profile is not None and profile.findtext("readonly") == "1"
-    assert [q.text for q in user.findall("grants/query")] == ["GRANT SELECT ON default.*"]
+    grants = [q.text or "" for q in user.findall("grants/query")]
+    assert grants[0] == "GRANT SELECT ON default.*"
+    assert all(re.fullmatch(r"GRANT SELECT ON system\.\w+", g) for g in grants[1:]), grants  # SELECT only
     for mount in mounts:
         assert (ROOT / mount).exists(), mount
+
+
+def test_every_system_table_a_dashboard_reads_is_granted_to_grafana() -> None:
+    # ClickHouse requires a grant for system tables (select_from_system_db_requires_grant): a panel reading
+    # one that is not granted shows an error instead of data.
+    root = ET.parse(ROOT / "grafana/clickhouse/users.d/dashboards.xml").getroot()
+    granted = {q.text.removeprefix("GRANT SELECT ON ") for q in root.findall("users/dashboards/grants/query") if q.text}
+    used: set[str] = set()
+    for dashboard in (ROOT / "grafana/dashboards").glob("*.json"):
+        for sql in re.findall(r'"rawSql":\s*"((?:[^"\\]|\\.)*)"', dashboard.read_text()):
+            used |= {f"system.{t}" for t in re.findall(r"\bsystem\.(\w+)", sql, flags=re.IGNORECASE)}
+    assert "system.parts" in used
+    assert used <= granted, f"dashboards read {sorted(used - granted)} without a grant"
 
 
 def test_metrics_bind_inside_containers_only_and_loopback_elsewhere() -> None:
@@ -91,6 +106,7 @@ def test_make_compose_env_writes_fresh_private_secrets_once(tmp_path: Path) -> N
     values = dict(line.split("=", 1) for line in first.read_text().splitlines())
     needed = {REQUIRED_VAR.match(v).group(1) for s in SERVICES for k, v in _env(s).items()  # type: ignore[union-attr]
               if REQUIRED_VAR.match(v)}
+    assert values.pop("CLOCKTOWER_CLICKHOUSE_USER") == "clocktower"  # the CLI logs in as the writer, not `default`
     assert needed <= set(values) and all(len(v) >= 32 for v in values.values())
     assert first.read_text() != second.read_text()
     before = first.read_text()
