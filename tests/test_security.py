@@ -511,6 +511,37 @@ def test_slowloris_cannot_lock_anyone_out(small_endpoint: ClickHouseHttpEndpoint
             conn.close()
 
 
+def test_inserts_split_after_comments_and_into_a_table_named_settings(endpoint: ClickHouseHttpEndpoint) -> None:
+    assert http(endpoint, "CREATE TABLE settings (a Int64) ENGINE = MergeTree ORDER BY a")[0] == 200
+    for sql in ["INSERT INTO settings --note\nVALUES (1)", "INSERT INTO settings FORMAT CSV\n2\n",
+                "INSERT INTO settings SETTINGS async_insert = 0 VALUES (3)",
+                "INSERT INTO default.settings (a) VALUES (4)",
+                "INSERT INTO settings /* c */ SETTINGS insert_deduplicate = 1 -- note\nFORMAT CSV\n5\n"]:
+        status, body = http(endpoint, sql)
+        assert status == 200, (sql, body)
+    assert admin_count(endpoint, "settings") == 5
+
+
+def test_errors_do_not_show_the_spool_path(endpoint: ClickHouseHttpEndpoint) -> None:
+    http(endpoint, "CREATE TABLE spool_err (a Int64) ENGINE = MergeTree ORDER BY a")
+    status, body = http(endpoint, "INSERT INTO spool_err FORMAT CSV\nnot a number\n")
+    assert status == 400 and b"(INCORRECT_DATA)" in body
+    spool_dir = ClickHouseProtocol(endpoint.engine).spool_dir.encode()
+    assert spool_dir not in body and b"clocktower-insert-" not in body and b"<request body>" in body, body
+
+
+def test_query_id_and_timezone_cannot_inject_response_headers(endpoint: ClickHouseHttpEndpoint) -> None:
+    auth = "Basic " + base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode()
+    for param in ("query_id", "session_timezone"):
+        url = endpoint.url + "/?" + urllib.parse.urlencode({"query": "SELECT 1", param: "x\r\nX-Injected: yes"})
+        request = urllib.request.Request(url, headers={"Authorization": auth})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 400 and "X-Injected" not in refused.value.headers, param
+        assert "\r" not in refused.value.headers["X-ClickHouse-Query-Id"]
+    assert http(endpoint, get="SELECT 1", query_id="my-query 1") == (200, b"1\n")  # printable ASCII ids still work
+
+
 # --- the clock probes (item 7) ---------------------------------------------------------
 
 

@@ -16,10 +16,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sinks.endpoint.errors import ClickHouseError
+from sinks.endpoint.errors import ACCESS_DENIED, AUTHENTICATION_FAILED, ClickHouseError
 
-AUTHENTICATION_FAILED = 516
-ACCESS_DENIED = 497
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 

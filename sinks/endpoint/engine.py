@@ -29,14 +29,13 @@ import chdb
 
 from sinks.endpoint import sql_guard
 from sinks.endpoint.engine_session import EngineSession
-from sinks.endpoint.errors import ACCESS_DENIED, ClickHouseError
+from sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, ClickHouseError
 from sinks.endpoint.limits import EndpointLimits
 from sinks.endpoint.session_pool import SessionPool
 from sinks.endpoint.sql_scan import tokens
 
 logger = logging.getLogger(__name__)
 
-_BAD_ARGUMENTS = 36
 _TREELESS_RE = re.compile(r"AST node of type '([^']+)' does not support JSON serialization")
 _PARSE_SCOPE_RE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuery)\(.*\Z", re.DOTALL)
 
@@ -263,7 +262,7 @@ class ChdbEngine:
         try:
             parsed = session.query("SELECT parseQueryToJSON({q:String})", "TSVRaw", param).bytes()
         except ClickHouseError as ex:
-            found = _TREELESS_RE.search(ex.message) if ex.code == _BAD_ARGUMENTS else None
+            found = _TREELESS_RE.search(ex.message) if ex.code == BAD_ARGUMENTS else None
             if found is None:
                 raise ClickHouseError(ex.code, _PARSE_SCOPE_RE.sub("", ex.message), ex.name) from None
             formatted = session.query("SELECT formatQuery({q:String})", "TSVRaw", param).bytes()

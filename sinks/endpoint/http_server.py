@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 from sinks.endpoint.auth import Authenticator, OriginGuard, User
 from sinks.endpoint.connection_slots import ConnectionSlots
 from sinks.endpoint.engine import ChdbEngine
-from sinks.endpoint.errors import STD_EXCEPTION, ClickHouseError
+from sinks.endpoint.errors import STD_EXCEPTION, TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
 from sinks.endpoint.limits import EndpointLimits
 from sinks.endpoint.protocol import ClickHouseProtocol, Reply
 from sinks.endpoint.request_body import RequestBody
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 KEEP_ALIVE_TIMEOUT_S = 30
 BUSY_WAIT_S = 0.25
 UNAUTHENTICATED_DRAIN_LIMIT = 1 << 20  # body bytes read past a refused request to keep its connection
-TOO_MANY_SIMULTANEOUS_QUERIES = 202
 _NOT_FOUND = (
     b"There is no handle {path}\n\nUse / or /ping for health checks.\n\n"
     b"Send queries from your program with POST method or GET /?query=...\n"
@@ -78,7 +77,7 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         # One thread per connection, at most max_connections of them: never an unbounded number.
         if not self.slots.acquire(BUSY_WAIT_S):
-            _refuse_busy(request)
+            _refuse_busy(request, self.protocol.engine.version)
             self.shutdown_request(request)
             return
         with self.connections_lock:
@@ -215,12 +214,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(reply.body)
 
 
-def _refuse_busy(request: socket.socket) -> None:
+def _refuse_busy(request: socket.socket, version: str) -> None:
     """Answer 503 on a connection no handler thread is free for, from the accepting thread."""
-    text = (f"Code: {TOO_MANY_SIMULTANEOUS_QUERIES}. DB::Exception: Too many simultaneous connections to the "
-            "embedded endpoint. (TOO_MANY_SIMULTANEOUS_QUERIES)\n").encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=UTF-8\r\n"
-            f"X-ClickHouse-Exception-Code: {TOO_MANY_SIMULTANEOUS_QUERIES}\r\nRetry-After: 1\r\n"
+    error = ClickHouseError(TOO_MANY_SIMULTANEOUS_QUERIES, "Too many simultaneous connections to the embedded endpoint")
+    text = error.body(version)
+    head = (f"HTTP/1.1 {error.http_status} Service Unavailable\r\nContent-Type: text/plain; charset=UTF-8\r\n"
+            f"X-ClickHouse-Exception-Code: {error.code}\r\nRetry-After: 1\r\n"
             f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode()
     with contextlib.suppress(OSError):
         request.settimeout(0.1)

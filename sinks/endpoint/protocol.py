@@ -38,6 +38,14 @@ _CONTENT_TYPES = {
 }
 
 
+SPOOL_PLACEHOLDER = "<request body>"
+
+
+def header_safe(value: str | None) -> str | None:
+    """``value`` if it may be echoed in a response header (printable ASCII), else None: no header injection."""
+    return value if value is not None and value.isascii() and value.isprintable() else None
+
+
 def content_type(fmt: str) -> str:
     if fmt.startswith(_BINARY_FORMATS):
         return "application/octet-stream"
@@ -222,7 +230,11 @@ class ClickHouseProtocol:
                 if size > limit:
                     raise _too_large("INSERT data", limit)
             sql = split.infile_sql(spool.name)
-            return self._execute(sql, "TabSeparated", params, level, "insert", guard=split.head)
+            try:
+                return self._execute(sql, "TabSeparated", params, level, "insert", guard=split.head)
+            except ClickHouseError as ex:  # the engine names the spool file: never show clients its path
+                message = ex.message.replace(spool.name, SPOOL_PLACEHOLDER).replace(self.spool_dir, "<spool>")
+                raise ClickHouseError(ex.code, message, ex.name) from None
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spool.name)
@@ -249,8 +261,9 @@ class ClickHouseProtocol:
     def common_headers(self, params: RequestParams | None, query_id: str | None = None) -> dict[str, str]:
         """Headers ClickHouse sends on every response, errors included."""
         settings = params.settings if params else {}
+        query_id = header_safe(query_id or (params.query_id if params else None))
         return {
-            "X-ClickHouse-Query-Id": query_id or (params.query_id if params else None) or str(uuid.uuid4()),
-            "X-ClickHouse-Timezone": settings.get("session_timezone") or self.engine.timezone,
+            "X-ClickHouse-Query-Id": query_id or str(uuid.uuid4()),
+            "X-ClickHouse-Timezone": header_safe(settings.get("session_timezone")) or self.engine.timezone,
             "X-ClickHouse-Server-Display-Name": self.display_name,
         }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
 
-from sinks.endpoint.errors import NOT_IMPLEMENTED, ClickHouseError
+from sinks.endpoint.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, ClickHouseError
 
 # Parameters the HTTP interface consumes itself (ClickHouse's reserved names plus
 # the transport knobs clients send); they are never applied as settings.
@@ -23,6 +23,7 @@ _TRANSPORT = """
     stacktrace
 """
 TRANSPORT_PARAMS = frozenset(_TRANSPORT.split())
+MAX_QUERY_ID = 256
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -47,6 +48,10 @@ class RequestParams:
         elif name == "default_format":
             self.default_format = value or None
         elif name == "query_id":
+            if not (value.isascii() and value.isprintable()) or len(value) > MAX_QUERY_ID:
+                # It is echoed in X-ClickHouse-Query-Id: a CR or LF would add response headers.
+                message = f"query_id must be at most {MAX_QUERY_ID} printable ASCII characters"
+                raise ClickHouseError(BAD_ARGUMENTS, message)
             self.query_id = value or None
         elif name in ("compress", "decompress") and value.strip().lower() in _TRUE:
             raise ClickHouseError(

@@ -190,6 +190,8 @@ def split_insert(buf: bytes, complete: bool) -> InsertSplit | str | None:
     engine would otherwise run whatever follows a ``;`` after the values.
     """
     settings_at: int | None = None
+    before_last: Token | None = None
+    last: Token | None = None
     toks = tokens(buf)
     first = next(toks, None)
     if first is None:
@@ -202,13 +204,16 @@ def split_insert(buf: bytes, complete: bool) -> InsertSplit | str | None:
         if tok.text == "VALUES":
             if tok.end == len(buf) and not complete:
                 return NEED_MORE
-            before = buf[: tok.start].rstrip()
+            before = buf[: tok.start].rstrip(b" \t")  # keep newlines: one may end a -- comment
             head = before + b" FORMAT Values"
             return InsertSplit(head, len(before) if settings_at is None else settings_at, tok.end, "Values")
         if tok.text in _INSERT_QUERY_KEYWORDS:
             return None
-        if tok.text == "SETTINGS" and settings_at is None:
-            settings_at = tok.start
+        # The SETTINGS clause is SETTINGS name = ...; a table named `settings` is not one.
+        if (tok.text == "=" and settings_at is None and before_last is not None and last is not None
+                and before_last.text == "SETTINGS" and last.text.isidentifier()):
+            settings_at = before_last.start
+        before_last, last = last, tok
         if tok.text == "FORMAT":
             name = next(toks, None)
             if name is None or (name.end == len(buf) and not complete):
