@@ -446,6 +446,15 @@ def test_settings_cannot_write_files(endpoint: ClickHouseHttpEndpoint, tmp_path:
                 session_timezone="UTC", date_time_output_format="iso") == (200, b"1\n")
 
 
+def test_introspection_functions_are_off(endpoint: ClickHouseHttpEndpoint) -> None:
+    # chdb starts its sessions with allow_introspection_functions=1: they map the process's memory to symbols.
+    for kwargs in ({"get": "SELECT demangle('_Z1fv')"}, {"sql": "SELECT addressToSymbol(toUInt64(1))"}):
+        status, body = http(endpoint, **kwargs)
+        assert status != 200 and b"FUNCTION_NOT_ALLOWED" in body, (kwargs, body)
+    status, body = http(endpoint, get="SELECT demangle('_Z1fv')", allow_introspection_functions="1")
+    assert status == 403 and b"(ACCESS_DENIED)" in body
+
+
 def test_a_request_cannot_break_the_writers_sessions(endpoint: ClickHouseHttpEndpoint,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Even a setting that leaves a session unable to run SQL (the parser dialect, were it allowed) must not

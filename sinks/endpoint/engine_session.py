@@ -29,10 +29,12 @@ _UNKNOWN_SETTING = 115
 _FLUSH_SQL, _FLUSH_OUT = "SELECT 'clocktower-session-flush'", b"clocktower-session-flush\n"
 # Never set per request: the session's level, and the database (set by USE).
 _NOT_SETTABLE = frozenset({"database", "readonly"})
-# Every session starts with these: Values data never evaluates expressions (they could call functions).
+# Every session starts with these: Values data never evaluates expressions (they could call functions), and
+# introspection functions (addressToSymbol, demangle, ...; chdb turns them on) cannot read the process's memory map.
 BASELINE_SETTINGS = {
     "input_format_values_interpret_expressions": "0",
     "input_format_values_deduce_templates_of_expressions": "0",
+    "allow_introspection_functions": "0",
 }
 
 
