@@ -208,6 +208,39 @@ def test_idle_connections_give_way_to_new_ones(fake) -> None:  # noqa: ANN001
             conn.close()
 
 
+def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> None:  # noqa: ANN001
+    """urllib3 reuses a pooled connection: its next request's headers are on their way when a newcomer arrives."""
+    endpoint, _ = fake  # max_connections=3
+    before = _handler_threads()
+    req = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{endpoint.port}\r\nAuthorization: {basic(ADMIN, ADMIN_PW)}\r\n"
+           "Content-Length: 8\r\n\r\nSELECT 1").encode()
+    client = socket.create_connection(("127.0.0.1", endpoint.port))
+    client.settimeout(5)
+    client.sendall(req)
+    assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+    time.sleep(0.05)
+    silent = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(2)]  # connected, sent nothing
+    newcomer: socket.socket | None = None
+    try:
+        _wait_for_threads(before + 3)
+        client.sendall(req[:40])  # the client's next request is under way
+        time.sleep(0.2)
+        newcomer = socket.create_connection(("127.0.0.1", endpoint.port))  # every slot taken: one must give way
+        newcomer.settimeout(5)
+        newcomer.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % endpoint.port)
+        assert newcomer.recv(4096).startswith(b"HTTP/1.1 200 ")
+        client.sendall(req[40:])
+        assert client.recv(4096).startswith(b"HTTP/1.1 200 "), "the logged-in client's request was cut off"
+        silent[0].settimeout(2)
+        assert silent[0].recv(10) == b"", "the silent connection accepted first gave way"
+        silent[1].settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            silent[1].recv(10)
+    finally:
+        for conn in [client, *silent, *([newcomer] if newcomer else [])]:
+            conn.close()
+
+
 # --- the real engine, in its own process, as `clocktower up` starts it ---------------------------------------
 
 @pytest.fixture(scope="module")

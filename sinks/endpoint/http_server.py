@@ -7,10 +7,12 @@ HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
 
 Every query needs a user and password (sinks/endpoint/auth.py); /ping answers
 anyone. At most ``max_connections`` connections are served at once, each by
-one thread (sinks/endpoint/connection_slots.py): idle ones, and ones that have
-not yet sent their headers and authenticated, give way to new ones; request
+one thread, and each takes its slot when accepted (sinks/endpoint/connection_slots.py).
+When all are taken, one gives way to a newcomer: first one that has sent nothing,
+then one still sending headers that never authenticated, then an idle keep-alive
+one; a connection that has authenticated is never closed mid-request. Request
 line and headers must arrive within ``header_timeout_s`` of the first byte.
-When all are serving authenticated requests a newcomer waits ``BUSY_WAIT_S``,
+When every slot is in an authenticated request a newcomer waits ``BUSY_WAIT_S``,
 then gets 503.
 """
 
@@ -123,7 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """Wait for the next request as an idle (reclaimable) connection, then read it under the header deadline.
 
-        It stays reclaimable until it has authenticated (``_dispatch``): sending a byte claims nothing.
+        Sending a byte claims nothing: a connection that has never authenticated (``_dispatch``) stays
+        reclaimable mid-headers; one that has is not, but is held to the header deadline all the same.
         """
         slots = self.server.slots
         slots.idle(self.connection)
