@@ -234,21 +234,28 @@ class ChdbEngine:
         self._sessions.append(session)
         return session
 
-    def _renew(self, session: EngineSession) -> EngineSession:
-        """``session`` if it is sound, else a fresh session at its level (a broken one is never reused)."""
-        if not session.broken or self._closed:
+    def _renew(self, session: EngineSession) -> EngineSession | None:
+        """``session`` if it is sound, else a fresh session at its level; None if none can be made now.
+
+        Under the close lock, so no session is opened after ``close`` (it would keep the data dir locked)
+        and ``_sessions`` never changes while ``close`` goes through it.
+        """
+        if not session.broken:
             return session
-        try:
-            fresh = self._session(session.readonly, session.timeout_s)
-        except Exception:
-            logger.exception("could not replace a broken chdb session; will retry when it is next returned")
-            return session
-        with contextlib.suppress(ValueError):
-            self._sessions.remove(session)
-        try:
-            session.close()
-        except Exception:
-            logger.warning("closing a broken chdb session failed", exc_info=True)
+        with self._close_lock:
+            if self._closed:
+                return None
+            try:
+                fresh = self._session(session.readonly, session.timeout_s)
+            except Exception:
+                logger.exception("could not replace a broken chdb session; its pool will retry")
+                return None
+            with contextlib.suppress(ValueError):
+                self._sessions.remove(session)
+            try:
+                session.close()
+            except Exception:
+                logger.warning("closing a broken chdb session failed", exc_info=True)
         logger.warning("replaced a broken chdb session (readonly=%d)", session.readonly)
         return fresh
 

@@ -109,16 +109,18 @@ class EngineSession:
         """Put every setting ``apply`` changed back to the baseline; on failure the session is ``broken``."""
         if not self._applied:
             return
-        names, self._applied = list(self._applied), {}
+        names = list(self._applied)
         sql = "SET " + ", ".join(
             f"{name} = {'DEFAULT' if self._baseline.get(name) is None else quote(self._baseline[name])}"
             for name in names
         )
         try:
             self.query(sql)
-        except ClickHouseError:
+        except ClickHouseError:  # keep _applied: these settings may still be in force
             logger.warning("could not reset settings %s on a chdb session: replacing it", names, exc_info=True)
             self.broken = True
+            return
+        self._applied = {}
 
     def close(self) -> None:
         self.conn.close()
