@@ -11,9 +11,10 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from producers.kafka_publisher import KafkaPublisher
-from schemas.codec import encode_batch
+from schemas.codec import dead_letter, encode_batch
 from schemas.telemetry import LinkState
 from schemas.topics import BY_NAME, TopicSpec
+from sinks.clickhouse import kafka_sink
 from sinks.clickhouse.batch_set import FlushPolicy
 from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from sinks.clickhouse.partition_batch import PartitionBatch
@@ -45,32 +46,45 @@ def test_resume_point_rules() -> None:
     assert find_resume(10, 12, 0, 50, ok) == ResumePoint(12)          # rows stored after the last commit
     assert find_resume(12, -1, 0, 12, ok) == ResumePoint(12)          # caught up
     assert find_resume(3, 3, 8, 20, ok) == ResumePoint(8)             # retention removed 3..7: nothing to compare
-    assert find_resume(40, 45, 0, 30, _kept_prefix(22)) == ResumePoint(22, lost=True, resume_was=45)  # past the end
+    assert find_resume(40, 45, 0, 30, _kept_prefix(22)) == ResumePoint(22, lost=True, resume_was=45,
+                                                                     first_different=22)  # past the end
 
 
 def test_a_log_refilled_past_the_resume_point_is_still_checked() -> None:
     """C1: the broker kept 0..5, new records took 6..11; the log end 12 is past the resume point 10."""
     asked: list[int] = []
     point = find_resume(10, 10, 0, 12, _kept_prefix(6, asked))
-    assert point == ResumePoint(6, lost=True, resume_was=10)
+    assert point == ResumePoint(6, lost=True, resume_was=10, first_different=6)
     assert asked[0] == 9 and len(asked) <= 1 + 4
 
 
-def test_unknown_probes_and_a_spent_budget_only_move_the_resume_point_down() -> None:
-    unknown_at_7 = lambda o: None if o == 7 else o < 8  # noqa: E731
+def test_an_unanswered_check_is_no_loss() -> None:
+    """M1: the record below the resume point could not be fetched: resume there, delete and count nothing."""
+    assert find_resume(10, 10, 0, 12, lambda o: None) == ResumePoint(10, unchecked=True)
+    assert find_resume(10, 10, 0, 10, lambda o: None) == ResumePoint(10, unchecked=True)
+
+
+def test_unknown_probes_in_a_search_move_only_the_re_read_down_not_the_loss_count() -> None:
+    """M1: only offsets shown to differ (or past the log end) count as lost; unknown ones are read again."""
+    unknown_at_7 = lambda o: None if o == 7 else o < 8  # noqa: E731 - first reused offset 8
     point = find_resume(10, 10, 0, 12, unknown_at_7)
-    assert point.lost and point.offset <= 7 and not point.certain
-    assert find_resume(10, 10, 0, 12, lambda o: None) == ResumePoint(0, lost=True, resume_was=10, certain=False)
+    assert point.lost and point.offset <= 8 <= point.first_different and not point.certain
+    assert point.first_different == 8 or point.resume_was - point.first_different < 2
+    only_9_shown = lambda o: False if o == 9 else None  # noqa: E731
+    point = find_resume(10, 10, 0, 12, only_9_shown)
+    assert point.lost and point.first_different == 9 and point.resume_was == 10, "one record shown lost, not 10"
+    point = find_resume(40, 45, 0, 30, lambda o: None)
+    assert point.lost and point.first_different == 30, "the log ends at 30: 30..44 are lost, nothing more is shown"
     ticks = iter(range(100))
     point = find_resume(1000, 1000, 0, 2000, _kept_prefix(613), budget_s=3, clock=lambda: next(ticks))
-    assert point.lost and not point.certain and point.offset <= 613
+    assert point.lost and not point.certain and point.offset <= 613 <= point.first_different
 
 
 def test_first_reused_offset_is_a_binary_search() -> None:
     asked: list[int] = []
-    assert first_reused_offset(0, 1000, _kept_prefix(613, asked)) == (613, True) and len(asked) <= 11
-    assert first_reused_offset(5, 9, lambda o: True) == (9, True)
-    assert first_reused_offset(5, 9, lambda o: False) == (5, True)
+    assert first_reused_offset(0, 1000, _kept_prefix(613, asked)) == (613, 613) and len(asked) <= 11
+    assert first_reused_offset(5, 9, lambda o: True) == (9, 9)
+    assert first_reused_offset(5, 9, lambda o: False) == (5, 5)
 
 
 @pytest.mark.e2e
@@ -275,6 +289,7 @@ class _FakeConsumer:
 
     def __init__(self, polls: list[list[confluent_kafka.Message]], stop: threading.Event) -> None:
         self.polls, self.stop = polls, stop
+        self.paused = False
 
     def subscribe(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         pass
@@ -290,6 +305,12 @@ class _FakeConsumer:
 
     def commit(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         pass
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused = True
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused = False
 
     def close(self) -> None:
         pass
@@ -324,3 +345,126 @@ def test_records_after_an_out_of_range_error_in_the_same_poll_are_not_batched_tw
     sink.run(stop)
     assert reassigned == [1]
     assert sorted(set(writer.offsets)) == [0, 1] and len(writer.offsets) == 20, "each record's 10 rows once"
+
+
+def _fake_sink(writer: object, polls: list[list[confluent_kafka.Message]] | None = None,
+               stop: threading.Event | None = None) -> KafkaClickHouseSink:
+    sink = KafkaClickHouseSink("127.0.0.1:9", writer, topics=[TOPIC], group_id=GROUP, instance_id="fake",  # type: ignore[arg-type]
+                               policy=FlushPolicy(max_rows=1000, max_age_s=60))
+    sink.consumer.close()
+    sink.consumer = _FakeConsumer(polls or [], stop or threading.Event())  # type: ignore[assignment]
+    return sink
+
+
+def test_a_failed_check_after_an_out_of_range_fetch_is_retried_and_never_ends_the_sink(monkeypatch) -> None:
+    """Minor 6: committed()/watermarks fail right after a broker restart: the sink pauses, retries, goes on."""
+    monkeypatch.setattr(kafka_sink, "RECHECK_BACKOFF_S", (0.01, 0.02))
+    stop = threading.Event()
+    writer = _FakeWriter()
+    oor = confluent_kafka.KafkaError._AUTO_OFFSET_RESET
+    sink = _fake_sink(writer, [[_message(0), _message(1, oor)], *([[]] * 20), [_message(1)]], stop)
+    sink._recheck_backoff = 0.01
+    calls: list[bool] = []
+
+    def on_assign(consumer, partitions) -> None:  # noqa: ANN001
+        calls.append(consumer.paused)
+        if len(calls) < 3:
+            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT))
+
+    sink._on_assign = on_assign  # type: ignore[method-assign]
+    consume = sink.consumer.consume
+
+    def slow_consume(num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
+        time.sleep(0.005)
+        return consume(num_messages, timeout)
+
+    sink.consumer.consume = slow_consume  # type: ignore[method-assign]
+    sink.run(stop)   # returns only when the fake runs out of polls
+    assert calls == [False, True, True], "failed twice while paused, then checked again"
+    assert not sink.consumer.paused and sink._recheck_at is None
+    assert sorted(set(writer.offsets)) == [0, 1], "record 0 (flushed) and 1 (after the retry) stored"
+
+
+def _chdb_writer(tmp_path) -> TableWriter:  # noqa: ANN001
+    clickhouse_connect = pytest.importorskip("clickhouse_connect")
+    writer = TableWriter(clickhouse_connect.get_client(interface="chdb", path=str(tmp_path / "ch")))
+    writer.ensure_schema()
+    return writer
+
+
+def _count(writer: TableWriter, table: str = "link_states") -> int:
+    return int(writer.client.query(f"SELECT count() FROM {table}").result_rows[0][0])
+
+
+def _insert_taken(sink: KafkaClickHouseSink, writer: TableWriter) -> None:
+    batches, _ = sink.batches.take()
+    for batch in batches:
+        writer.insert(batch)
+
+
+def test_one_sink_stores_records_again_after_it_deleted_them(tmp_path) -> None:
+    """C1: the same sink deletes rows after a loss and reads the same records again: they are stored again."""
+    writer = _chdb_writer(tmp_path)
+    sink = _fake_sink(writer)
+    for _ in range(2):
+        for o in range(3):
+            sink.batches.add(TOPIC, 0, o, _links(o), _record(o)[1])
+        _insert_taken(sink, writer)
+        assert _count(writer) == 30, "records 0..2 stored (again)"
+        sink._forget_lost(TopicPartition(TOPIC, 0), ResumePoint(0, lost=True, resume_was=3, first_different=0), 3)
+        assert _count(writer) == 0
+
+
+def _store_dead_letter(writer: TableWriter, offset: int) -> None:
+    batch = PartitionBatch(BY_NAME["deadletter"], 0)
+    batch.add(offset, [dead_letter(TOPIC, 0, offset, b"k", b"v", "sink error: boom", "sink")])
+    writer.insert(batch)
+
+
+def test_a_record_dead_lettered_by_the_sink_matches_its_dead_letter(tmp_path) -> None:
+    """Minor 4: a record that decodes but was dead-lettered (sink error) has no rows: it is the same, not lost."""
+    writer = _chdb_writer(tmp_path)
+    sink = _fake_sink(writer)
+    _store_dead_letter(writer, 4)
+    assert sink._matches(_message(4), TOPIC, 0, 4)
+    assert not sink._matches(_message(5), TOPIC, 0, 5), "no rows and no dead letter: differs"
+
+
+def test_deleting_lost_records_deletes_their_dead_letters(tmp_path) -> None:
+    """Minor 5: dead letters of lost offsets go too, so a new record there is not taken for the old one."""
+    writer = _chdb_writer(tmp_path)
+    for o in (2, 5):
+        _store_dead_letter(writer, o)
+    writer.delete_from(BY_NAME[TOPIC], 0, 3)
+    assert writer.dead_lettered(TOPIC, 0, 2) and not writer.dead_lettered(TOPIC, 0, 5)
+
+
+class _SilentBroker:
+    """Answers nothing: watermarks and probes take as long as they are allowed."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        self.timeouts.append(timeout)
+        return 0, 12
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
+        self.timeouts.append(timeout)
+        time.sleep(timeout)
+        return []
+
+
+def test_the_first_check_and_the_watermarks_stay_within_the_search_budget() -> None:
+    """Minor 1: the check below the resume point and the watermark look-up are bounded by the deadline."""
+    sink = _fake_sink(_FakeWriter())
+    broker = _SilentBroker()
+    start = time.monotonic()
+    point, high = sink._resume_point(broker, broker, TopicPartition(TOPIC, 0), 10, 10, start + 0.3)  # type: ignore[arg-type]
+    assert point == ResumePoint(10, unchecked=True) and high == 12
+    assert time.monotonic() - start < 0.6 and max(broker.timeouts) <= 0.3
+    point, _ = sink._resume_point(broker, broker, TopicPartition(TOPIC, 0), 10, 10, time.monotonic())  # type: ignore[arg-type]
+    assert point == ResumePoint(10, unchecked=True), "budget spent: no watermarks, resume unchecked"

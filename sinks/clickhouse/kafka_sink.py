@@ -5,12 +5,13 @@ pending batch is inserted, and each (topic, partition) resumes after the later o
 offset and its highest stored `_offset`, so rows inserted just before a crash are not inserted again.
 When the broker lost acknowledged records and reused their offsets (the embedded noida-db does after
 a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
-deletes the rows stored from it on and reads the log again from there (resume.py), so the tables
-mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
+deletes the rows (and dead letters) stored from it on and reads the log again from there (resume.py), so
+the tables mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
+A check the broker does not answer is no loss: the partition resumes where it was, with a WARNING.
 Not caught: a log refilled past a running sink's fetch position before its next fetch (no error, no
 reassignment): new records below that position are skipped, the lost ones' rows kept.
-A retried insert reuses its dedup token (salted per process, so records read again after a delete
-are stored again), which covers a lost insert reply.
+A retried insert reuses its dedup token, which covers a lost insert reply; the token's salt is renewed
+after every delete, so records read again after it are stored again.
 """
 
 from __future__ import annotations
@@ -28,18 +29,24 @@ from schemas.kafka_security import KafkaSecurity
 from schemas.topics import BY_NAME, TOPICS
 from sinks.clickhouse import metrics
 from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
-from sinks.clickhouse.resume import find_resume
+from sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
 from sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging
 DEADLETTER_TOPIC = "deadletter"
 # The resume checks run inside the assign callback, which must return well within max.poll.interval.ms
-# (10 s): each probe waits at most PROBE_TRIES x PROBE_TIMEOUT_S, and the searches of one assignment together
-# at most SEARCH_BUDGET_S (then they resume at the end of the proven prefix: more is read again, nothing skipped).
+# (10 s): committed() waits at most COMMITTED_TIMEOUT_S; the watermark look-ups, the checks below the resume
+# points and the searches of one assignment together at most SEARCH_BUDGET_S (each probe try at most
+# PROBE_TIMEOUT_S). Past it, unchecked partitions resume where they were (WARNING; checked again at the next
+# assignment) and a search resumes at the end of the proven prefix (more is read again, nothing skipped).
+# The ClickHouse queries and deletes are not bounded by it.
 PROBE_TRIES = 3
 PROBE_TIMEOUT_S = 0.5
 SEARCH_BUDGET_S = 4.0
+COMMITTED_TIMEOUT_S = 3.0
+WATERMARK_TIMEOUT_S = 1.0
+RECHECK_BACKOFF_S = (0.5, 10.0)   # a failed out-of-range check is retried after this, doubling up to the maximum
 
 
 class KafkaClickHouseSink:
@@ -57,6 +64,8 @@ class KafkaClickHouseSink:
                               **login}
         self.rows_inserted = 0
         self.deadlettered = 0
+        self._recheck_at: float | None = None   # when to retry a failed out-of-range check (None: none pending)
+        self._recheck_backoff = RECHECK_BACKOFF_S[0]
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
@@ -80,7 +89,8 @@ class KafkaClickHouseSink:
 
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
+        committed = {(tp.topic, tp.partition): tp.offset
+                     for tp in consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)}
         stored: dict[tuple[str, int], int] = {}
         for topic in {tp.topic for tp in partitions}:
             stored |= self.writer.resume_offsets(BY_NAME[topic])
@@ -90,12 +100,14 @@ class KafkaClickHouseSink:
         try:
             for tp in partitions:
                 key = (tp.topic, tp.partition)
-                low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                point = find_resume(committed.get(key, -1), stored.get(key, -1), low, high,
-                                    lambda offset, tp=tp: self._same(probe, tp, offset),
-                                    budget_s=max(0.0, deadline - time.monotonic()))
+                point, high = self._resume_point(consumer, probe, tp, committed.get(key, -1), stored.get(key, -1),
+                                                 deadline)
+                if point.unchecked:
+                    log.warning("%s[%d]: the record below the resume point %d could not be fetched in time, so a loss "
+                                "by the broker could not be checked; resuming there, checked again at the next "
+                                "assignment", tp.topic, tp.partition, point.offset)
                 if point.lost:
-                    self._forget_lost(tp, point.offset, point.resume_was, high, point.certain)
+                    self._forget_lost(tp, point, high)
                     reset.append(tp)
                 tp.offset = point.offset
         finally:
@@ -114,27 +126,50 @@ class KafkaClickHouseSink:
                 log.warning("commit on assignment failed (%s); the next flush commits", exc)  # and a stale
                 # committed offset is caught by the check below the resume point on the next assignment
 
-    def _forget_lost(self, tp: TopicPartition, first_new: int, resume_was: int, high: int, certain: bool) -> None:
-        """Delete the rows of records the log no longer holds at their offsets, and say so."""
-        deleted = self.writer.delete_from(BY_NAME[tp.topic], tp.partition, first_new)
-        metrics.LOST_RECORDS.labels(tp.topic).inc(resume_was - first_new)
-        metrics.DELETED_ROWS.labels(tp.topic).inc(deleted)
-        log.error("%s[%d]: the broker lost acknowledged records: offsets %d..%d no longer hold the records stored or "
-                  "committed from them (log end now %d%s). Deleted their %d rows; reading again from %d. Producers "
-                  "that hold acks resend what was lost; other records at those offsets are gone.",
-                  tp.topic, tp.partition, first_new, resume_was - 1, high,
-                  "" if certain else "; a probe went unanswered or the search ran out of time, so this is a lower "
-                  "bound of the first reused offset and some kept records are read again", deleted, first_new)
+    def _resume_point(self, consumer: Consumer, probe: Consumer, tp: TopicPartition, committed: int, stored: int,
+                      deadline: float) -> tuple[ResumePoint, int]:
+        """The checked resume point of one partition and its log end, within `deadline`."""
+        resume = known_resume(committed, stored)
+        try:
+            timeout = min(WATERMARK_TIMEOUT_S, deadline - time.monotonic())
+            if timeout <= 0:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "search budget spent"))
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+        except KafkaException as exc:   # no log bounds: nothing can be compared, so nothing is assumed lost
+            log.warning("%s[%d]: no log bounds (%s)", tp.topic, tp.partition, exc)
+            return (ResumePoint(resume, unchecked=True) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), -1
+        point = find_resume(committed, stored, low, high,
+                            lambda offset: self._same(probe, tp, offset, deadline),
+                            budget_s=max(0.0, deadline - time.monotonic()))
+        return point, high
 
-    def _same(self, probe: Consumer, tp: TopicPartition, offset: int) -> bool | None:
+    def _forget_lost(self, tp: TopicPartition, point: ResumePoint, high: int) -> None:
+        """Delete the rows and dead letters of records from `point.offset` on, renew the dedup salt, and say so."""
+        deleted = self.writer.delete_from(BY_NAME[tp.topic], tp.partition, point.offset)
+        self.batches.salt = secrets.token_hex(4)   # the deleted batches' tokens must not drop their re-read
+        lost = point.resume_was - point.first_different
+        metrics.LOST_RECORDS.labels(tp.topic).inc(lost)
+        metrics.DELETED_ROWS.labels(tp.topic).inc(deleted)
+        log.error("%s[%d]: the broker lost acknowledged records: offsets %d..%d (%d records) no longer hold the "
+                  "records stored or committed from them (log end now %d). Deleted their %d rows; reading again from "
+                  "%d%s. Producers that hold acks resend what was lost; other records at those offsets are gone.",
+                  tp.topic, tp.partition, point.first_different, point.resume_was - 1, lost, high, deleted,
+                  point.offset, "" if point.certain else
+                  f" (offsets {point.offset}..{point.first_different - 1} could not be compared: a probe went "
+                  "unanswered or the search ran out of time; they are read again, not counted as lost)")
+
+    def _same(self, probe: Consumer, tp: TopicPartition, offset: int, deadline: float) -> bool | None:
         """Whether the record at `offset` is the one stored from it; None when the broker does not hand it over."""
         for _ in range(PROBE_TRIES):
+            timeout = min(PROBE_TIMEOUT_S, deadline - time.monotonic())
+            if timeout <= 0:
+                break
             probe.assign([TopicPartition(tp.topic, tp.partition, offset)])
-            msgs = [m for m in probe.consume(num_messages=1, timeout=PROBE_TIMEOUT_S)
+            msgs = [m for m in probe.consume(num_messages=1, timeout=timeout)
                     if m.error() is None and m.offset() == offset]
             if msgs:
                 return self._matches(msgs[0], tp.topic, tp.partition, offset)
-        log.warning("%s[%d]@%d: the broker did not hand over the record; counted as differing", tp.topic,
+        log.warning("%s[%d]@%d: the broker did not hand over the record in time; unknown", tp.topic,
                     tp.partition, offset)
         return None
 
@@ -145,9 +180,9 @@ class KafkaClickHouseSink:
         except DecodeError:
             return self.writer.dead_lettered(topic, partition, offset)
         stored = self.writer.stored_record(BY_NAME[topic], partition, offset)
-        if not events:
-            return stored is None
-        return stored == (len(events), min(e.ts_ns for e in events))
+        if stored is None:   # no rows: the same record if it had none, or if the sink dead-lettered it
+            return not events or self.writer.dead_lettered(topic, partition, offset)
+        return bool(events) and stored == (len(events), min(e.ts_ns for e in events))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.flush()
@@ -158,6 +193,11 @@ class KafkaClickHouseSink:
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
         try:
             while not stop.is_set():
+                if self._recheck_at is not None:
+                    if time.monotonic() >= self._recheck_at:
+                        self._check_after_out_of_range()
+                    self.consumer.consume(num_messages=1, timeout=0.1)   # paused: serves callbacks only
+                    continue
                 for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
                     if self._handle(msg):
                         break                  # positions were reset: the rest of this list is fetched again
@@ -200,11 +240,33 @@ class KafkaClickHouseSink:
         """The fetch position is past the log end: the broker lost records under us. Find where to go on."""
         log.error("%s[%d]: fetch out of range (%s); checking for lost records", msg.topic(), msg.partition(),
                   msg.error().str())
+        self._check_after_out_of_range()
+
+    def _check_after_out_of_range(self) -> None:
+        """Store what is pending, then check every assigned partition as on assignment.
+
+        Any failure (a broker just restarted, a failed insert) pauses the partitions and retries after a
+        bounded backoff; the check resumes from the committed/stored offsets, so records whose batch was
+        lost in a failed insert are read again. It never ends the sink.
+        """
         try:
-            self.flush()   # pending rows are stored first, so the resume check sees all of them
-        except KafkaException as exc:   # the commit (e.g. a stale generation): the rows are stored, which is enough
-            log.warning("commit before the loss check failed (%s)", exc)
-        self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in self.consumer.assignment()])
+            try:
+                self.flush()   # pending rows are stored first, so the resume check sees all of them
+            except KafkaException as exc:   # the commit (e.g. a stale generation): the rows are stored, enough
+                log.warning("commit before the loss check failed (%s)", exc)
+            assigned = self.consumer.assignment()
+            self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in assigned])
+            self.consumer.resume(self.consumer.assignment())
+            self._recheck_at, self._recheck_backoff = None, RECHECK_BACKOFF_S[0]
+        except Exception:  # noqa: BLE001 - retried: the sink never stops for it
+            log.exception("the check after an out-of-range fetch failed; retrying in %.1f s", self._recheck_backoff)
+            self.batches.take()   # dropped: read again from the committed/stored offsets by the retry
+            try:
+                self.consumer.pause(self.consumer.assignment())   # no later record may be committed past them
+            except Exception:  # noqa: BLE001 - the retry re-assigns anyway
+                log.exception("pausing the partitions failed")
+            self._recheck_at = time.monotonic() + self._recheck_backoff
+            self._recheck_backoff = min(2 * self._recheck_backoff, RECHECK_BACKOFF_S[1])
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                      value: bytes | None, reason: str) -> None:

@@ -3,10 +3,11 @@
 The embedded noida-db can lose acknowledged records on a kill -9 and give their offsets to new
 records; producers may refill the log past the old resume point before the sink notices. So on
 every assignment (and after an out-of-range fetch) the record just below the resume point is
-compared with the rows stored from it. If it differs (or the log now ends below the resume
-point), a binary search finds the first offset whose record differs; the sink deletes the rows
-stored from that offset on and reads the log again from there, so ClickHouse mirrors the log
-exactly once. Pure logic: no Kafka here.
+compared with the rows stored from it. Only a shown difference (or a log that now ends below the
+resume point) is a loss: then a binary search finds the first offset whose record differs; the
+sink deletes the rows stored from that offset on and reads the log again from there, so ClickHouse
+mirrors the log exactly once. An unanswered check is no loss: the partition resumes where it was
+and the check runs again at the next assignment. Pure logic: no Kafka here.
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ Same = Callable[[int], bool | None]
 @dataclass(frozen=True)
 class ResumePoint:
     offset: int                   # where to start reading (OFFSET_BEGINNING when nothing was read yet)
-    lost: bool = False            # records stored or committed at offsets >= `offset` are no longer in the log
+    lost: bool = False            # a loss was shown: rows stored from `offset` on are deleted and read again
     resume_was: int = -1          # the stored/committed resume point before the loss was found
-    certain: bool = True          # False: a probe was unknown or the budget ran out, so `offset` may be lower
-    #                               than the first reused offset (safe: more is deleted and read again)
+    first_different: int = -1     # the lowest offset shown to hold another record (or past the log end): lost
+    #                               are resume_was - first_different; offset < first_different when probes went
+    #                               unanswered or the budget ran out (those records are read again, not counted)
+    unchecked: bool = False       # the record below the resume point could not be fetched: no loss is assumed
+
+    @property
+    def certain(self) -> bool:
+        """Whether `offset` is the first reused offset itself (not a lower bound of it)."""
+        return self.offset == self.first_different
 
 
 def known_resume(committed: int, stored: int) -> int:
@@ -41,8 +49,11 @@ def find_resume(committed: int, stored: int, low: int, high: int, same: Same,
                 budget_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> ResumePoint:
     """The resume point of one partition with log [low, high), checked against what is stored.
 
-    Unknown probes count as "differs" and a search that runs out of `budget_s` stops at the last
-    offset proven the same: both only move the answer down, which costs a re-read, never a skip.
+    "Unknown" (a probe without answer) never deletes or counts anything by itself: an unanswered
+    first check resumes at the old point (unchecked). Inside a search for a shown loss, unknown
+    probes and a spent `budget_s` only move the start of the re-read down (to the end of the prefix
+    proven the same), which costs a re-read, never a skip; only offsets from the lowest one shown
+    to differ count as lost.
     """
     resume = known_resume(committed, stored)
     if resume < 0:
@@ -52,33 +63,36 @@ def find_resume(committed: int, stored: int, low: int, high: int, same: Same,
         return ResumePoint(max(resume, low))   # nothing kept below the resume point to compare
     if resume <= high:
         check = same(resume - 1)
+        if check is None:
+            return ResumePoint(resume, unchecked=True)
         if check:
             return ResumePoint(resume)
-        top = resume - 1
+        top = resume - 1                # shown to differ
     else:
         top = high                      # the log ends below the resume point: a loss for sure
-        check = False
-    first, certain = first_reused_offset(low, top, same, clock() + budget_s, clock)
-    return ResumePoint(first, lost=True, resume_was=resume, certain=certain and check is not None)
+    start, different = first_reused_offset(low, top, same, clock() + budget_s, clock)
+    return ResumePoint(start, lost=True, resume_was=resume, first_different=different)
 
 
 def first_reused_offset(lo: int, hi: int, same: Same, deadline: float = math.inf,
-                        clock: Callable[[], float] = time.monotonic) -> tuple[int, bool]:
-    """The first offset in [lo, hi) whose record is not the one stored there (hi if all are), and whether it is sure.
+                        clock: Callable[[], float] = time.monotonic) -> tuple[int, int]:
+    """(end of the prefix of [lo, hi) proven the same, lowest offset shown to differ, or `hi`).
 
     The broker keeps a prefix of what it acknowledged and gives the following offsets to new
-    records, so `same` holds below the answer and fails from it on: a binary search finds it in
-    about log2(hi - lo) probes. Past `deadline` it answers `lo`, the end of the proven prefix.
+    records, so `same` holds below the first reused offset and fails from it on: a binary search
+    finds it in about log2(hi - lo) probes, and both answers are equal. An unknown probe, or the
+    `deadline`, leaves a gap between them: the records there may be kept or new.
     """
-    certain = True
+    different = hi
     while lo < hi:
         if clock() > deadline:
-            return lo, False
+            break
         mid = (lo + hi) // 2
         answer = same(mid)
         if answer:
             lo = mid + 1
         else:
-            certain = certain and answer is not None
+            if answer is False:
+                different = mid
             hi = mid
-    return lo, certain
+    return lo, different
