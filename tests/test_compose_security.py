@@ -89,8 +89,9 @@ def test_every_system_table_a_dashboard_reads_is_granted_to_grafana() -> None:
 
 def test_metrics_bind_inside_containers_only_and_loopback_elsewhere() -> None:
     assert Settings.model_fields["metrics_host"].default == "127.0.0.1"
-    for service in ("sink", "streams"):
+    for service, port_variable in (("sink", "CLOCKTOWER_METRICS_PORT"), ("streams", "CLOCKTOWER_STREAMS_METRICS_PORT")):
         assert _env(service)["CLOCKTOWER_METRICS_HOST"] == "0.0.0.0"
+        assert int(_env(service)[port_variable]) > 0, f"{service} serves no metrics in compose"
         assert not SERVICES[service].get("ports"), f"{service} publishes its metrics port to the host"
     for service, spec in SERVICES.items():
         for port in spec.get("ports") or []:
