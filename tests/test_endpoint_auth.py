@@ -208,6 +208,14 @@ def test_idle_connections_give_way_to_new_ones(fake) -> None:  # noqa: ANN001
             conn.close()
 
 
+def _wait_for_reclaimable(endpoint: ClickHouseHttpEndpoint, counts: tuple[int, int, int]) -> None:
+    assert endpoint._server is not None
+    deadline = time.monotonic() + 5
+    while endpoint._server.slots.reclaimable() != counts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert endpoint._server.slots.reclaimable() == counts
+
+
 def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> None:  # noqa: ANN001
     """urllib3 reuses a pooled connection: its next request's headers are on their way when a newcomer arrives."""
     endpoint, _ = fake  # max_connections=3
@@ -223,8 +231,9 @@ def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> Non
     newcomer: socket.socket | None = None
     try:
         _wait_for_threads(before + 3)
-        client.sendall(req[:40])  # the client's next request is under way
-        time.sleep(0.2)
+        _wait_for_reclaimable(endpoint, (2, 0, 1))  # two silent connections; the client idle between requests
+        client.sendall(req[:40])  # the client's next request is under way: it is no longer reclaimable
+        _wait_for_reclaimable(endpoint, (2, 0, 0))
         newcomer = socket.create_connection(("127.0.0.1", endpoint.port))  # every slot taken: one must give way
         newcomer.settimeout(5)
         newcomer.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % endpoint.port)

@@ -87,6 +87,12 @@ class ConnectionSlots:
             self._authenticated.add(conn)
             return True
 
+    def reclaimable(self) -> tuple[int, int, int]:
+        """How many connections could be closed now: sent nothing, unauthenticated mid-headers, idle."""
+        with self._cond:
+            fresh, headers, idle = (len(tier) for tier in self._reclaimable)
+            return fresh, headers, idle
+
     def _forget(self, conn: socket.socket) -> None:
         """Drop ``conn``'s reclaimable entry and header deadline (lock held)."""
         for tier in self._reclaimable:
