@@ -468,3 +468,21 @@ def test_the_first_check_and_the_watermarks_stay_within_the_search_budget() -> N
     assert time.monotonic() - start < 0.6 and max(broker.timeouts) <= 0.3
     point, _ = sink._resume_point(broker, broker, TopicPartition(TOPIC, 0), 10, 10, time.monotonic())  # type: ignore[arg-type]
     assert point == ResumePoint(10, unchecked=True), "budget spent: no watermarks, resume unchecked"
+
+
+def test_a_failed_check_on_assignment_is_retried_not_raised_out_of_the_callback() -> None:
+    """An exception in the rebalance callback would end run(): the partitions are checked again later."""
+    sink = _fake_sink(_FakeWriter())
+    given: list[list[tuple[str, int]]] = []
+
+    def on_assign(consumer, partitions) -> None:  # noqa: ANN001
+        given.append([(tp.topic, tp.partition) for tp in partitions])
+        if len(given) == 1:
+            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT))
+
+    sink._on_assign = on_assign  # type: ignore[method-assign]
+    sink._assigned(sink.consumer, [TopicPartition(TOPIC, 3)])  # type: ignore[arg-type]
+    assert sink._recheck_at is not None and sink.consumer.paused
+    sink._check_after_out_of_range()
+    assert given == [[(TOPIC, 3)], [(TOPIC, 3)]], "the partitions of the failed assignment, not assignment()"
+    assert sink._recheck_at is None and not sink.consumer.paused

@@ -7,7 +7,8 @@ When the broker lost acknowledged records and reused their offsets (the embedded
 a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
 deletes the rows (and dead letters) stored from it on and reads the log again from there (resume.py), so
 the tables mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
-A check the broker does not answer is no loss: the partition resumes where it was, with a WARNING.
+A check the broker does not answer is no loss: the partition resumes where it was, with a WARNING, and
+is checked again at its next assignment or out-of-range fetch.
 Not caught: a log refilled past a running sink's fetch position before its next fetch (no error, no
 reassignment): new records below that position are skipped, the lost ones' rows kept.
 A retried insert reuses its dedup token, which covers a lost insert reply; the token's salt is renewed
@@ -64,7 +65,8 @@ class KafkaClickHouseSink:
                               **login}
         self.rows_inserted = 0
         self.deadlettered = 0
-        self._recheck_at: float | None = None   # when to retry a failed out-of-range check (None: none pending)
+        self._recheck_at: float | None = None   # when to retry a failed check (None: none pending)
+        self._pending: list[TopicPartition] = []  # partitions given to a failed assignment check, not yet assigned
         self._recheck_backoff = RECHECK_BACKOFF_S[0]
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap,
@@ -184,13 +186,25 @@ class KafkaClickHouseSink:
             return not events or self.writer.dead_lettered(topic, partition, offset)
         return bool(events) and stored == (len(events), min(e.ts_ns for e in events))
 
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The rebalance callback: a failing check (broker just restarted) is retried like an out-of-range one."""
+        try:
+            self._on_assign(consumer, partitions)
+            consumer.resume(partitions)   # paused by an earlier failed check: these are checked now
+            self._recheck_at, self._recheck_backoff, self._pending = None, RECHECK_BACKOFF_S[0], []
+        except Exception:  # noqa: BLE001 - an exception here would end run(): retried instead
+            log.exception("the check on assignment failed; retrying in %.1f s", self._recheck_backoff)
+            self._pending = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+            self._retry_later()
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._recheck_at, self._pending = None, []   # the next assignment checks whatever it gives
         self.flush()
         consumer.unassign()
 
     # --- the loop ---------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
         try:
             while not stop.is_set():
                 if self._recheck_at is not None:
@@ -254,19 +268,23 @@ class KafkaClickHouseSink:
                 self.flush()   # pending rows are stored first, so the resume check sees all of them
             except KafkaException as exc:   # the commit (e.g. a stale generation): the rows are stored, enough
                 log.warning("commit before the loss check failed (%s)", exc)
-            assigned = self.consumer.assignment()
+            assigned = self._pending or self.consumer.assignment()
             self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in assigned])
             self.consumer.resume(self.consumer.assignment())
-            self._recheck_at, self._recheck_backoff = None, RECHECK_BACKOFF_S[0]
+            self._recheck_at, self._recheck_backoff, self._pending = None, RECHECK_BACKOFF_S[0], []
         except Exception:  # noqa: BLE001 - retried: the sink never stops for it
             log.exception("the check after an out-of-range fetch failed; retrying in %.1f s", self._recheck_backoff)
-            self.batches.take()   # dropped: read again from the committed/stored offsets by the retry
-            try:
-                self.consumer.pause(self.consumer.assignment())   # no later record may be committed past them
-            except Exception:  # noqa: BLE001 - the retry re-assigns anyway
-                log.exception("pausing the partitions failed")
-            self._recheck_at = time.monotonic() + self._recheck_backoff
-            self._recheck_backoff = min(2 * self._recheck_backoff, RECHECK_BACKOFF_S[1])
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        """Drop pending batches (read again from the committed/stored offsets), pause, and schedule the check."""
+        self.batches.take()
+        try:
+            self.consumer.pause(self.consumer.assignment())   # no later record may be committed past them
+        except Exception:  # noqa: BLE001 - the retry re-assigns anyway
+            log.exception("pausing the partitions failed")
+        self._recheck_at = time.monotonic() + self._recheck_backoff
+        self._recheck_backoff = min(2 * self._recheck_backoff, RECHECK_BACKOFF_S[1])
 
     def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                      value: bytes | None, reason: str) -> None:
