@@ -29,7 +29,7 @@ class BatchSet:
 
     def __init__(self, policy: FlushPolicy | None = None, salt: str = "") -> None:
         self.policy = policy or FlushPolicy()
-        self.salt = salt   # part of every dedup token (see PartitionBatch)
+        self.salt = salt   # part of every new batch's dedup token; the sink renews it after a delete (PartitionBatch)
         self.batches: dict[Key, PartitionBatch] = {}
         self.offsets: dict[Key, int] = {}
 

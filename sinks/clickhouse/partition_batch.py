@@ -21,8 +21,8 @@ class PartitionBatch:
     Only whole Kafka records are added, so an insert never splits a record. The
     dedup token also digests the records' bytes: after a broker lost records and
     reused their offsets, new records at old offsets are not taken for duplicates.
-    `salt` (one per sink process) keeps records read again after their rows were
-    deleted from being dropped as duplicates of the first insert.
+    `salt` (new per sink process and after every delete) keeps records read again
+    after their rows were deleted from being dropped as duplicates of the first insert.
     """
 
     spec: TopicSpec
