@@ -285,11 +285,16 @@ def _wait(cond, what: str, timeout: float = 30) -> None:  # noqa: ANN001
 
 
 class _FakeConsumer:
-    """Hands out prepared lists of messages, as consume() would; commits and assignments are recorded only."""
+    """Hands out prepared lists of messages, as consume() would (pause() stops none: the sink must skip them);
+    commits, assignments and paused partitions are recorded only."""
 
     def __init__(self, polls: list[list[confluent_kafka.Message]], stop: threading.Event) -> None:
         self.polls, self.stop = polls, stop
-        self.paused = False
+        self.paused: set[tuple[str, int]] = set()
+        self.assigned: list[TopicPartition] = [TopicPartition(TOPIC, 0)]
+        self.assigns: list[list[tuple[str, int, int]]] = []
+        self.commits: list[list[tuple[str, int, int]]] = []
+        self.committed_at: dict[tuple[str, int], int] = {}
 
     def subscribe(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         pass
@@ -301,34 +306,62 @@ class _FakeConsumer:
         return self.polls.pop(0)
 
     def assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(TOPIC, 0)]
+        return list(self.assigned)
 
-    def commit(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        pass
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+        self.assigns.append([(tp.topic, tp.partition, tp.offset) for tp in partitions])
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.committed_at.get((tp.topic, tp.partition), -1001))
+                for tp in partitions]
+
+    def commit(self, *args, offsets: list[TopicPartition] | None = None, **kwargs) -> None:  # noqa: ANN002, ANN003
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets or []])
 
     def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused = True
+        self.paused |= {(tp.topic, tp.partition) for tp in partitions}
 
     def resume(self, partitions: list[TopicPartition]) -> None:
-        self.paused = False
+        self.paused -= {(tp.topic, tp.partition) for tp in partitions}
 
     def close(self) -> None:
         pass
 
 
 class _FakeWriter:
-    def __init__(self) -> None:
+    def __init__(self, stored: dict[tuple[str, int], int] | None = None) -> None:
         self.offsets: list[int] = []
+        self.by_partition: dict[int, list[int]] = {}
+        self.stored = stored or {}
 
     def insert(self, batch: PartitionBatch) -> None:
-        self.offsets += batch.to_arrow().column("_offset").to_pylist()
+        offsets = batch.to_arrow().column("_offset").to_pylist()
+        self.offsets += offsets
+        self.by_partition.setdefault(batch.partition, []).extend(sorted(set(offsets)))
+
+    def resume_offsets(self, spec: TopicSpec) -> dict[tuple[str, int], int]:
+        return dict(self.stored)
 
 
-def _message(offset: int, error: int | None = None) -> confluent_kafka.Message:
+def _message(offset: int, error: int | None = None, partition: int = 0) -> confluent_kafka.Message:
     key, value, headers = _record(offset)
     err = confluent_kafka.KafkaError(error, "fake") if error is not None else None
-    return confluent_kafka.Message(topic=TOPIC, partition=0, offset=offset, key=key, value=value, headers=headers,
-                                   error=err)
+    return confluent_kafka.Message(topic=TOPIC, partition=partition, offset=offset, key=key, value=value,
+                                   headers=headers, error=err)
+
+
+def _answers(sink: KafkaClickHouseSink, answers: dict[int, list[ResumePoint | Exception]],
+             asked: list[int] | None = None) -> None:
+    """Replace the broker checks: partition -> the points its successive checks give (or raise)."""
+    def resume_point(consumer, probe, tp, committed, stored, deadline):  # noqa: ANN001, ANN202
+        if asked is not None:
+            asked.append(tp.partition)
+        answer = answers[tp.partition].pop(0) if len(answers[tp.partition]) > 1 else answers[tp.partition][0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer, answer.offset + 5
+    sink._resume_point = resume_point  # type: ignore[method-assign]
 
 
 def test_records_after_an_out_of_range_error_in_the_same_poll_are_not_batched_twice() -> None:
@@ -341,9 +374,9 @@ def test_records_after_an_out_of_range_error_in_the_same_poll_are_not_batched_tw
     sink.consumer = _FakeConsumer([[_message(0), _message(1, confluent_kafka.KafkaError._AUTO_OFFSET_RESET),
                                     _message(1)], [_message(1)]], stop)  # type: ignore[assignment]
     reassigned: list[int] = []
-    sink._on_assign = lambda consumer, partitions: reassigned.append(len(partitions))  # type: ignore[method-assign]
+    _answers(sink, {0: [ResumePoint(1)]}, reassigned)
     sink.run(stop)
-    assert reassigned == [1]
+    assert reassigned == [0]
     assert sorted(set(writer.offsets)) == [0, 1] and len(writer.offsets) == 20, "each record's 10 rows once"
 
 
@@ -365,13 +398,16 @@ def test_a_failed_check_after_an_out_of_range_fetch_is_retried_and_never_ends_th
     sink = _fake_sink(writer, [[_message(0), _message(1, oor)], *([[]] * 20), [_message(1)]], stop)
     sink._recheck_backoff = 0.01
     calls: list[bool] = []
+    on_assign = sink._on_assign
 
-    def on_assign(consumer, partitions) -> None:  # noqa: ANN001
-        calls.append(consumer.paused)
+    def checked_on_assign(consumer, partitions, checked=frozenset()) -> None:  # noqa: ANN001
+        calls.append(bool(consumer.paused))
         if len(calls) < 3:
             raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT))
+        on_assign(consumer, partitions, checked)
 
-    sink._on_assign = on_assign  # type: ignore[method-assign]
+    sink._on_assign = checked_on_assign  # type: ignore[method-assign]
+    _answers(sink, {0: [ResumePoint(1)]})
     consume = sink.consumer.consume
 
     def slow_consume(num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
@@ -430,13 +466,20 @@ def test_a_record_dead_lettered_by_the_sink_matches_its_dead_letter(tmp_path) ->
     assert not sink._matches(_message(5), TOPIC, 0, 5), "no rows and no dead letter: differs"
 
 
-def test_deleting_lost_records_deletes_their_dead_letters(tmp_path) -> None:
-    """Minor 5: dead letters of lost offsets go too, so a new record there is not taken for the old one."""
+def test_deleting_lost_records_keeps_the_deadletter_topic_stored(tmp_path) -> None:
+    """The deadletter table is also the stored `deadletter` topic: deleting dead letters of lost records dropped its
+    resume point (a false loss and stale dead letters read again). A new dead letter at a reused offset replaces."""
     writer = _chdb_writer(tmp_path)
     for o in (2, 5):
         _store_dead_letter(writer, o)
     writer.delete_from(BY_NAME[TOPIC], 0, 3)
-    assert writer.dead_lettered(TOPIC, 0, 2) and not writer.dead_lettered(TOPIC, 0, 5)
+    assert writer.resume_offsets(BY_NAME["deadletter"]) == {("deadletter", 0): 6}
+    assert writer.dead_lettered(TOPIC, 0, 2) and writer.dead_lettered(TOPIC, 0, 5)
+    batch = PartitionBatch(BY_NAME["deadletter"], 0)
+    batch.add(7, [dead_letter(TOPIC, 0, 5, b"k2", b"v2", "sink error: the new record", "sink")])
+    writer.insert(batch)
+    rows = writer.client.query("SELECT origin_offset, reason FROM deadletter FINAL ORDER BY origin_offset").result_rows
+    assert rows == [(2, "sink error: boom"), (5, "sink error: the new record")]
 
 
 class _SilentBroker:
@@ -473,16 +516,36 @@ def test_the_first_check_and_the_watermarks_stay_within_the_search_budget() -> N
 def test_a_failed_check_on_assignment_is_retried_not_raised_out_of_the_callback() -> None:
     """An exception in the rebalance callback would end run(): the partitions are checked again later."""
     sink = _fake_sink(_FakeWriter())
-    given: list[list[tuple[str, int]]] = []
-
-    def on_assign(consumer, partitions) -> None:  # noqa: ANN001
-        given.append([(tp.topic, tp.partition) for tp in partitions])
-        if len(given) == 1:
-            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT))
-
-    sink._on_assign = on_assign  # type: ignore[method-assign]
+    sink.consumer.assigned = []   # inside the rebalance callback nothing is assigned yet
+    given: list[int] = []
+    _answers(sink, {3: [confluent_kafka.KafkaException(confluent_kafka.KafkaError(
+        confluent_kafka.KafkaError._TRANSPORT)), ResumePoint(7)]}, given)
     sink._assigned(sink.consumer, [TopicPartition(TOPIC, 3)])  # type: ignore[arg-type]
-    assert sink._recheck_at is not None and sink.consumer.paused
+    assert sink._recheck_at is not None and sink.consumer.paused == {(TOPIC, 3)}, "assigned, then paused itself"
     sink._check_after_out_of_range()
-    assert given == [[(TOPIC, 3)], [(TOPIC, 3)]], "the partitions of the failed assignment, not assignment()"
+    assert given == [3, 3], "the partitions of the failed assignment"
+    assert sink.consumer.assigns[-1] == [(TOPIC, 3, 7)]
     assert sink._recheck_at is None and not sink.consumer.paused
+
+
+def test_an_unchecked_partition_is_not_read_until_its_check_answers(monkeypatch) -> None:
+    """Items 1 and 3: an earlier check deleted rows from 6 but its commit was lost (committed 10); the probe of 9 is
+    unanswered (or the budget is spent): resuming at 10 skipped 6..9. It stays paused, its records are not handled,
+    and it is checked again (alone) until the check answers; the checked partition goes on meanwhile."""
+    monkeypatch.setattr(kafka_sink, "RECHECK_BACKOFF_S", (60.0, 60.0))
+    stop = threading.Event()
+    writer = _FakeWriter({(TOPIC, 0): 3, (TOPIC, 1): 6})
+    sink = _fake_sink(writer, [[_message(3, partition=0), _message(10, partition=1)]], stop)
+    sink._recheck_backoff = 60.0
+    sink.consumer.assigned, sink.consumer.committed_at = [], {(TOPIC, 0): 3, (TOPIC, 1): 10}
+    asked: list[int] = []
+    _answers(sink, {0: [ResumePoint(3)], 1: [ResumePoint(10, unchecked=True), ResumePoint(6)]}, asked)
+    sink._assigned(sink.consumer, [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])  # type: ignore[arg-type]
+    assert sink.consumer.paused == {(TOPIC, 1)} and sink._recheck_at is not None
+    assert all(p != 1 for c in sink.consumer.commits for _, p, _ in c), "no unchecked offset is committed"
+    sink.run(stop)   # the recheck is not due yet: partition 0 is read, partition 1's record is not handled
+    assert writer.by_partition == {0: [3]}
+    sink._check_after_out_of_range()
+    assert asked == [0, 1, 1], "only the unchecked partition is checked again"
+    assert sink.consumer.assigns[-1] == [(TOPIC, 0, 4), (TOPIC, 1, 6)], "read on where it was; from the checked 6"
+    assert not sink.consumer.paused and sink._recheck_at is None and not sink._pending

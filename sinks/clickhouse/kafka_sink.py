@@ -5,10 +5,11 @@ pending batch is inserted, and each (topic, partition) resumes after the later o
 offset and its highest stored `_offset`, so rows inserted just before a crash are not inserted again.
 When the broker lost acknowledged records and reused their offsets (the embedded noida-db does after
 a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
-deletes the rows (and dead letters) stored from it on and reads the log again from there (resume.py), so
+deletes the rows stored from it on and reads the log again from there (resume.py), so
 the tables mirror the log: producers that hold acks (the agent, PyTorch hooks) resend what was lost.
-A check the broker does not answer is no loss: the partition resumes where it was, with a WARNING, and
-is checked again at its next assignment or out-of-range fetch.
+A check the broker does not answer (or one past the search budget) is no loss, but no answer either: that
+partition stays paused, is not read, and is checked again after a bounded backoff until the check answers;
+the other partitions go on meanwhile.
 Not caught: a log refilled past a running sink's fetch position before its next fetch (no error, no
 reassignment): new records below that position are skipped, the lost ones' rows kept.
 A retried insert reuses its dedup token, which covers a lost insert reply; the token's salt is renewed
@@ -39,15 +40,15 @@ DEADLETTER_TOPIC = "deadletter"
 # The resume checks run inside the assign callback, which must return well within max.poll.interval.ms
 # (10 s): committed() waits at most COMMITTED_TIMEOUT_S; the watermark look-ups, the checks below the resume
 # points and the searches of one assignment together at most SEARCH_BUDGET_S (each probe try at most
-# PROBE_TIMEOUT_S). Past it, unchecked partitions resume where they were (WARNING; checked again at the next
-# assignment) and a search resumes at the end of the proven prefix (more is read again, nothing skipped).
+# PROBE_TIMEOUT_S). Past it, unchecked partitions stay paused (WARNING; checked again after RECHECK_BACKOFF_S)
+# and a search resumes at the end of the proven prefix (more is read again, nothing skipped).
 # The ClickHouse queries and deletes are not bounded by it.
 PROBE_TRIES = 3
 PROBE_TIMEOUT_S = 0.5
 SEARCH_BUDGET_S = 4.0
 COMMITTED_TIMEOUT_S = 3.0
 WATERMARK_TIMEOUT_S = 1.0
-RECHECK_BACKOFF_S = (0.5, 10.0)   # a failed out-of-range check is retried after this, doubling up to the maximum
+RECHECK_BACKOFF_S = (0.5, 10.0)   # a failed or unanswered check is retried after this, doubling up to the maximum
 
 
 class KafkaClickHouseSink:
@@ -65,8 +66,9 @@ class KafkaClickHouseSink:
                               **login}
         self.rows_inserted = 0
         self.deadlettered = 0
-        self._recheck_at: float | None = None   # when to retry a failed check (None: none pending)
-        self._pending: list[TopicPartition] = []  # partitions given to a failed assignment check, not yet assigned
+        self._recheck_at: float | None = None   # when to retry a failed or unanswered check (None: none pending)
+        self._pending: set[tuple[str, int]] = set()  # assigned but paused: their check has not answered yet
+        self._next: dict[tuple[str, int], int] = {}  # next offset to handle of each assigned partition
         self._recheck_backoff = RECHECK_BACKOFF_S[0]
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap,
@@ -90,24 +92,35 @@ class KafkaClickHouseSink:
                                   "log.connection.close": False, "logger": RDKAFKA_LOG, **login})
 
     # --- partition assignment -------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition],
+                   checked: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """Check and assign `partitions`; those in `checked` (already checked, consuming) resume at once.
+
+        A partition whose check gives no answer is assigned paused and kept in the pending set: it is not read
+        until a later check answers, as resuming it unchecked could skip records whose rows an earlier check
+        deleted (its commit lost) or that a broker loss gave to new records.
+        """
         committed = {(tp.topic, tp.partition): tp.offset
                      for tp in consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)}
         stored: dict[tuple[str, int], int] = {}
         for topic in {tp.topic for tp in partitions}:
             stored |= self.writer.resume_offsets(BY_NAME[topic])
-        reset = []
+        reset, waiting = [], []
         deadline = time.monotonic() + SEARCH_BUDGET_S
         probe = Consumer({**self._probe_config, "group.id": f"{self._group_id}-probe"})
         try:
             for tp in partitions:
                 key = (tp.topic, tp.partition)
+                if key in checked and key in self._next:   # checked, consuming: where it is (all before is stored;
+                    tp.offset = self._next[key]           # its committed offset may be stale after a delete)
+                    continue
                 point, high = self._resume_point(consumer, probe, tp, committed.get(key, -1), stored.get(key, -1),
                                                  deadline)
                 if point.unchecked:
                     log.warning("%s[%d]: the record below the resume point %d could not be fetched in time, so a loss "
-                                "by the broker could not be checked; resuming there, checked again at the next "
-                                "assignment", tp.topic, tp.partition, point.offset)
+                                "by the broker could not be checked; paused, checked again in %.1f s", tp.topic,
+                                tp.partition, point.offset, self._recheck_backoff)
+                    waiting.append(tp)
                 if point.lost:
                     self._forget_lost(tp, point, high)
                     reset.append(tp)
@@ -115,11 +128,20 @@ class KafkaClickHouseSink:
         finally:
             probe.close()
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in partitions])
+        self._next |= {(tp.topic, tp.partition): tp.offset for tp in partitions}
         consumer.assign(partitions)
+        if waiting:
+            consumer.pause(waiting)
+        self._pending = {(tp.topic, tp.partition) for tp in waiting}
+        consumer.resume([tp for tp in partitions if (tp.topic, tp.partition) not in self._pending])  # an earlier pause
+        if waiting:
+            self._schedule_recheck()
+        else:
+            self._recheck_at, self._recheck_backoff = None, RECHECK_BACKOFF_S[0]
         # Rows stored before a crash but never committed: commit them now, so the group's lag is true.
         # After a loss, commit the first reused offset (lower than the committed one) so no later start skips ahead.
-        ahead = [tp for tp in partitions
-                 if tp in reset or (tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1))]
+        ahead = [tp for tp in partitions if (tp.topic, tp.partition) not in self._pending and
+                 (tp in reset or (tp.offset >= 0 and tp.offset > committed.get((tp.topic, tp.partition), -1)))]
         if ahead:
             try:
                 consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ahead],
@@ -146,7 +168,7 @@ class KafkaClickHouseSink:
         return point, high
 
     def _forget_lost(self, tp: TopicPartition, point: ResumePoint, high: int) -> None:
-        """Delete the rows and dead letters of records from `point.offset` on, renew the dedup salt, and say so."""
+        """Delete the rows of records from `point.offset` on (not their dead letters), renew the salt, say so."""
         deleted = self.writer.delete_from(BY_NAME[tp.topic], tp.partition, point.offset)
         self.batches.salt = secrets.token_hex(4)   # the deleted batches' tokens must not drop their re-read
         lost = point.resume_was - point.first_different
@@ -190,15 +212,17 @@ class KafkaClickHouseSink:
         """The rebalance callback: a failing check (broker just restarted) is retried like an out-of-range one."""
         try:
             self._on_assign(consumer, partitions)
-            consumer.resume(partitions)   # paused by an earlier failed check: these are checked now
-            self._recheck_at, self._recheck_backoff, self._pending = None, RECHECK_BACKOFF_S[0], []
         except Exception:  # noqa: BLE001 - an exception here would end run(): retried instead
             log.exception("the check on assignment failed; retrying in %.1f s", self._recheck_backoff)
-            self._pending = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-            self._retry_later()
+            parts = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+            try:
+                consumer.assign(parts)   # assignment() is empty until assign(): assign first, then pause these
+            except Exception:  # noqa: BLE001 - the retry assigns them again
+                log.exception("assigning the partitions failed")
+            self._retry_later(parts)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._recheck_at, self._pending = None, []   # the next assignment checks whatever it gives
+        self._recheck_at, self._pending = None, set()   # the next assignment checks whatever it gives
         self.flush()
         consumer.unassign()
 
@@ -207,14 +231,16 @@ class KafkaClickHouseSink:
         self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
         try:
             while not stop.is_set():
-                if self._recheck_at is not None:
-                    if time.monotonic() >= self._recheck_at:
-                        self._check_after_out_of_range()
-                    self.consumer.consume(num_messages=1, timeout=0.1)   # paused: serves callbacks only
-                    continue
+                if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
+                    self._check_after_out_of_range()
                 for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
+                    key = (msg.topic(), msg.partition())
+                    if key in self._pending:
+                        continue               # paused, unchecked: read from its checked offset once it answers
                     if self._handle(msg):
                         break                  # positions were reset: the rest of this list is fetched again
+                    if msg.error() is None:
+                        self._next[key] = msg.offset() + 1
                     self.flush(due_only=True)  # per record: a batch never grows past max_rows + one record
                 self.flush(due_only=True)
             self.flush()
@@ -254,10 +280,11 @@ class KafkaClickHouseSink:
         """The fetch position is past the log end: the broker lost records under us. Find where to go on."""
         log.error("%s[%d]: fetch out of range (%s); checking for lost records", msg.topic(), msg.partition(),
                   msg.error().str())
+        self._pending |= self._assigned_keys()   # all are checked again
         self._check_after_out_of_range()
 
     def _check_after_out_of_range(self) -> None:
-        """Store what is pending, then check every assigned partition as on assignment.
+        """Store what is pending, then check the pending partitions as on assignment; the others resume as they were.
 
         Any failure (a broker just restarted, a failed insert) pauses the partitions and retries after a
         bounded backoff; the check resumes from the committed/stored offsets, so records whose batch was
@@ -268,21 +295,28 @@ class KafkaClickHouseSink:
                 self.flush()   # pending rows are stored first, so the resume check sees all of them
             except KafkaException as exc:   # the commit (e.g. a stale generation): the rows are stored, enough
                 log.warning("commit before the loss check failed (%s)", exc)
-            assigned = self._pending or self.consumer.assignment()
-            self._on_assign(self.consumer, [TopicPartition(tp.topic, tp.partition) for tp in assigned])
-            self.consumer.resume(self.consumer.assignment())
-            self._recheck_at, self._recheck_backoff, self._pending = None, RECHECK_BACKOFF_S[0], []
+            keys = self._assigned_keys() | self._pending
+            parts = [TopicPartition(t, p) for t, p in sorted(keys)]
+            self._on_assign(self.consumer, parts, frozenset(keys - self._pending))
         except Exception:  # noqa: BLE001 - retried: the sink never stops for it
-            log.exception("the check after an out-of-range fetch failed; retrying in %.1f s", self._recheck_backoff)
-            self._retry_later()
+            log.exception("the loss check failed; retrying in %.1f s", self._recheck_backoff)
+            self._retry_later([TopicPartition(t, p) for t, p in sorted(self._assigned_keys() | self._pending)])
 
-    def _retry_later(self) -> None:
-        """Drop pending batches (read again from the committed/stored offsets), pause, and schedule the check."""
+    def _assigned_keys(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
+    def _retry_later(self, partitions: list[TopicPartition]) -> None:
+        """Drop pending batches (read again from the committed/stored offsets), pause `partitions`, check later."""
         self.batches.take()
+        self._pending |= {(tp.topic, tp.partition) for tp in partitions}   # their records are not handled meanwhile
         try:
-            self.consumer.pause(self.consumer.assignment())   # no later record may be committed past them
-        except Exception:  # noqa: BLE001 - the retry re-assigns anyway
+            self.consumer.pause(partitions)   # no later record may be committed past them
+        except Exception:  # noqa: BLE001 - the retry re-assigns anyway; their records are skipped until then
             log.exception("pausing the partitions failed")
+        self._schedule_recheck()
+
+    def _schedule_recheck(self) -> None:
+        """Check the pending partitions again after the backoff, which doubles up to its maximum."""
         self._recheck_at = time.monotonic() + self._recheck_backoff
         self._recheck_backoff = min(2 * self._recheck_backoff, RECHECK_BACKOFF_S[1])
 

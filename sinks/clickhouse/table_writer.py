@@ -66,17 +66,15 @@ class TableWriter:
             "AND origin_offset = {o:Int64}", parameters={"t": topic, "p": partition, "o": offset}).result_rows[0][0])
 
     def delete_from(self, spec: TopicSpec, partition: int, from_offset: int) -> int:
-        """Delete the rows and dead letters of records at offsets >= `from_offset` (the broker lost them).
+        """Delete the rows of records at offsets >= `from_offset` (the broker lost them); returns how many went.
 
-        Returns how many table rows went. The dead letters go too, so a record now at such an offset is
-        not taken for the one dead-lettered there. Synchronous (mutations_sync=2), so the sink reads the
-        log again only once they are gone.
+        Dead letters are kept: the deadletter table is also the stored copy of the `deadletter` topic, whose
+        own resume point and loss check read it. It is a ReplacingMergeTree by origin, so a new dead letter
+        for a record now at a reused offset replaces the old one. Synchronous (mutations_sync=2), so the
+        sink reads the log again only once the rows are gone.
         """
-        rows = self._delete("`" + spec.table + "`", f"`_topic` = {_quote(spec.name)} AND `_partition` = "
+        return self._delete("`" + spec.table + "`", f"`_topic` = {_quote(spec.name)} AND `_partition` = "
                             f"{int(partition)} AND `_offset` >= {int(from_offset)}")
-        self._delete("deadletter", f"origin_topic = {_quote(spec.name)} AND origin_partition = {int(partition)} "
-                     f"AND origin_offset >= {int(from_offset)}")
-        return rows
 
     def _delete(self, table: str, where: str) -> int:
         rows = int(self.client.query(f"SELECT count() FROM {table} WHERE {where}").result_rows[0][0])
