@@ -216,6 +216,25 @@ def _wait_for_reclaimable(endpoint: ClickHouseHttpEndpoint, counts: tuple[int, i
     assert endpoint._server.slots.reclaimable() == counts
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response (headers and Content-Length body): they may arrive in separate segments."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> None:  # noqa: ANN001
     """urllib3 reuses a pooled connection: its next request's headers are on their way when a newcomer arrives."""
     endpoint, _ = fake  # max_connections=3
@@ -225,7 +244,7 @@ def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> Non
     client = socket.create_connection(("127.0.0.1", endpoint.port))
     client.settimeout(5)
     client.sendall(req)
-    assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+    assert _read_response(client).startswith(b"HTTP/1.1 200 ")
     time.sleep(0.05)
     silent = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(2)]  # connected, sent nothing
     newcomer: socket.socket | None = None
@@ -239,7 +258,7 @@ def test_a_newcomer_never_cuts_off_a_logged_in_clients_next_request(fake) -> Non
         newcomer.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % endpoint.port)
         assert newcomer.recv(4096).startswith(b"HTTP/1.1 200 ")
         client.sendall(req[40:])
-        assert client.recv(4096).startswith(b"HTTP/1.1 200 "), "the logged-in client's request was cut off"
+        assert _read_response(client).startswith(b"HTTP/1.1 200 "), "the logged-in client's request was cut off"
         silent[0].settimeout(2)
         assert silent[0].recv(10) == b"", "the silent connection accepted first gave way"
         silent[1].settimeout(0.2)
