@@ -46,9 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from clock_sync_scenarios import SCENARIOS, ProbeTrace  # noqa: E402
-
-from schemas.telemetry import ClockProbe  # noqa: E402
-from streams.clocksync import ClockSynchronizer  # noqa: E402
+from clocktower.schemas.telemetry import ClockProbe  # noqa: E402
+from clocktower.streams.clocksync import ClockSynchronizer  # noqa: E402
 
 NS = 1_000_000_000
 PROBE_WIRE_BYTES = 64 + 42

@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
-from sinks.endpoint.errors import ClickHouseError
-from sinks.endpoint.limits import EndpointLimits
-from sinks.endpoint.protocol import ClickHouseProtocol
+from clocktower.sinks.endpoint.errors import ClickHouseError
+from clocktower.sinks.endpoint.limits import EndpointLimits
+from clocktower.sinks.endpoint.protocol import ClickHouseProtocol
 
 CHUNK = 64 << 10
 

@@ -3,7 +3,7 @@
 1. raw: confluent-kafka produce + consume of the pipeline's own encoded records (same sizes,
    same compression), consumer running concurrently; msgs/s and the events/s they carry.
 2. pipeline: simulator events published through KafkaPublisher (encoding included) -> broker ->
-   the real sink process (`python -m sinks.clickhouse`) -> rows in ClickHouse; events/s from the
+   the real sink process (`python -m clocktower.sinks.clickhouse`) -> rows in ClickHouse; events/s from the
    first publish until the last row is stored. Event generation is done beforehand and not timed.
 
 Usage: python benchmarks/pipeline_throughput.py [--nodes 16] [--seconds 10] [--quick]
@@ -25,14 +25,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from clocktower.producers.kafka_publisher import KafkaPublisher  # noqa: E402
+from clocktower.producers.simulator import FleetSimulator, SimConfig  # noqa: E402
+from clocktower.streams.emit import records  # noqa: E402
+
 from clocktower.clickhouse_client import http_client  # noqa: E402
 from clocktower.config import Settings  # noqa: E402
 from clocktower.ports import free_port  # noqa: E402
 from clocktower.stack import Stack  # noqa: E402
 from clocktower.summary import table_rows  # noqa: E402
-from producers.kafka_publisher import KafkaPublisher  # noqa: E402
-from producers.simulator import FleetSimulator, SimConfig  # noqa: E402
-from streams.emit import records  # noqa: E402
 
 
 def generate(nodes: int, seconds: float) -> list:
@@ -78,7 +79,7 @@ def raw_passthrough(bootstrap: str, payloads: list[tuple[bytes, bytes, list]]) -
 
 def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 300) -> dict:
     client = http_client(settings.clickhouse, *settings.clickhouse_login())
-    stack._spawn("sink", [sys.executable, "-m", "sinks.clickhouse"])
+    stack._spawn("sink", [sys.executable, "-m", "clocktower.sinks.clickhouse"])
     deadline = time.monotonic() + 60
     while not client.query("SELECT count() FROM system.tables WHERE name='deadletter'").result_rows[0][0]:
         if time.monotonic() > deadline:

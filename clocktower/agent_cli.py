@@ -18,13 +18,13 @@ from rich.table import Table
 
 from clocktower.config import Settings
 from clocktower.errors import UserError
-from producers.agent.config import ALL_SOURCES, AgentSettings
-from producers.agent.factory import build_sources
-from producers.agent.runner import AgentRunner, Sink
-from producers.agent.stdout_sink import JsonLinesSink
-from producers.clock.key import ClockKeyError, generate_key_file
-from producers.spool import SpoolInUse
-from producers.spooling_publisher import SpoolingPublisher
+from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
+from clocktower.producers.agent.factory import build_sources
+from clocktower.producers.agent.runner import AgentRunner, Sink
+from clocktower.producers.agent.stdout_sink import JsonLinesSink
+from clocktower.producers.clock.key import ClockKeyError, generate_key_file
+from clocktower.producers.spool import SpoolInUse
+from clocktower.producers.spooling_publisher import SpoolingPublisher
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from clickhouse_connect.driver.client import Client
 
-from producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.node_clock import NodeClock
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

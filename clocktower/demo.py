@@ -12,11 +12,11 @@ from rich.live import Live
 from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
 from clocktower.drain import lag, wait_drained
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.progress_view import ProgressView
 from clocktower.stack import Stack
 from clocktower.summary import build_summary, table_rows
-from producers.kafka_publisher import KafkaPublisher
-from producers.simulator import FleetSimulator, SimConfig, run_simulation
 
 
 def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console, drain_timeout: float = 120.0,

@@ -101,7 +101,7 @@ class Stack:
         if s.embedded_clickhouse:
             on_step(f"starting the embedded ClickHouse engine, HTTP on {s.clickhouse}; logins in "
                     f"{credentials_path(self.data_dir)} (user {DASHBOARDS_USER!r} is read-only, for Grafana)")
-            self._spawn("clickhouse", [sys.executable, "-m", "sinks.endpoint", "--data-dir",
+            self._spawn("clickhouse", [sys.executable, "-m", "clocktower.sinks.endpoint", "--data-dir",
                                        str(self.data_dir / "clickhouse"), "--host", s.host,
                                        "--port", str(s.http_port), "--max-connections", str(s.http_max_connections),
                                        "--credentials", str(credentials_path(self.data_dir))])
@@ -112,11 +112,11 @@ class Stack:
                                     "clickhouse_embedded": s.embedded_clickhouse})
         if self.with_sink:
             on_step("starting the ClickHouse sink")
-            self._spawn("sink", [sys.executable, "-m", "sinks.clickhouse"])
+            self._spawn("sink", [sys.executable, "-m", "clocktower.sinks.clickhouse"])
         if self.with_streams:
             on_step("starting the Faust stream processors")
             (self.data_dir / "streams").mkdir(parents=True, exist_ok=True)
-            self._spawn("streams", [sys.executable, "-m", "streams"])
+            self._spawn("streams", [sys.executable, "-m", "clocktower.streams"])
 
     def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM) -> None:
         child = ChildProcess(name, argv, self.logs / f"{name}.log", self.env, stop_signal)

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from clickhouse_connect.driver.client import Client
 
 from clocktower.clock_report import clock_sync_report
-from producers.simulator.node_clock import NodeClock
-from schemas.topics import BY_SCHEMA, TOPICS
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.schemas.topics import BY_SCHEMA, TOPICS
 
 # Which incident kind detects which injected fault kind.
 DETECTS = {"link_flap": "link_flap", "gpu_thermal": "gpu_thermal", "gpu_xid": "gpu_xid", "gpu_ecc": "gpu_ecc",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.kafka_security import KafkaSecurity
-from schemas.topics import TOPICS
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.topics import TOPICS
 
 
 def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from producers.spool import SpoolRecord
+from clocktower.producers.spool import SpoolRecord
 
 
 class AckHold:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from schemas.event import Event
+from clocktower.schemas.event import Event
 
 E = TypeVar("E", bound=Event)
 

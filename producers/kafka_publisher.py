@@ -12,13 +12,12 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import groupby
 
+from clocktower.schemas.codec import encode_batch
+from clocktower.schemas.event import Event
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.record_mac import NodeSigning, sign
+from clocktower.schemas.topics import topic_for
 from confluent_kafka import KafkaError, KafkaException, Producer
-
-from schemas.codec import encode_batch
-from schemas.event import Event
-from schemas.kafka_security import KafkaSecurity
-from schemas.record_mac import NodeSigning, sign
-from schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool_dir import SpoolDir, SpoolDirUnsafe, SpoolInUse
+from clocktower.producers.spool_dir import SpoolDir, SpoolDirUnsafe, SpoolInUse
 
 __all__ = ["Spool", "SpoolDirUnsafe", "SpoolEntry", "SpoolInUse", "SpoolRecord", "encode_frame", "parse_frames"]
 

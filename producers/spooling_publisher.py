@@ -55,15 +55,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from clocktower.producers.ack_hold import AckHold
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
+from clocktower.schemas.codec import encode_batch
+from clocktower.schemas.event import Event
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.topics import topic_for
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-from producers.ack_hold import AckHold
-from producers.kafka_publisher import KafkaPublisher
-from producers.spool import Spool, SpoolEntry, SpoolRecord
-from schemas.codec import encode_batch
-from schemas.event import Event
-from schemas.kafka_security import KafkaSecurity
-from schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from schemas.column_types import (
+from clocktower.schemas.column_types import (
     Bool,
     DurationNs,
     Float64,
@@ -16,8 +16,8 @@ from schemas.column_types import (
     UInt32,
     UInt64,
 )
-from schemas.event import Event
-from schemas.telemetry import Protocol
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import Protocol
 
 
 class FlowLatency(Event):

@@ -8,8 +8,8 @@ DateTime64(9) view of `ts_ns` for Grafana and humans.
 
 from __future__ import annotations
 
-from schemas.columns import model_columns
-from schemas.topics import TOPICS, TopicSpec
+from clocktower.schemas.columns import model_columns
+from clocktower.schemas.topics import TOPICS, TopicSpec
 
 DEDUP_WINDOW = 10_000
 KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"), ("_topic", "LowCardinality(String)"))

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from clocktower.schemas.event import Event
+from clocktower.schemas.operations import DeadLetter
+from clocktower.schemas.topics import BY_NAME, BY_SCHEMA
 from pydantic import TypeAdapter, ValidationError
-
-from schemas.event import Event
-from schemas.operations import DeadLetter
-from schemas.topics import BY_NAME, BY_SCHEMA
 
 H_SCHEMA = "ct-schema"
 H_VERSION = "ct-version"

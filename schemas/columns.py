@@ -9,9 +9,8 @@ from functools import cache
 from typing import Any, Literal
 
 import pyarrow as pa
-
-from schemas.column_types import CH
-from schemas.event import Event
+from clocktower.schemas.column_types import CH
+from clocktower.schemas.event import Event
 
 _ARROW = {
     "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(), "UInt64": pa.uint64(),

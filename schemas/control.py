@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from clocktower.schemas.column_types import Name, Text, TimestampNs
+from clocktower.schemas.event import Event
 from pydantic import Field
-
-from schemas.column_types import Name, Text, TimestampNs
-from schemas.event import Event
 
 Action = Literal["failover", "restore", "qos", "rate_limit", "pause", "resume", "drain", "spare"]
 

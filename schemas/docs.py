@@ -1,13 +1,13 @@
-"""Markdown reference for the topics and tables, generated from the models (`python -m schemas.docs`)."""
+"""Markdown reference for the topics and tables, generated from the models (`python -m clocktower.schemas.docs`)."""
 
 from __future__ import annotations
 
 import inspect
 
-from schemas.clickhouse_ddl import KAFKA_COLUMNS
-from schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, MAX_RECORD_BYTES
-from schemas.columns import model_columns
-from schemas.topics import TOPICS
+from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS
+from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, MAX_RECORD_BYTES
+from clocktower.schemas.columns import model_columns
+from clocktower.schemas.topics import TOPICS
 
 
 def render() -> str:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from clocktower.schemas.column_types import Name, TimestampNs
 from pydantic import BaseModel, ConfigDict
-
-from schemas.column_types import Name, TimestampNs
 
 
 class Event(BaseModel):

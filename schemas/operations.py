@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from schemas.column_types import Int64, Name, Text, TimestampNs, UInt32
-from schemas.event import Event
+from clocktower.schemas.column_types import Int64, Name, Text, TimestampNs, UInt32
+from clocktower.schemas.event import Event
 
 
 class DeadLetter(Event):

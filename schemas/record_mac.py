@@ -85,7 +85,7 @@ class NodeSigning(BaseSettings):
             raw = None
         if raw is None or len(text) != NODE_KEY_HEX_CHARS:
             raise ValueError(f"CLOCKTOWER_NODE_KEY must be {NODE_KEY_HEX_CHARS} hex characters (the output of "
-                             f"`python -m schemas.record_mac NODE`), got {len(text)} characters"
+                             f"`python -m clocktower.schemas.record_mac NODE`), got {len(text)} characters"
                              + ("" if raw is not None or not text else " that are not all hex"))
         return SecretStr(text)
 
@@ -107,10 +107,10 @@ class NodeSigning(BaseSettings):
         return self.producer_key.get_secret_value().encode() if self.producer_key is not None else None
 
 
-if __name__ == "__main__":   # `python -m schemas.record_mac NODE`: the CLOCKTOWER_NODE_KEY to give that node
+if __name__ == "__main__":   # `python -m clocktower.schemas.record_mac NODE`: the CLOCKTOWER_NODE_KEY to give that node
     import sys
 
     producer_key = NodeSigning().producer_key_bytes()
     if producer_key is None or len(sys.argv) != 2:
-        sys.exit("usage: CLOCKTOWER_PRODUCER_KEY=... python -m schemas.record_mac NODE")
+        sys.exit("usage: CLOCKTOWER_PRODUCER_KEY=... python -m clocktower.schemas.record_mac NODE")
     print(node_key(producer_key, sys.argv[1]).hex())

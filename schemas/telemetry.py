@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from clocktower.schemas.column_types import Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
+from clocktower.schemas.event import Event
 from pydantic import Field, model_validator
-
-from schemas.column_types import Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
-from schemas.event import Event
 
 Protocol = Literal["tcp", "udp", "roce"]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.analytics import ClockEstimate, FlowLatency, Incident, IterationBreakdown
-from schemas.control import ControlAck, ControlCommand
-from schemas.event import Event
-from schemas.operations import DeadLetter, InjectedFault
-from schemas.telemetry import (
+from clocktower.schemas.analytics import ClockEstimate, FlowLatency, Incident, IterationBreakdown
+from clocktower.schemas.control import ControlAck, ControlCommand
+from clocktower.schemas.event import Event
+from clocktower.schemas.operations import DeadLetter, InjectedFault
+from clocktower.schemas.telemetry import (
     ClockProbe,
     CollectiveEvent,
     ConnectionState,

@@ -1,6 +1,6 @@
 """The Faust app: thin agents that decode telemetry batches and publish what the processors derive.
 
-Run it with `python -m streams` (clocktower starts it for you). What happens to
+Run it with `python -m clocktower.streams` (clocktower starts it for you). What happens to
 each record, bad ones included, is decided in streams/record_handler.py.
 """
 
@@ -10,15 +10,15 @@ import logging
 import socket
 
 import faust
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.record_mac import NodeSigning
+from clocktower.streams.kafka_credentials import faust_credentials
+from clocktower.streams.processors import Processors
+from clocktower.streams.record_handler import RecordHandler, identity_check
+from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.settings import StreamsPolicy
 
 from clocktower.config import Settings
-from schemas.kafka_security import KafkaSecurity
-from schemas.record_mac import NodeSigning
-from streams.kafka_credentials import faust_credentials
-from streams.processors import Processors
-from streams.record_handler import RecordHandler, identity_check
-from streams.remediation_budget import RemediationBudget
-from streams.settings import StreamsPolicy
 
 log = logging.getLogger(__name__)
 settings = Settings()

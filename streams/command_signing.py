@@ -10,9 +10,8 @@ import hashlib
 import hmac
 
 import orjson
-
-from schemas.control import Action, ControlCommand
-from streams.ids import stable_id
+from clocktower.schemas.control import Action, ControlCommand
+from clocktower.streams.ids import stable_id
 
 
 def _canonical(cmd: ControlCommand) -> bytes:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import groupby
 
-from schemas.codec import Headers, encode_batch
-from schemas.event import Event
-from schemas.topics import topic_for
+from clocktower.schemas.codec import Headers, encode_batch
+from clocktower.schemas.event import Event
+from clocktower.schemas.topics import topic_for
 
 
 def records(events: Iterable[Event], max_events: int = 1000) -> Iterator[tuple[str, bytes, bytes, Headers]]:

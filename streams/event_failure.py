@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.codec import bounded
+from clocktower.schemas.codec import bounded
 
 REASON_ERROR_LIMIT = 1000   # characters of the first error kept in the reason
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol
 
-from schemas.analytics import FlowLatency
-from schemas.telemetry import FlowSample
+from clocktower.schemas.analytics import FlowLatency
+from clocktower.schemas.telemetry import FlowSample
 
 SegmentKey = tuple[str, str, int, int, str, int]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.analytics import Incident, IncidentKind
-from schemas.event import Event
-from schemas.telemetry import GpuHealth
-from streams.command_signing import CommandIssuer
-from streams.ids import bounded_name, stable_id
-from streams.remediation_budget import RemediationBudget
+from clocktower.schemas.analytics import Incident, IncidentKind
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.command_signing import CommandIssuer
+from clocktower.streams.ids import bounded_name, stable_id
+from clocktower.streams.remediation_budget import RemediationBudget
 
 # NVML clocks-event reasons that mean "too hot" or "hardware slowdown".
 THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from schemas.analytics import IterationBreakdown
-from schemas.telemetry import CollectiveEvent, IterationEvent
+from clocktower.schemas.analytics import IterationBreakdown
+from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 
 RankKey = tuple[str, int]
 

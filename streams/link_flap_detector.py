@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from schemas.analytics import Incident
-from schemas.event import Event
-from schemas.telemetry import LinkState
-from streams.command_signing import CommandIssuer
-from streams.ids import bounded_name, stable_id
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import LinkState
+from clocktower.streams.command_signing import CommandIssuer
+from clocktower.streams.ids import bounded_name, stable_id
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
 

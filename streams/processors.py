@@ -6,17 +6,17 @@ which keeps this testable without a broker.
 
 from __future__ import annotations
 
-from schemas.event import Event
-from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
-from streams.clocksync import ClockSynchronizer
-from streams.clocksync.probe_time import ProbeTime
-from streams.command_signing import CommandIssuer
-from streams.event_failure import EventFailure
-from streams.flow_latency_join import FlowLatencyJoin
-from streams.gpu_fault_detector import GpuFaultDetector
-from streams.iteration_breakdown import IterationBreakdownAggregator
-from streams.link_flap_detector import LinkFlapDetector
-from streams.remediation_budget import RemediationBudget
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from clocktower.streams.clocksync import ClockSynchronizer
+from clocktower.streams.clocksync.probe_time import ProbeTime
+from clocktower.streams.command_signing import CommandIssuer
+from clocktower.streams.event_failure import EventFailure
+from clocktower.streams.flow_latency_join import FlowLatencyJoin
+from clocktower.streams.gpu_fault_detector import GpuFaultDetector
+from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
+from clocktower.streams.link_flap_detector import LinkFlapDetector
+from clocktower.streams.remediation_budget import RemediationBudget
 
 
 class Processors:

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_batch, encode_batch
-from schemas.record_mac import NodeSigning, check
-from streams import metrics
-from streams.emit import records
-from streams.event_failure import EventFailure, failure_reason
-from streams.processors import Processors
+from clocktower.schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_batch, encode_batch
+from clocktower.schemas.record_mac import NodeSigning, check
+from clocktower.streams import metrics
+from clocktower.streams.emit import records
+from clocktower.streams.event_failure import EventFailure, failure_reason
+from clocktower.streams.processors import Processors
 
 log = logging.getLogger(__name__)
 Out = tuple[str, bytes, bytes, Headers]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from producers.ack_hold import AckHold
-from producers.spool import SpoolRecord
+from clocktower.producers.ack_hold import AckHold
+from clocktower.producers.spool import SpoolRecord
 
 
 def _rec(seq: int, size: int = 10) -> SpoolRecord:

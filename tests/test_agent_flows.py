@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from producers.agent.ebpf._bcc import (
+from clocktower.producers.agent.ebpf._bcc import (
     SlotAggregator,
     WallClock,
     bcc_problem,
@@ -31,9 +30,10 @@ from producers.agent.ebpf._bcc import (
     privilege_problem,
     tracepoints_problem,
 )
-from producers.agent.ebpf.flow_source import TRACEPOINTS, FlowSource
-from schemas.event import Event
-from schemas.telemetry import ConnectionState, FlowCounters
+from clocktower.producers.agent.ebpf.flow_source import TRACEPOINTS, FlowSource
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import ConnectionState, FlowCounters
+
 from tests.netns import joined_namespaces
 
 CLIENT_IP, SERVER_IP = "10.214.0.1", "10.214.0.2"

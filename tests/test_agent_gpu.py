@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pynvml
 import pytest
-
-from producers.agent.gpu_source import GpuSource
-from schemas.event import Event
-from schemas.telemetry import GpuHealth
+from clocktower.producers.agent.gpu_source import GpuSource
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import GpuHealth
 
 STUB_SOURCE = Path(__file__).parent / "nvml_stub" / "nvml_stub.c"
 HZ = 50.0

@@ -8,13 +8,14 @@ import threading
 import time
 from collections import Counter
 
+from clocktower.producers.agent.factory import UnavailableSource
+from clocktower.producers.agent.runner import AgentRunner
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.producers.spool import Spool
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import LinkState
+
 from clocktower.ports import free_port
-from producers.agent.factory import UnavailableSource
-from producers.agent.runner import AgentRunner
-from producers.agent.source import Availability, Emit
-from producers.spool import Spool
-from schemas.event import Event
-from schemas.telemetry import LinkState
 from tests.test_cli import _env, assert_one_error_line, clocktower
 
 T0 = time.time_ns()
@@ -157,8 +158,8 @@ def test_clock_source_needs_a_safe_key_and_a_cluster_bind(tmp_path) -> None:  # 
 
 
 def test_a_clock_source_the_probe_agent_refuses_is_off_and_says_why(tmp_path) -> None:  # noqa: ANN001
-    from producers.agent.clock_source import ClockProbeSource
-    from producers.clock.key import generate_key_file
+    from clocktower.producers.agent.clock_source import ClockProbeSource
+    from clocktower.producers.clock.key import generate_key_file
 
     key = generate_key_file(tmp_path / "clock.key")
     src = ClockProbeSource("n", None, ("127.0.0.1:7373",), key_file=key, interface="ct-nosuch0")
@@ -250,7 +251,7 @@ def test_agent_with_the_broker_away_spools_and_stops_promptly(tmp_path) -> None:
     import subprocess
     import sys
 
-    from producers.spool import Spool
+    from clocktower.producers.spool import Spool
 
     t0 = time.monotonic()
     proc = subprocess.run(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
-
-from schemas.columns import model_columns
-from schemas.control import ControlCommand
-from schemas.telemetry import GpuHealth, LinkState
-from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from clocktower.schemas.columns import model_columns
+from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
 
 T0 = 1_780_000_000 * 10**9
 

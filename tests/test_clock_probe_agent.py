@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clocktower.producers.clock import timestamping, wire
+from clocktower.producers.clock.probe_agent import PairIds, ProbeAgent, ProbeAgentConfig, ProbeAgentError
+from clocktower.producers.clock.timestamping import TimestampedSocket, nic_timestamping
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.telemetry import ClockProbe
 
-from producers.clock import timestamping, wire
-from producers.clock.probe_agent import PairIds, ProbeAgent, ProbeAgentConfig, ProbeAgentError
-from producers.clock.timestamping import TimestampedSocket, nic_timestamping
-from schemas.codec import decode_batch, encode_batch
-from schemas.telemetry import ClockProbe
 from tests.netns import joined_namespaces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ RUN_S = 3.0
 RATE = 50.0
 
 try:
-    from streams.clocksync import ClockSynchronizer
+    from clocktower.streams.clocksync import ClockSynchronizer
 except ImportError:             # written by another helper; the agent's test does not depend on it
     ClockSynchronizer = None
 
@@ -371,7 +371,7 @@ def _run_two_agents(tmp_path: Path, addr_a: str, addr_b: str, netns: tuple[str, 
         args = ["--node", name, "--bind", own, "--peer", peer, "--rate", str(RATE), "--duration", str(RUN_S),
                 "--stats-file", str(tmp_path / f"{name}.json"), "--key-file", str(key_file)]
         cmd = ([sys.executable, "-c", _IN_NETNS, ns, *args] if ns
-               else [sys.executable, "-m", "producers.clock.probe_agent", *args])
+               else [sys.executable, "-m", "clocktower.producers.clock.probe_agent", *args])
         procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events: dict[str, list[ClockProbe]] = {}
     stats: dict[str, dict] = {}

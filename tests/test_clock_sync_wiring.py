@@ -6,10 +6,10 @@ Faust app feeds it, and every output is checked against the simulator's ground-t
 
 from __future__ import annotations
 
-from producers.simulator.config import SimConfig
-from producers.simulator.fleet import FleetSimulator
-from schemas.analytics import ClockEstimate, FlowLatency
-from streams.processors import Processors
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.fleet import FleetSimulator
+from clocktower.schemas.analytics import ClockEstimate, FlowLatency
+from clocktower.streams.processors import Processors
 
 S = 1_000_000_000
 
@@ -63,7 +63,7 @@ def test_estimates_and_corrected_latency_match_ground_truth() -> None:
 
 def test_one_node_with_a_clock_an_hour_ahead_does_not_stop_the_others() -> None:
     """Probe time follows most receivers, not the fastest: a rogue receiver an hour ahead changes nothing."""
-    from schemas.telemetry import ClockProbe
+    from clocktower.schemas.telemetry import ClockProbe
 
     sim = FleetSimulator(SimConfig(nodes=4, duration_s=10, faults=False))
     processors = Processors(b"k" * 32)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from schemas.analytics import ClockEstimate
-from schemas.telemetry import ClockProbe
-from streams.clocksync import ClockSynchronizer
-from streams.clocksync.network_effect import solve_network
-from streams.clocksync.probe_filter import ProbePairFilter
+from clocktower.schemas.analytics import ClockEstimate
+from clocktower.schemas.telemetry import ClockProbe
+from clocktower.streams.clocksync import ClockSynchronizer
+from clocktower.streams.clocksync.network_effect import solve_network
+from clocktower.streams.clocksync.probe_filter import ProbePairFilter
 
 T0 = 1_780_000_000 * 10**9
 S = 10**9

@@ -6,12 +6,11 @@ import contextlib
 
 import orjson
 import pytest
+from clocktower.schemas.codec import MAX_RECORD_BYTES, DecodeError, dead_letter, decode_batch, encode_batch
+from clocktower.schemas.telemetry import FlowSample, LinkState
+from clocktower.schemas.topics import TOPICS, topic_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from schemas.codec import MAX_RECORD_BYTES, DecodeError, dead_letter, decode_batch, encode_batch
-from schemas.telemetry import FlowSample, LinkState
-from schemas.topics import TOPICS, topic_for
 
 NOW = 1_780_000_000 * 10**9
 

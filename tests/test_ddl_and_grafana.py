@@ -7,14 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-
-from producers.simulator import FleetSimulator, SimConfig
-from schemas.clickhouse_ddl import KAFKA_COLUMNS
-from schemas.columns import model_columns
-from schemas.docs import render
-from schemas.topics import BY_MODEL, TOPICS
-from sinks.clickhouse.batch_set import BatchSet
-from sinks.clickhouse.table_writer import TableWriter
+from clocktower.producers.simulator import FleetSimulator, SimConfig
+from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS
+from clocktower.schemas.columns import model_columns
+from clocktower.schemas.docs import render
+from clocktower.schemas.topics import BY_MODEL, TOPICS
+from clocktower.sinks.clickhouse.batch_set import BatchSet
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))

@@ -26,10 +26,9 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
-
-from sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
-from sinks.endpoint.auth import User
-from sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, split_insert
+from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
+from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, split_insert
 
 REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "tester", "a-test-password"
@@ -226,7 +225,7 @@ def test_port_in_use(endpoint: ClickHouseHttpEndpoint) -> None:
 def test_second_process_gets_data_dir_locked(endpoint: ClickHouseHttpEndpoint, data_dir: Path) -> None:
     script = textwrap.dedent(
         f"""
-        from sinks.endpoint import ChdbEngine, DataDirLocked
+        from clocktower.sinks.endpoint import ChdbEngine, DataDirLocked
         try:
             ChdbEngine({str(data_dir)!r})
         except DataDirLocked as ex:

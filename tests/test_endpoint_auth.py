@@ -2,7 +2,7 @@
 
 The HTTP layer is tested in front of a stand-in protocol that records what it was asked to run (fast, and
 it shows that refused requests never reach the engine); the real engine and clickhouse-connect are tested
-through `python -m sinks.endpoint` in its own process, as `clocktower up` runs it.
+through `python -m clocktower.sinks.endpoint` in its own process, as `clocktower up` runs it.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
+from clocktower.sinks.endpoint import ClickHouseHttpEndpoint
+from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.protocol import Reply
+from clocktower.sinks.endpoint.request_body import RequestBody
+from clocktower.sinks.endpoint.request_params import RequestParams
 
 from clocktower.generated_secrets import ADMIN_USER, DASHBOARDS_USER, credentials_path, ensure_secrets, read_users
 from clocktower.ports import free_port
-from sinks.endpoint import ClickHouseHttpEndpoint
-from sinks.endpoint.auth import User
-from sinks.endpoint.protocol import Reply
-from sinks.endpoint.request_body import RequestBody
-from sinks.endpoint.request_params import RequestParams
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN, ADMIN_PW = "writer", "writer-password-1"
@@ -277,7 +277,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict
     ensure_secrets(data_dir)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sinks.endpoint", "--data-dir", str(data_dir / "clickhouse"), "--port", str(port),
+        [sys.executable, "-m", "clocktower.sinks.endpoint", "--data-dir", str(data_dir / "clickhouse"),
+         "--port", str(port),
          "--credentials", str(credentials_path(data_dir))],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
@@ -315,7 +316,8 @@ def test_clickhouse_connect_logs_in_with_the_generated_users(served) -> None:  #
 
 def test_the_endpoint_refuses_to_start_without_credentials(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CLOCKTOWER_CREDENTIALS_FILE"}
-    argv = [sys.executable, "-m", "sinks.endpoint", "--data-dir", str(tmp_path / "ch"), "--port", str(free_port())]
+    argv = [sys.executable, "-m", "clocktower.sinks.endpoint", "--data-dir", str(tmp_path / "ch"),
+            "--port", str(free_port())]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("error: no credentials file"), done.stderr
     done = subprocess.run([*argv, "--credentials", str(tmp_path / "missing.json")], cwd=REPO, env=env,

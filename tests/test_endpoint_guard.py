@@ -6,10 +6,9 @@ import threading
 import time
 
 import pytest
-
-from sinks.endpoint.errors import ClickHouseError
-from sinks.endpoint.protocol import readonly_level
-from sinks.endpoint.session_pool import SessionPool
+from clocktower.sinks.endpoint.errors import ClickHouseError
+from clocktower.sinks.endpoint.protocol import readonly_level
+from clocktower.sinks.endpoint.session_pool import SessionPool
 
 
 def test_reserved_sessions_only_run_inserts() -> None:

@@ -7,12 +7,11 @@ import threading
 from typing import Any
 
 import pytest
-
-from sinks.endpoint import engine as engine_module
-from sinks.endpoint import session_pool
-from sinks.endpoint.engine import ChdbEngine
-from sinks.endpoint.engine_session import EngineSession
-from sinks.endpoint.session_pool import SessionPool
+from clocktower.sinks.endpoint import engine as engine_module
+from clocktower.sinks.endpoint import session_pool
+from clocktower.sinks.endpoint.engine import ChdbEngine
+from clocktower.sinks.endpoint.engine_session import EngineSession
+from clocktower.sinks.endpoint.session_pool import SessionPool
 
 
 class FakeResult:

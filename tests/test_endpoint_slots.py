@@ -7,8 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-from sinks.endpoint.connection_slots import ConnectionSlots
+from clocktower.sinks.endpoint.connection_slots import ConnectionSlots
 
 
 @pytest.fixture

@@ -11,12 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.streams.kafka_credentials import faust_credentials
 from confluent_kafka import Consumer, Producer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
-
-from schemas.kafka_security import KafkaSecurity
-from streams.kafka_credentials import faust_credentials
 
 
 def _pem_pair(tmp: Path, name: str) -> tuple[Path, Path]:
@@ -83,9 +82,10 @@ def test_inconsistent_settings_are_refused(bad) -> None:
 
 def test_every_client_takes_the_login(monkeypatch) -> None:
     """The publisher, the sink and topic admin build their clients with the login (a wrong key would raise)."""
+    from clocktower.producers.kafka_publisher import KafkaPublisher
+    from clocktower.sinks.clickhouse import kafka_sink
+
     from clocktower import topic_admin
-    from producers.kafka_publisher import KafkaPublisher
-    from sinks.clickhouse import kafka_sink
 
     seen: list[dict] = []
 
@@ -99,7 +99,7 @@ def test_every_client_takes_the_login(monkeypatch) -> None:
     for module, names in ((kafka_sink, ("Consumer", "Producer")), (topic_admin, ("AdminClient", "Consumer"))):
         for n in names:
             monkeypatch.setattr(module, n, spy(n))
-    import producers.kafka_publisher as kp
+    import clocktower.producers.kafka_publisher as kp
     monkeypatch.setattr(kp, "Producer", spy("Producer"))
     for call in (lambda: KafkaPublisher("h:1", security=sec),
                  lambda: kafka_sink.KafkaClickHouseSink("h:1", None, security=sec),

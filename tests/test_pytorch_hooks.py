@@ -19,11 +19,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-
-from producers.pytorch.event_buffer import EventBuffer
-from producers.pytorch.flight_recorder import FlightRecorderReader, buffer_size_from_env, entry_bytes, map_op
-from producers.pytorch.iterations import IterationClock
-from schemas.telemetry import CollectiveEvent, IterationEvent
+from clocktower.producers.pytorch.event_buffer import EventBuffer
+from clocktower.producers.pytorch.flight_recorder import FlightRecorderReader, buffer_size_from_env, entry_bytes, map_op
+from clocktower.producers.pytorch.iterations import IterationClock
+from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install torch==2.13.0; "
@@ -55,9 +54,8 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
     import torch
     import torch.distributed as dist
+    from clocktower.producers.pytorch import Telemetry
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from producers.pytorch import Telemetry
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -101,9 +99,8 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
 
 def _consume(bootstrap: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, list]:
+    from clocktower.schemas.codec import decode_batch
     from confluent_kafka import Consumer
-
-    from schemas.codec import decode_batch
 
     topics = {"telemetry.collectives": CollectiveEvent.SCHEMA, "telemetry.iterations": IterationEvent.SCHEMA}
     got: dict[str, list] = {schema: [] for schema in topics.values()}
@@ -142,7 +139,7 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
         mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
         t_ranks = time.monotonic() - t0
         # each rank published through its own SpoolingPublisher and closed it with nothing left to replay
-        from producers.spool import Spool
+        from clocktower.producers.spool import Spool
         spools = sorted((tmp_path / "spool").iterdir())
         assert len(spools) == 2
         for path in spools:
@@ -211,7 +208,7 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
 
 @needs_torch
 def test_flight_recorder_off_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    from producers.pytorch import Telemetry
+    from clocktower.producers.pytorch import Telemetry
 
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
@@ -232,7 +229,7 @@ def test_flight_recorder_off_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @needs_torch
 def test_telemetry_without_bootstrap_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from producers.pytorch import Telemetry
+    from clocktower.producers.pytorch import Telemetry
 
     monkeypatch.delenv("CLOCKTOWER_KAFKA_BOOTSTRAP", raising=False)
     with pytest.raises(ValueError, match="CLOCKTOWER_KAFKA_BOOTSTRAP"):
@@ -339,8 +336,9 @@ def test_iteration_clock_context_and_steps() -> None:
 @needs_torch
 def test_a_taken_spool_falls_back_to_one_of_this_process(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Two Telemetry publishers for the same job, node and rank never stop training: the second gets its own."""
+    from clocktower.producers.pytorch.telemetry import default_publisher, default_spool_dir
+
     from clocktower.ports import free_port
-    from producers.pytorch.telemetry import default_publisher, default_spool_dir
 
     monkeypatch.setenv("CLOCKTOWER_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")
     monkeypatch.setenv("CLOCKTOWER_SPOOL_DIR", str(tmp_path / "spool"))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
+from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.processors import Processors
+from clocktower.streams.record_handler import RecordHandler, identity_check
 from pydantic import ValidationError
-
-from producers.kafka_publisher import KafkaPublisher
-from schemas.codec import decode_batch, encode_batch
-from schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
-from schemas.telemetry import GpuHealth
-from streams.processors import Processors
-from streams.record_handler import RecordHandler, identity_check
 
 T0 = 1_780_000_000 * 10**9
 PRODUCER_KEY = b"p" * 32

@@ -37,33 +37,32 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from producers.clock import wire
-from producers.clock.admission import Admission
-from producers.clock.key import ClockKeyError, generate_key_file, load_key
-from producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
-from producers.clock.rate_limit import TokenBucket
-from producers.clock.replay import ReplayGuard, SendClock
-from schemas.telemetry import ClockProbe
-from sinks.endpoint import ChdbEngine, ClickHouseError, ClickHouseHttpEndpoint, sql_guard
-from sinks.endpoint import protocol as protocol_module
-from sinks.endpoint.auth import User
-from sinks.endpoint.engine import escape_param
-from sinks.endpoint.limits import EndpointLimits
-from sinks.endpoint.protocol import ClickHouseProtocol
-from sinks.endpoint.request_body import RequestBody
-from sinks.endpoint.request_params import parse_params
-from sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
-from sinks.endpoint.sql_guard import (
+from clocktower.producers.clock import wire
+from clocktower.producers.clock.admission import Admission
+from clocktower.producers.clock.key import ClockKeyError, generate_key_file, load_key
+from clocktower.producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
+from clocktower.producers.clock.rate_limit import TokenBucket
+from clocktower.producers.clock.replay import ReplayGuard, SendClock
+from clocktower.schemas.telemetry import ClockProbe
+from clocktower.sinks.endpoint import ChdbEngine, ClickHouseError, ClickHouseHttpEndpoint, sql_guard
+from clocktower.sinks.endpoint import protocol as protocol_module
+from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.engine import escape_param
+from clocktower.sinks.endpoint.limits import EndpointLimits
+from clocktower.sinks.endpoint.protocol import ClickHouseProtocol
+from clocktower.sinks.endpoint.request_body import RequestBody
+from clocktower.sinks.endpoint.request_params import parse_params
+from clocktower.sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
+from clocktower.sinks.endpoint.sql_guard import (
     FUNCTIONS_DENIED,
     TABLE_FUNCTIONS_ALLOWED,
     TABLE_FUNCTIONS_NOT_NEEDED,
     check_setting,
     check_table_setting,
 )
-from sinks.endpoint.sql_scan import describe
+from clocktower.sinks.endpoint.sql_scan import describe
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ADMIN, VIEWER = ("admin", "admin-pass"), ("viewer", "viewer-pass")
 LIMITS = EndpointLimits(
@@ -891,7 +890,7 @@ def test_key_files_are_generated_private_and_checked(tmp_path: Path) -> None:
 
 def test_the_standalone_agent_refuses_to_run_without_a_key(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CLOCKTOWER_CLOCK_KEY_FILE"}
-    cmd = [sys.executable, "-m", "producers.clock.probe_agent", "--node", "a", "--duration", "0.2"]
+    cmd = [sys.executable, "-m", "clocktower.producers.clock.probe_agent", "--node", "a", "--duration", "0.2"]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no clock key" in r.stderr
     r = subprocess.run(cmd + ["--gen-key", str(tmp_path / "k")], cwd=REPO, env=env, capture_output=True, text=True,

@@ -11,16 +11,15 @@ from itertools import groupby
 from pathlib import Path
 
 import pytest
-
-from producers.event_builder import EventBuilder
-from producers.simulator import FleetSimulator, SimConfig, run_simulation
-from producers.simulator.fault_schedule import KINDS, THERMAL_THROTTLE
-from producers.simulator.node_clock import NodeClock
-from schemas.codec import decode_batch, encode_batch
-from schemas.event import Event
-from schemas.operations import InjectedFault
-from schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
-from schemas.topics import TELEMETRY, topic_for
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.producers.simulator.fault_schedule import KINDS, THERMAL_THROTTLE
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.event import Event
+from clocktower.schemas.operations import InjectedFault
+from clocktower.schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from clocktower.schemas.topics import TELEMETRY, topic_for
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator import FleetSimulator, SimConfig
+from clocktower.schemas.topics import BY_SCHEMA
 
 from clocktower.drain import wait_drained
 from clocktower.summary import table_rows
-from producers.kafka_publisher import KafkaPublisher
-from producers.simulator import FleetSimulator, SimConfig
-from schemas.topics import BY_SCHEMA
 
 pytestmark = pytest.mark.e2e
 

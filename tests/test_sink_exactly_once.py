@@ -6,15 +6,14 @@ import threading
 import time
 
 import pytest
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.telemetry import LinkState
+from clocktower.schemas.topics import BY_NAME
+from clocktower.sinks.clickhouse.batch_set import FlushPolicy
+from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 from confluent_kafka import Consumer, TopicPartition
-
-from producers.kafka_publisher import KafkaPublisher
-from schemas.telemetry import LinkState
-from schemas.topics import BY_NAME
-from sinks.clickhouse.batch_set import FlushPolicy
-from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
-from sinks.clickhouse.partition_batch import PartitionBatch
-from sinks.clickhouse.table_writer import TableWriter
 
 pytestmark = pytest.mark.e2e
 T0 = time.time_ns()  # recent: older rows would fall outside the tables' TTL and be dropped on insert

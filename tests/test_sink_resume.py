@@ -7,19 +7,18 @@ import time
 
 import confluent_kafka
 import pytest
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.codec import dead_letter, encode_batch
+from clocktower.schemas.telemetry import LinkState
+from clocktower.schemas.topics import BY_NAME, TopicSpec
+from clocktower.sinks.clickhouse import kafka_sink
+from clocktower.sinks.clickhouse.batch_set import FlushPolicy
+from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
+from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, first_reused_offset
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from producers.kafka_publisher import KafkaPublisher
-from schemas.codec import dead_letter, encode_batch
-from schemas.telemetry import LinkState
-from schemas.topics import BY_NAME, TopicSpec
-from sinks.clickhouse import kafka_sink
-from sinks.clickhouse.batch_set import FlushPolicy
-from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
-from sinks.clickhouse.partition_batch import PartitionBatch
-from sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, first_reused_offset
-from sinks.clickhouse.table_writer import TableWriter
 
 T0 = time.time_ns()
 TOPIC = "telemetry.links"

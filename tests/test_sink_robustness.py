@@ -6,13 +6,12 @@ import threading
 import time
 
 import pytest
-
-from producers.kafka_publisher import KafkaPublisher
-from schemas.codec import REASON_LIMIT, dead_letter, encode_batch
-from schemas.telemetry import GpuHealth, LinkState
-from sinks.clickhouse.batch_set import FlushPolicy
-from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
-from sinks.clickhouse.table_writer import TableWriter
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.codec import REASON_LIMIT, dead_letter, encode_batch
+from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.sinks.clickhouse.batch_set import FlushPolicy
+from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 T0 = time.time_ns()
 

@@ -8,8 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from producers.spool import Spool, SpoolDirUnsafe, SpoolInUse, SpoolRecord, encode_frame
+from clocktower.producers.spool import Spool, SpoolDirUnsafe, SpoolInUse, SpoolRecord, encode_frame
 
 
 def _records(n: int, size: int = 200) -> list[SpoolRecord]:

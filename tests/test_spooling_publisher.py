@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clocktower.producers.spool import Spool, SpoolRecord, encode_frame
+from clocktower.producers.spooling_publisher import RID_HEADER, SpoolingPublisher
+from clocktower.schemas.codec import decode_batch
+from clocktower.schemas.telemetry import GpuHealth, LinkState
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clocktower.ports import free_port, wait_open
 from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
-from producers.spool import Spool, SpoolRecord, encode_frame
-from producers.spooling_publisher import RID_HEADER, SpoolingPublisher
-from schemas.codec import decode_batch
-from schemas.telemetry import GpuHealth, LinkState
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = time.time_ns()
@@ -277,7 +277,7 @@ def test_full_spool_drops_oldest_segments_and_counts_them(tmp_path: Path) -> Non
 # --- crash recovery -----------------------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
-    from producers.spooling_publisher import SpoolingPublisher
+    from clocktower.producers.spooling_publisher import SpoolingPublisher
     from tests.test_spooling_publisher import gpu_batch
     bootstrap, spool_dir, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
     pub = SpoolingPublisher(bootstrap, spool_dir, compression="zstd")
@@ -424,7 +424,7 @@ def test_unreachable_broker_is_detected_and_records_spool_in_order(tmp_path: Pat
 
 
 def test_a_spool_directory_has_one_writer(tmp_path: Path) -> None:
-    from producers.spool import SpoolInUse
+    from clocktower.producers.spool import SpoolInUse
 
     first = Spool(tmp_path / "spool")
     with pytest.raises(SpoolInUse, match=f"in use by another publisher \\(pid {os.getpid()}\\)"):
@@ -438,7 +438,7 @@ def test_a_full_disk_loses_only_the_records_it_refused_and_counts_them(tmp_path:
     dropped, and spooling goes on once the disk takes writes again."""
     import errno
 
-    import producers.spool as spool_module
+    import clocktower.producers.spool as spool_module
 
     real_write = os.write
     full = {"on": False}

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from schemas.analytics import Incident
-from schemas.control import ControlCommand
-from schemas.telemetry import CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
-from streams.command_signing import CommandIssuer, verify
-from streams.flow_latency_join import FlowLatencyJoin
-from streams.gpu_fault_detector import GpuFaultDetector
-from streams.iteration_breakdown import IterationBreakdownAggregator
-from streams.link_flap_detector import LinkFlapDetector
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.telemetry import CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from clocktower.streams.command_signing import CommandIssuer, verify
+from clocktower.streams.flow_latency_join import FlowLatencyJoin
+from clocktower.streams.gpu_fault_detector import GpuFaultDetector
+from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
+from clocktower.streams.link_flap_detector import LinkFlapDetector
 
 T0 = 1_780_000_000 * 10**9
 KEY = b"k" * 32

@@ -8,9 +8,8 @@ import time
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
-
-from producers.kafka_publisher import KafkaPublisher
-from producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 
 pytestmark = pytest.mark.e2e
 

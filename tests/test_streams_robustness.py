@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.operations import DeadLetter
+from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.streams.command_signing import CommandIssuer, verify
+from clocktower.streams.gpu_fault_detector import GpuFaultDetector
+from clocktower.streams.ids import bounded_name, stable_id
+from clocktower.streams.link_flap_detector import LinkFlapDetector
+from clocktower.streams.processors import Processors
+from clocktower.streams.record_handler import RecordHandler
+from clocktower.streams.remediation_budget import RemediationBudget
 from prometheus_client import REGISTRY
-
-from schemas.analytics import Incident
-from schemas.codec import decode_batch, encode_batch
-from schemas.control import ControlCommand
-from schemas.operations import DeadLetter
-from schemas.telemetry import GpuHealth, LinkState
-from streams.command_signing import CommandIssuer, verify
-from streams.gpu_fault_detector import GpuFaultDetector
-from streams.ids import bounded_name, stable_id
-from streams.link_flap_detector import LinkFlapDetector
-from streams.processors import Processors
-from streams.record_handler import RecordHandler
-from streams.remediation_budget import RemediationBudget
 
 T0 = 1_780_000_000 * 10**9
 KEY = b"k" * 32

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from producers.agent.source import Availability, Emit
-from producers.clock.config import ProbeAgentConfig
-from producers.clock.key import ENV_VAR, ClockKeyError, load_key
-from producers.clock.probe_agent import ProbeAgent
-from schemas.telemetry import ClockProbe
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.producers.clock.config import ProbeAgentConfig
+from clocktower.producers.clock.key import ENV_VAR, ClockKeyError, load_key
+from clocktower.producers.clock.probe_agent import ProbeAgent
+from clocktower.schemas.telemetry import ClockProbe
 
 
 class ClockProbeSource:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from producers.agent.config import ALL_SOURCES, AgentSettings
-from producers.agent.source import Availability, Emit, Source
+from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
+from clocktower.producers.agent.source import Availability, Emit, Source
 
 
 class UnavailableSource:
@@ -29,28 +29,28 @@ class UnavailableSource:
 
 
 def _gpu(s: AgentSettings) -> Source:
-    from producers.agent.gpu_source import GpuSource
+    from clocktower.producers.agent.gpu_source import GpuSource
     return GpuSource(s.node, hz=s.gpu_hz, library_path=s.nvml_library)
 
 
 def _flows(s: AgentSettings) -> Source:
-    from producers.agent.ebpf.flow_source import FlowSource
+    from clocktower.producers.agent.ebpf.flow_source import FlowSource
     return FlowSource(s.node, drain_ms=s.flow_drain_ms, kernel_source=s.kernel_source, tc_interfaces=s.tc_interfaces,
                       max_flows=s.flow_max_entries, slot_ms=s.flow_slot_ms)
 
 
 def _links(s: AgentSettings) -> Source:
-    from producers.agent.link_source import LinkSource
+    from clocktower.producers.agent.link_source import LinkSource
     return LinkSource(s.node, interfaces=s.link_interfaces, report_interval_s=s.link_report_s)
 
 
 def _ib(s: AgentSettings) -> Source:
-    from producers.agent.ib_sysfs import IbPortSource
+    from clocktower.producers.agent.ib_sysfs import IbPortSource
     return IbPortSource(s.node, root=s.ib_sysfs_root, interval_s=s.ib_poll_s)
 
 
 def _clock(s: AgentSettings) -> Source:
-    from producers.agent.clock_source import ClockProbeSource
+    from clocktower.producers.agent.clock_source import ClockProbeSource
     return ClockProbeSource(s.node, s.clock_bind, s.clock_peers, pairs_per_s=s.clock_pairs_per_s,
                             key_file=s.clock_key_file, interface=s.clock_interface, allow_any_bind=s.clock_bind_any)
 

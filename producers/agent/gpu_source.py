@@ -31,10 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pynvml
-
-from producers.agent.source import Availability, Emit
-from producers.gpu_throttle import decode_throttle
-from schemas.telemetry import GpuHealth
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.producers.gpu_throttle import decode_throttle
+from clocktower.schemas.telemetry import GpuHealth
 
 log = logging.getLogger(__name__)
 

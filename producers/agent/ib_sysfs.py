@@ -44,8 +44,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from producers.agent.source import Availability, Emit
-from schemas.telemetry import LinkState
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.schemas.telemetry import LinkState
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from producers.agent.source import Availability, Source
-from schemas.event import Event
+from clocktower.producers.agent.source import Availability, Source
+from clocktower.schemas.event import Event
 
 log = logging.getLogger(__name__)
 

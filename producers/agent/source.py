@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from schemas.event import Event
+from clocktower.schemas.event import Event
 
 Emit = Callable[[list[Event]], None]
 

@@ -7,9 +7,8 @@ from itertools import groupby
 from typing import TextIO
 
 import orjson
-
-from schemas.event import Event
-from schemas.topics import topic_for
+from clocktower.schemas.event import Event
+from clocktower.schemas.topics import topic_for
 
 
 class JsonLinesSink:

@@ -9,9 +9,9 @@
 - `timestamping`  the socket layer: SO_TIMESTAMPING options, NIC capabilities, control-message parsing
 - `config`        ProbeAgentConfig: what one agent is told, checked when it is built
 - `probe_agent`   the prober/responder loops, emitting ClockProbe events to a sink; `python -m` runs one agent
-- `cli`           the command line of `python -m producers.clock.probe_agent`
+- `cli`           the command line of `python -m clocktower.producers.clock.probe_agent`
 
-Nothing is imported here eagerly, so `python -m producers.clock.probe_agent` runs cleanly.
+Nothing is imported here eagerly, so `python -m clocktower.producers.clock.probe_agent` runs cleanly.
 """
 
 from __future__ import annotations
@@ -31,5 +31,5 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f"producers.clock.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'producers.clock' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"clocktower.producers.clock.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'clocktower.producers.clock' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`python -m producers.clock.probe_agent`: run one clock-probe agent; events to Kafka, or JSON lines on stdout."""
+"""`python -m clocktower.producers.clock.probe_agent`: run one clock-probe agent (events to Kafka, or JSON lines)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from producers.clock.config import ProbeAgentConfig
-from producers.clock.endpoints import DEFAULT_PORT
-from producers.clock.key import ENV_VAR as KEY_ENV_VAR
-from producers.clock.key import ClockKeyError, generate_key_file, load_key
-from producers.clock.probe_agent import ProbeAgent, ProbeAgentError, Sink
-from schemas.telemetry import ClockProbe
+from clocktower.producers.clock.config import ProbeAgentConfig
+from clocktower.producers.clock.endpoints import DEFAULT_PORT
+from clocktower.producers.clock.key import ENV_VAR as KEY_ENV_VAR
+from clocktower.producers.clock.key import ClockKeyError, generate_key_file, load_key
+from clocktower.producers.clock.probe_agent import ProbeAgent, ProbeAgentError, Sink
+from clocktower.schemas.telemetry import ClockProbe
 
 
 def _read_peers(args: argparse.Namespace) -> tuple[str, ...]:
@@ -28,8 +28,8 @@ def _read_peers(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m producers.clock.probe_agent`: run one agent; events to Kafka, or JSON lines on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m producers.clock.probe_agent", description=main.__doc__)
+    """`python -m clocktower.producers.clock.probe_agent`: run one agent; events to Kafka, or JSON lines on stdout."""
+    parser = argparse.ArgumentParser(prog="python -m clocktower.producers.clock.probe_agent", description=main.__doc__)
     parser.add_argument("--node", default=socket.gethostname(), help="this node's name (default: hostname)")
     parser.add_argument("--bind", help=f"host:port to send and receive on (default: port {DEFAULT_PORT} on the "
                                        "address of --interface, else of the interface that reaches the first peer)")
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   interface=args.interface, seed=args.seed, warm_up=not args.no_warm_up,
                                   probe_back=not args.no_probe_back)
         if args.kafka:
-            from producers.kafka_publisher import KafkaPublisher
+            from clocktower.producers.kafka_publisher import KafkaPublisher
             publisher = KafkaPublisher(args.kafka)
             sink: Sink = publisher.publish
         else:

@@ -1,7 +1,7 @@
 """What one clock-probe agent is told: its node, key, bind, peers and rates, checked when it is built.
 
 The checks raise ValueError with a message a user can act on (a bad name, a short key, a rate out of
-range, a wildcard bind not asked for, no route to the first peer): `python -m producers.clock.probe_agent`
+range, a wildcard bind not asked for, no route to the first peer): `python -m clocktower.producers.clock.probe_agent`
 prints it, and the node agent's clock source reports itself off with it.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from producers.clock.endpoints import default_bind, is_wildcard, parse_endpoint
-from producers.clock.key import MIN_KEY_BYTES
-from producers.clock.timestamping import Mode
-from producers.clock.wire import MAX_NAME_BYTES
+from clocktower.producers.clock.endpoints import default_bind, is_wildcard, parse_endpoint
+from clocktower.producers.clock.key import MIN_KEY_BYTES
+from clocktower.producers.clock.timestamping import Mode
+from clocktower.producers.clock.wire import MAX_NAME_BYTES
 
 
 @dataclass(frozen=True)

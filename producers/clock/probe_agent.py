@@ -73,14 +73,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
-from producers.clock.admission import Admission
-from producers.clock.config import ProbeAgentConfig
-from producers.clock.endpoints import DEFAULT_PORT, format_endpoint, parse_endpoint
-from producers.clock.replay import SendClock
-from producers.clock.timestamping import TimestampedSocket, TimestampingError
-from producers.clock.wire import (
+from clocktower.producers.clock.admission import Admission
+from clocktower.producers.clock.config import ProbeAgentConfig
+from clocktower.producers.clock.endpoints import DEFAULT_PORT, format_endpoint, parse_endpoint
+from clocktower.producers.clock.replay import SendClock
+from clocktower.producers.clock.timestamping import TimestampedSocket, TimestampingError
+from clocktower.producers.clock.wire import (
     MAX_FOLLOW_UP_ENTRIES,
     TX_SOURCES,
     FollowUp,
@@ -91,7 +89,8 @@ from producers.clock.wire import (
     encode_probe,
     encode_warm_up,
 )
-from schemas.telemetry import ClockProbe
+from clocktower.schemas.telemetry import ClockProbe
+from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -665,8 +664,8 @@ def _summary(samples: Sequence[int]) -> dict[str, float] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m producers.clock.probe_agent`: the command line lives in `producers.clock.cli`."""
-    from producers.clock.cli import main as cli_main
+    """`python -m clocktower.producers.clock.probe_agent`: the command line lives in `producers.clock.cli`."""
+    from clocktower.producers.clock.cli import main as cli_main
     return cli_main(argv)
 
 

@@ -1,6 +1,6 @@
 """PyTorch integration for training scripts: one import and two lines.
 
-    from producers.pytorch import Telemetry
+    from clocktower.producers.pytorch import Telemetry
     tele = Telemetry(job="llm-7b")                 # node = hostname, rank from torch.distributed
     model = tele.instrument(DDP(model))            # times every all-reduce bucket (comm hook)
     for batch in loader:
@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from producers.pytorch.telemetry import Telemetry
+    from clocktower.producers.pytorch.telemetry import Telemetry
 
 __all__ = ["Telemetry"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Telemetry":
-        from producers.pytorch.telemetry import Telemetry  # raises ImportError naming `pip install torch`
+        from clocktower.producers.pytorch.telemetry import Telemetry  # raises ImportError naming `pip install torch`
         return Telemetry
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from schemas.event import Event
+from clocktower.schemas.event import Event
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,18 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from producers.pytorch._torch import require_torch
-from producers.pytorch.comm_hook import BucketTimingHook, SequenceCounter
-from producers.pytorch.event_buffer import EventBuffer, Publisher
-from producers.pytorch.flight_recorder import (
+from clocktower.producers.pytorch._torch import require_torch
+from clocktower.producers.pytorch.comm_hook import BucketTimingHook, SequenceCounter
+from clocktower.producers.pytorch.event_buffer import EventBuffer, Publisher
+from clocktower.producers.pytorch.flight_recorder import (
     ENV_VARS,
     FlightRecorderDump,
     FlightRecorderReader,
     buffer_size_from_env,
     dump_json,
 )
-from producers.pytorch.iterations import IterationClock
-from schemas.telemetry import CollectiveEvent, IterationEvent
+from clocktower.producers.pytorch.iterations import IterationClock
+from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 
 torch = require_torch()
 dist = torch.distributed
@@ -56,8 +56,8 @@ def default_publisher(job: str, node: str) -> Publisher:
     if not bootstrap:
         raise ValueError(f"Telemetry needs a Kafka broker: set {BOOTSTRAP_ENV}=host:port, "
                          "or pass publisher= (any object with publish(events) and flush(timeout))")
-    from producers.spool import SpoolInUse
-    from producers.spooling_publisher import SpoolingPublisher
+    from clocktower.producers.spool import SpoolInUse
+    from clocktower.producers.spooling_publisher import SpoolingPublisher
 
     spool_dir = default_spool_dir(job, node)
     try:

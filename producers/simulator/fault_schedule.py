@@ -20,9 +20,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from producers.simulator.config import SimConfig
-from producers.simulator.topology import JOB_ID, PRIMARY, Topology, node_id
-from schemas.operations import InjectedFault
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.topology import JOB_ID, PRIMARY, Topology, node_id
+from clocktower.schemas.operations import InjectedFault
 
 S = 1_000_000_000
 FLAP_TRANSITIONS = 6

@@ -20,17 +20,17 @@ from bisect import bisect_right
 from collections import Counter
 from operator import itemgetter
 
-from producers.simulator.config import SimConfig, check_nodes
-from producers.simulator.fault_schedule import FaultSchedule
-from producers.simulator.flows import Planned, RingFlows
-from producers.simulator.gpus import GpuMonitor
-from producers.simulator.links import LinkMonitor
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.probes import ClockProber
-from producers.simulator.topology import Topology
-from producers.simulator.training import TrainingJob
-from schemas.event import Event
-from schemas.operations import InjectedFault
+from clocktower.producers.simulator.config import SimConfig, check_nodes
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.flows import Planned, RingFlows
+from clocktower.producers.simulator.gpus import GpuMonitor
+from clocktower.producers.simulator.links import LinkMonitor
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.probes import ClockProber
+from clocktower.producers.simulator.topology import Topology
+from clocktower.producers.simulator.training import TrainingJob
+from clocktower.schemas.event import Event
+from clocktower.schemas.operations import InjectedFault
 
 MAX_OFFSET_NS = 2_000_000
 MAX_DRIFT_PPM = 30.0

@@ -17,12 +17,12 @@ from __future__ import annotations
 import random
 from math import log
 
-from producers.event_builder import EventBuilder
-from producers.simulator.fault_schedule import FaultSchedule
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.topology import BACKUP, PRIMARY, ROCE_PORT, Topology
-from schemas.event import Event
-from schemas.telemetry import FlowSample
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.topology import BACKUP, PRIMARY, ROCE_PORT, Topology
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import FlowSample
 
 BASE_LATENCY_NS = 5_000
 JITTER_NS = 300.0

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import random
 
-from producers.event_builder import EventBuilder
-from producers.gpu_throttle import decode_throttle
-from producers.simulator.config import SimConfig
-from producers.simulator.fault_schedule import THERMAL_THROTTLE, XID_ECC, XID_GPU_LOST, FaultSchedule
-from producers.simulator.flows import Planned
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.topology import Topology
-from producers.simulator.training import TrainingJob
-from schemas.telemetry import GpuHealth
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.gpu_throttle import decode_throttle
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.fault_schedule import THERMAL_THROTTLE, XID_ECC, XID_GPU_LOST, FaultSchedule
+from clocktower.producers.simulator.flows import Planned
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.topology import Topology
+from clocktower.producers.simulator.training import TrainingJob
+from clocktower.schemas.telemetry import GpuHealth
 
 GIB = 2**30
 SM_CLOCK_MHZ = 1980

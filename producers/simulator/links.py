@@ -10,13 +10,13 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
-from producers.event_builder import EventBuilder
-from producers.simulator.config import SimConfig
-from producers.simulator.fault_schedule import FaultSchedule
-from producers.simulator.flows import Planned
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.topology import INTERFACES, LINK_SPEED_MBPS, Topology
-from schemas.telemetry import LinkState
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.flows import Planned
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.topology import INTERFACES, LINK_SPEED_MBPS, Topology
+from clocktower.schemas.telemetry import LinkState
 
 BOOT_CARRIER_CHANGES = 1   # the port came up once at boot
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import random
 from math import log
 
-from producers.event_builder import EventBuilder
-from producers.simulator.config import SimConfig
-from producers.simulator.fault_schedule import FaultSchedule
-from producers.simulator.flows import Planned
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.topology import Topology
-from schemas.telemetry import ClockProbe
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.flows import Planned
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.topology import Topology
+from clocktower.schemas.telemetry import ClockProbe
 
 BASE_DELAY_NS = 5_000
 DELAY_NOISE_NS = 50.0

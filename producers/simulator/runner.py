@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Protocol
 
-from producers.simulator.fleet import FleetSimulator
-from schemas.event import Event
+from clocktower.producers.simulator.fleet import FleetSimulator
+from clocktower.schemas.event import Event
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
-from producers.event_builder import EventBuilder
-from producers.simulator.config import SimConfig
-from producers.simulator.fault_schedule import FaultSchedule
-from producers.simulator.flows import Planned, RingFlows
-from producers.simulator.node_clock import NodeClock
-from producers.simulator.topology import COMMUNICATOR, JOB_ID, PRIMARY, Topology
-from schemas.telemetry import CollectiveEvent, IterationEvent
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.producers.simulator.config import SimConfig
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.flows import Planned, RingFlows
+from clocktower.producers.simulator.node_clock import NodeClock
+from clocktower.producers.simulator.topology import COMMUNICATOR, JOB_ID, PRIMARY, Topology
+from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 
 MS = 1_000_000
 COMPUTE_NOISE = 0.02          # relative std of a rank's compute time

@@ -1,4 +1,4 @@
-"""`python -m sinks.clickhouse`: run the Kafka -> ClickHouse sink until SIGTERM/SIGINT.
+"""`python -m clocktower.sinks.clickhouse`: run the Kafka -> ClickHouse sink until SIGTERM/SIGINT.
 
 Configuration comes from CLOCKTOWER_* variables (clocktower/config.py).
 SIGTERM flushes pending batches and commits before exiting.
@@ -10,13 +10,13 @@ import logging
 import signal
 import threading
 
+from clocktower.sinks.clickhouse.batch_set import FlushPolicy
+from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 from prometheus_client import start_http_server
 
 from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
-from sinks.clickhouse.batch_set import FlushPolicy
-from sinks.clickhouse.kafka_sink import KafkaClickHouseSink
-from sinks.clickhouse.table_writer import TableWriter
 
 
 def main() -> None:

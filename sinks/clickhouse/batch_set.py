@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schemas.event import Event
-from schemas.topics import BY_NAME
-from sinks.clickhouse.partition_batch import PartitionBatch
+from clocktower.schemas.event import Event
+from clocktower.schemas.topics import BY_NAME
+from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 
 Key = tuple[str, int]
 

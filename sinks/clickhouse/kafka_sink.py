@@ -24,15 +24,14 @@ import socket
 import threading
 import time
 
+from clocktower.schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.topics import BY_NAME, TOPICS
+from clocktower.sinks.clickhouse import metrics
+from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-
-from schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
-from schemas.kafka_security import KafkaSecurity
-from schemas.topics import BY_NAME, TOPICS
-from sinks.clickhouse import metrics
-from sinks.clickhouse.batch_set import BatchSet, FlushPolicy
-from sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
-from sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging

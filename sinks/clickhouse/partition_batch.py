@@ -8,10 +8,9 @@ from hashlib import blake2b
 from operator import attrgetter
 
 import pyarrow as pa
-
-from schemas.columns import model_columns
-from schemas.event import Event
-from schemas.topics import TopicSpec
+from clocktower.schemas.columns import model_columns
+from clocktower.schemas.event import Event
+from clocktower.schemas.topics import TopicSpec
 
 
 @dataclass

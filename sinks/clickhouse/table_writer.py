@@ -7,10 +7,9 @@ import time
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-
-from schemas.clickhouse_ddl import all_ddl
-from schemas.topics import TOPICS, TopicSpec
-from sinks.clickhouse.partition_batch import PartitionBatch
+from clocktower.schemas.clickhouse_ddl import all_ddl
+from clocktower.schemas.topics import TOPICS, TopicSpec
+from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ One process owns the chdb data dir (chdb allows no other); it runs
 process, Grafana included, talks to it as to a ClickHouse server.
 """
 
-from sinks.endpoint.engine import ChdbEngine, DataDirLocked, QueryResult
-from sinks.endpoint.errors import ClickHouseError
-from sinks.endpoint.http_server import ClickHouseHttpEndpoint, PortInUse
+from clocktower.sinks.endpoint.engine import ChdbEngine, DataDirLocked, QueryResult
+from clocktower.sinks.endpoint.errors import ClickHouseError
+from clocktower.sinks.endpoint.http_server import ClickHouseHttpEndpoint, PortInUse
 
 __all__ = [
     "ChdbEngine",

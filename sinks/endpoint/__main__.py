@@ -1,4 +1,4 @@
-"""`python -m sinks.endpoint`: own a chdb data dir and serve it over ClickHouse HTTP until SIGTERM.
+"""`python -m clocktower.sinks.endpoint`: own a chdb data dir and serve it over ClickHouse HTTP until SIGTERM.
 
 Failures a user can fix (port in use, data dir locked, no credentials file) print one `error:` line
 and exit 2. The users come from --credentials (CLOCKTOWER_CREDENTIALS_FILE), the file `clocktower up`
@@ -14,14 +14,15 @@ import sys
 import threading
 from pathlib import Path
 
+from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
+from clocktower.sinks.endpoint.auth import User
+
 from clocktower.errors import UserError
 from clocktower.generated_secrets import read_users
-from sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
-from sinks.endpoint.auth import User
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m sinks.endpoint")
+    ap = argparse.ArgumentParser(prog="python -m clocktower.sinks.endpoint")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8123)

@@ -16,7 +16,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sinks.endpoint.errors import ACCESS_DENIED, AUTHENTICATION_FAILED, ClickHouseError
+from clocktower.sinks.endpoint.errors import ACCESS_DENIED, AUTHENTICATION_FAILED, ClickHouseError
 
 _WILDCARDS = ("0.0.0.0", "::", "")
 

@@ -26,13 +26,12 @@ from types import TracebackType
 from typing import Any
 
 import chdb
-
-from sinks.endpoint import sql_guard
-from sinks.endpoint.engine_session import EngineSession
-from sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, ClickHouseError
-from sinks.endpoint.limits import EndpointLimits
-from sinks.endpoint.session_pool import SessionPool
-from sinks.endpoint.sql_scan import tokens
+from clocktower.sinks.endpoint import sql_guard
+from clocktower.sinks.endpoint.engine_session import EngineSession
+from clocktower.sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, ClickHouseError
+from clocktower.sinks.endpoint.limits import EndpointLimits
+from clocktower.sinks.endpoint.session_pool import SessionPool
+from clocktower.sinks.endpoint.sql_scan import tokens
 
 logger = logging.getLogger(__name__)
 

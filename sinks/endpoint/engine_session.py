@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chdb.state.sqlitelike import Connection
-
-from sinks.endpoint.errors import ClickHouseError
+from clocktower.sinks.endpoint.errors import ClickHouseError
 
 logger = logging.getLogger(__name__)
 

@@ -31,14 +31,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from sinks.endpoint.auth import Authenticator, OriginGuard, User
-from sinks.endpoint.connection_slots import ConnectionSlots
-from sinks.endpoint.engine import ChdbEngine
-from sinks.endpoint.errors import STD_EXCEPTION, TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
-from sinks.endpoint.limits import EndpointLimits
-from sinks.endpoint.protocol import ClickHouseProtocol, Reply
-from sinks.endpoint.request_body import RequestBody
-from sinks.endpoint.request_params import RequestParams, parse_params
+from clocktower.sinks.endpoint.auth import Authenticator, OriginGuard, User
+from clocktower.sinks.endpoint.connection_slots import ConnectionSlots
+from clocktower.sinks.endpoint.engine import ChdbEngine
+from clocktower.sinks.endpoint.errors import STD_EXCEPTION, TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
+from clocktower.sinks.endpoint.limits import EndpointLimits
+from clocktower.sinks.endpoint.protocol import ClickHouseProtocol, Reply
+from clocktower.sinks.endpoint.request_body import RequestBody
+from clocktower.sinks.endpoint.request_params import RequestParams, parse_params
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sinks.endpoint.engine import ChdbEngine, QueryResult
-from sinks.endpoint.errors import QUERY_IS_TOO_LARGE, SYNTAX_ERROR, UNKNOWN_TYPE_OF_QUERY, ClickHouseError
-from sinks.endpoint.request_body import RequestBody
-from sinks.endpoint.request_params import RequestParams, add_form_fields
-from sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, describe, split_insert
+from clocktower.sinks.endpoint.engine import ChdbEngine, QueryResult
+from clocktower.sinks.endpoint.errors import QUERY_IS_TOO_LARGE, SYNTAX_ERROR, UNKNOWN_TYPE_OF_QUERY, ClickHouseError
+from clocktower.sinks.endpoint.request_body import RequestBody
+from clocktower.sinks.endpoint.request_params import RequestParams, add_form_fields
+from clocktower.sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, describe, split_insert
 
 _BINARY = "Native RowBinary Arrow ArrowStream Parquet ORC Avro Protobuf CapnProto MsgPack BSONEachRow Npy"
 _BINARY_FORMATS = tuple(_BINARY.split())

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, Protocol
 
-from sinks.endpoint.errors import (
+from clocktower.sinks.endpoint.errors import (
     CANNOT_DECOMPRESS,
     CANNOT_READ_ALL_DATA,
     UNKNOWN_COMPRESSION_METHOD,

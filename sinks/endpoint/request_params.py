@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
 
-from sinks.endpoint.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, ClickHouseError
+from clocktower.sinks.endpoint.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, ClickHouseError
 
 # Parameters the HTTP interface consumes itself (ClickHouse's reserved names plus
 # the transport knobs clients send); they are never applied as settings.

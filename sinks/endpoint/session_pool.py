@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from sinks.endpoint.errors import TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
+from clocktower.sinks.endpoint.errors import TOO_MANY_SIMULTANEOUS_QUERIES, ClickHouseError
 
 T = TypeVar("T")
 RETRY_S = 5.0

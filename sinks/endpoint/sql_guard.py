@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.endpoint.errors import (
+from clocktower.sinks.endpoint.errors import (
     ACCESS_DENIED,
     READONLY,
     SETTING_CONSTRAINT_VIOLATION,
     ClickHouseError,
 )
-from sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
+from clocktower.sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
 
 
 def _names(text: str) -> frozenset[str]:

@@ -50,12 +50,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from schemas.analytics import ClockEstimate
-from schemas.telemetry import ClockProbe
-from streams.clocksync.network_effect import NetworkSolution, solve_network
-from streams.clocksync.pair_fit import PairFits, fit_pairs, floor_drops
-from streams.clocksync.probe_filter import ProbePairFilter, PurePairs
+from clocktower.schemas.analytics import ClockEstimate
+from clocktower.schemas.telemetry import ClockProbe
+from clocktower.streams.clocksync.network_effect import NetworkSolution, solve_network
+from clocktower.streams.clocksync.pair_fit import PairFits, fit_pairs, floor_drops
+from clocktower.streams.clocksync.probe_filter import ProbePairFilter, PurePairs
 
 NS = 1_000_000_000
 _BUF_LIMIT = 100_000           # probes buffered by add_probe before they are handed to the filter

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from producers.event_builder import EventBuilder
-from schemas.telemetry import FlowCounters
+from clocktower.producers.event_builder import EventBuilder
+from clocktower.schemas.telemetry import FlowCounters
 
 REPO = Path(__file__).resolve().parents[3]
 HEADERS_CACHE = REPO / ".cache" / "kernel-headers"

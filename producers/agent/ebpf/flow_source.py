@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from producers.agent.ebpf._bcc import (
+from clocktower.producers.agent.ebpf._bcc import (
     PROTO,
     DoubleBuffer,
     SlotAggregator,
@@ -62,10 +62,10 @@ from producers.agent.ebpf._bcc import (
     slot_map_entries,
     tracepoints_problem,
 )
-from producers.agent.ebpf.tc_classifier import Interface, TcClassifier
-from producers.agent.source import Availability, Emit
-from schemas.event import Event
-from schemas.telemetry import ConnectionState, FlowCounters
+from clocktower.producers.agent.ebpf.tc_classifier import Interface, TcClassifier
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import ConnectionState, FlowCounters
 
 PROGRAM = Path(__file__).with_name("flows.bpf.c")
 TRACEPOINTS = ("sock:sock_send_length", "sock:sock_recv_length", "tcp:tcp_retransmit_skb",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.agent.ebpf._bcc import (
+from clocktower.producers.agent.ebpf._bcc import (
     PROTO,
     DoubleBuffer,
     SlotAggregator,
@@ -41,7 +41,7 @@ from producers.agent.ebpf._bcc import (
     lost_count,
     slot_map_entries,
 )
-from schemas.telemetry import FlowCounters
+from clocktower.schemas.telemetry import FlowCounters
 
 PROGRAM = Path(__file__).with_name("tc_flows.bpf.c")
 INGRESS = "ffff:fff2"

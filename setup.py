@@ -1,0 +1,18 @@
+"""One import package, `clocktower`, built from the repository's top-level folders.
+
+The repository keeps schemas/, producers/, streams/, sinks/ and actuators/ at its top level (the layout
+DESIGN.md describes), but they install as `clocktower.schemas`, `clocktower.producers`, ... so that the
+distribution adds exactly one top-level name to an environment (`schemas` alone is taken on PyPI).
+Everything else about the distribution is in pyproject.toml.
+"""
+from setuptools import find_packages, setup
+
+SUBPACKAGES = ("schemas", "producers", "streams", "sinks", "actuators")
+
+package_dir = {"clocktower": "clocktower"}
+packages = ["clocktower", *(p for p in find_packages(include=["clocktower.*"]))]
+for name in SUBPACKAGES:
+    package_dir[f"clocktower.{name}"] = name
+    packages += [f"clocktower.{p}" for p in find_packages(include=[name, f"{name}.*"])]
+
+setup(packages=packages, package_dir=package_dir, package_data={"clocktower.producers.agent.ebpf": ["*.bpf.c"]})
