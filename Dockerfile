@@ -1,7 +1,7 @@
 # One image for the sink and the stream processors (and the CLI); the `agent` target adds BCC for the node agent.
 FROM python:3.11-slim AS base
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY schemas schemas
 COPY producers producers
 COPY streams streams
