@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from clocktower.schemas.column_types import Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
 from clocktower.schemas.event import Event
 from pydantic import Field, model_validator
 
 Protocol = Literal["tcp", "udp", "roce"]
+CollectiveSource = Literal["hook", "flight_recorder"]
 
 
 class FlowSample(Event):
@@ -49,10 +50,20 @@ class ClockProbe(Event):
 
 
 class CollectiveEvent(Event):
-    """One collective operation (e.g. an all-reduce bucket) on one rank."""
+    """One collective operation (e.g. an all-reduce bucket) on one rank.
+
+    `source` says who reported it: "hook" (the DDP comm hook, one row per gradient bucket; the simulator's rows
+    too) or "flight_recorder" (PyTorch's flight recorder, communicator "fr:..."; every collective of the
+    process group, so the hook's all-reduces appear there again). Count traffic from one source only:
+    `WHERE source = 'hook'`. Records from before the field existed default to "flight_recorder" when their
+    communicator starts with "fr:", else "hook".
+    """
 
     SCHEMA = "collective"
     ORDER_BY = ("job", "rank", "seq")
+    # For tables made before `source` existed: what their rows read (sinks/clickhouse adds the column).
+    COLUMN_DEFAULTS: ClassVar[dict[str, str]] = {
+        "source": "if(startsWith(communicator, 'fr:'), 'flight_recorder', 'hook')"}
 
     job: Name
     rank: UInt32
@@ -62,6 +73,14 @@ class CollectiveEvent(Event):
     bytes: UInt64
     start_ns: TimestampNs
     end_ns: TimestampNs
+    source: CollectiveSource = "hook"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_of_old_records(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "source" not in data and str(data.get("communicator", "")).startswith("fr:"):
+            return {**data, "source": "flight_recorder"}
+        return data
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> CollectiveEvent:
@@ -71,7 +90,12 @@ class CollectiveEvent(Event):
 
 
 class IterationEvent(Event):
-    """One training iteration on one rank."""
+    """One training iteration on one rank.
+
+    `collectives`: how many comm-hook collectives (source "hook") the rank launched during the iteration, so
+    the breakdown can close as soon as it holds them all, the last iteration of a job included; null when the
+    producer does not count them (older producers), and the breakdown then waits for later collectives.
+    """
 
     SCHEMA = "iteration"
     ORDER_BY = ("job", "rank", "iteration")
@@ -81,6 +105,7 @@ class IterationEvent(Event):
     iteration: UInt64
     start_ns: TimestampNs
     end_ns: TimestampNs
+    collectives: UInt32 | None = None
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> IterationEvent:
