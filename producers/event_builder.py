@@ -24,7 +24,11 @@ _set = object.__setattr__
 
 
 class EventBuilder(Generic[E]):
-    """Builds `model` instances from trusted keyword values (all required fields given)."""
+    """Builds `model` instances from trusted keyword values.
+
+    A call that leaves a field out gets its default, after a check that no required field (nor one that
+    `REQUIRED_WHEN` requires) is missing: a TypeError then, as validation would refuse it.
+    """
 
     def __init__(self, model: type[E]) -> None:
         if model.__pydantic_root_model__ or model.__pydantic_post_init__:
@@ -41,13 +45,30 @@ class EventBuilder(Generic[E]):
 
     def __call__(self, **values: Any) -> E:
         if len(values) != self._count:   # fill in defaults unless every field was given
+            given = values
             values = {**self._defaults, **values}
+            if len(values) != self._count or self.model.REQUIRED_WHEN:
+                self._check(given, values)
         obj = _new(self.model)
         _set(obj, "__dict__", values)
         _set(obj, "__pydantic_fields_set__", self._fields_set)
         _set(obj, "__pydantic_extra__", None)
         _set(obj, "__pydantic_private__", None)
         return obj  # type: ignore[return-value]
+
+    def _check(self, given: dict[str, Any], values: dict[str, Any]) -> None:
+        """A required field left out is a bug in the caller: fail here, as validation would, not later.
+
+        Only on the path that fills in defaults (and so never when every field is given).
+        """
+        missing = self.missing(given)
+        unknown = set(given) - self._fields_set
+        if missing or unknown:
+            raise TypeError(f"{self.model.__name__}: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for (name, value), fields in self.model.REQUIRED_WHEN.items():
+            left_out = set(fields) - set(given)
+            if values[name] == value and left_out:
+                raise TypeError(f"{self.model.__name__}: {sorted(left_out)} required when {name} is {value!r}")
 
     def missing(self, values: dict[str, Any]) -> set[str]:
         """Fields `values` must still supply (for tests and debugging)."""

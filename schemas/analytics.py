@@ -18,13 +18,15 @@ from clocktower.schemas.column_types import (
 )
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import Protocol
+from pydantic import Field
 
 
 class FlowLatency(Event):
     """One-way latency of one flow segment; `node` is the receiver.
 
     `latency_ns` uses raw clocks. `corrected_latency_ns` and `error_bound_ns`
-    are set only when a clock estimate existed for both ends (`clock_corrected`).
+    are set only when a clock estimate existed for both ends (`clock_corrected`),
+    and null otherwise; all three are required, so a producer must say which.
     """
 
     SCHEMA = "flow_latency"
@@ -41,10 +43,10 @@ class FlowLatency(Event):
     bytes: UInt64
     tx_ns: TimestampNs
     rx_ns: TimestampNs
-    latency_ns: Int64
-    clock_corrected: Bool = False
-    corrected_latency_ns: Int64 | None = None
-    error_bound_ns: Int64 | None = None
+    latency_ns: Int64 = Field(description="rx_ns - tx_ns on the raw clocks, ns")
+    clock_corrected: Bool
+    corrected_latency_ns: Int64 | None = Field(description="latency with both clocks corrected, ns")
+    error_bound_ns: Int64 | None = Field(description="bound on the corrected latency's error, ns")
 
 
 class ClockEstimate(Event):
@@ -83,7 +85,7 @@ IncidentKind = Literal[
 
 
 class Incident(Event):
-    """A detected problem. One incident id goes open -> (update)* -> resolve."""
+    """A detected problem. One incident id goes open -> (update)* -> resolve. `detail` is free text ("" = none)."""
 
     SCHEMA = "incident"
     ORDER_BY = ("incident_id", "state", "ts_ns")

@@ -15,7 +15,8 @@ class ControlCommand(Event):
     """A signed instruction for exactly one node (`node`), valid until `expires_ns`.
 
     `signature` is an HMAC over every other field (see streams/command_signing.py);
-    actuators refuse unsigned, expired, foreign or replayed commands.
+    actuators refuse unsigned, expired, foreign or replayed commands. Defaults that are true values:
+    `params` {} (the action takes none), `incident_id` "" (issued by hand, not for an incident).
     """
 
     SCHEMA = "control_command"
@@ -32,7 +33,7 @@ class ControlCommand(Event):
 
 
 class ControlAck(Event):
-    """An actuator's answer to one command."""
+    """An actuator's answer to one command. `detail` is free text ("" = none)."""
 
     SCHEMA = "control_ack"
     ORDER_BY = ("node", "ts_ns")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from clocktower.schemas.column_types import Name, TimestampNs
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +17,12 @@ class Event(BaseModel):
     ReplacingMergeTree, and a re-emitted duplicate collapses (read with FINAL).
     Unknown fields are rejected so that a producer bug shows up in `deadletter`
     instead of silently dropping data.
+
+    Required fields: every measurement (a reading, counter or latency) is required, so that an event
+    missing one is a dead letter instead of a stored 0 that looks like a real reading. A field keeps a
+    default only where the default is a true value (an empty `detail`, no `params`), or where the field
+    does not apply to that kind of record: `REQUIRED_WHEN` lists those, {(field, value): fields required
+    when field == value}, enforced by `missing_when_required` in the models that have any.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -25,6 +31,16 @@ class Event(BaseModel):
     VERSION: ClassVar[int] = 1
     ORDER_BY: ClassVar[tuple[str, ...]] = ("node", "ts_ns")
     REPLACING: ClassVar[bool] = False
+    REQUIRED_WHEN: ClassVar[dict[tuple[str, Any], tuple[str, ...]]] = {}
 
     node: Name
     ts_ns: TimestampNs
+
+
+def missing_when_required(event: Event) -> None:
+    """Raise if a field that `REQUIRED_WHEN` requires for this record was not given (its default was used)."""
+    for (name, value), fields in event.REQUIRED_WHEN.items():
+        if getattr(event, name) == value:
+            missing = [f for f in fields if f not in event.model_fields_set]
+            if missing:
+                raise ValueError(f"{', '.join(missing)} required when {name} is {value!r}")

@@ -28,7 +28,7 @@ class DeadLetter(Event):
 
 
 class InjectedFault(Event):
-    """Ground truth: a fault the simulator injected, to score detectors against."""
+    """Ground truth: a fault the simulator injected, to score detectors against. `detail` is free text ("" = none)."""
 
     SCHEMA = "injected_fault"
     ORDER_BY: ClassVar[tuple[str, ...]] = ("fault_id",)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from clocktower.schemas.column_types import Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
-from clocktower.schemas.event import Event
+from clocktower.schemas.column_types import CH, Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
+from clocktower.schemas.event import Event, missing_when_required
 from pydantic import Field, model_validator
 
 Protocol = Literal["tcp", "udp", "roce"]
+Percent = Annotated[int, Field(ge=0, le=100), CH("UInt8")]
 CollectiveSource = Literal["hook", "flight_recorder"]
 
 
@@ -32,8 +33,8 @@ class FlowSample(Event):
     seq: UInt64
     bytes: UInt64
     packets: UInt64
-    retransmits: UInt32 = 0
-    priority: UInt8 = 0
+    retransmits: UInt32
+    priority: UInt8 = Field(description="skb priority (traffic class)")
 
 
 class ClockProbe(Event):
@@ -115,55 +116,68 @@ class IterationEvent(Event):
 
 
 class GpuHealth(Event):
-    """One NVML reading of one GPU. `lost` means the GPU fell off the bus."""
+    """One NVML reading of one GPU. `lost` means the GPU fell off the bus.
+
+    Every field is required. A reading is null (NULL in ClickHouse) where NVML did not give one: the GPU
+    does not support it, or the GPU is lost (then every reading is null). A missing field is a dead
+    letter, never a stored 0. `xid` 0 means no XID event came with this reading.
+    """
 
     SCHEMA = "gpu_health"
     ORDER_BY = ("node", "gpu", "ts_ns")
 
-    gpu: UInt8
+    gpu: UInt8 = Field(description="NVML device index")
     uuid: Name
-    lost: Bool = False
-    temperature_c: Float64 = 0.0
-    power_w: Float64 = 0.0
-    sm_clock_mhz: UInt32 = 0
-    mem_clock_mhz: UInt32 = 0
-    gpu_util_pct: UInt8 = Field(default=0, le=100)
-    mem_util_pct: UInt8 = Field(default=0, le=100)
-    mem_used_bytes: UInt64 = 0
-    throttle_reasons: UInt64 = 0
-    ecc_corrected: UInt64 = 0
-    ecc_uncorrected: UInt64 = 0
-    xid: UInt32 = 0
-    pcie_replay: UInt64 = 0
-    nvlink_errors: list[UInt64] = Field(default_factory=list, max_length=64)
-    throttle: list[Name] = Field(default_factory=list, max_length=32,
-                                 description="throttle_reasons decoded: thermal, power, hw_slowdown, ...")
-    retired_pages: UInt64 = 0
-    remapped_rows_correctable: UInt64 = 0
-    remapped_rows_uncorrectable: UInt64 = 0
-    remap_pending: Bool = False
-    remap_failed: Bool = False
+    lost: Bool
+    temperature_c: Float64 | None = Field(description="GPU core temperature, °C")
+    power_w: Float64 | None = Field(description="power draw, W")
+    sm_clock_mhz: UInt32 | None = Field(description="SM clock, MHz")
+    mem_clock_mhz: UInt32 | None = Field(description="memory clock, MHz")
+    gpu_util_pct: Percent | None = Field(description="GPU utilisation, %")
+    mem_util_pct: Percent | None = Field(description="memory bandwidth utilisation, %")
+    mem_used_bytes: UInt64 | None = Field(description="device memory used, bytes")
+    throttle_reasons: UInt64 | None = Field(description="NVML clocks-event reasons bit mask")
+    ecc_corrected: UInt64 | None = Field(description="corrected ECC errors since driver load (volatile)")
+    ecc_uncorrected: UInt64 | None = Field(description="uncorrected ECC errors since driver load (volatile)")
+    xid: UInt32 = Field(description="XID error code that triggered this reading; 0 = none")
+    pcie_replay: UInt64 | None = Field(description="PCIe replay counter")
+    nvlink_errors: list[UInt64] = Field(max_length=64,
+                                        description="per NVLink, its error counters summed; [] = none read")
+    throttle: list[Name] = Field(max_length=32,
+                                 description="throttle_reasons decoded: thermal, power, hw_slowdown, ...; "
+                                             "[] when none or unknown")
+    retired_pages: UInt64 | None = Field(description="retired memory pages (single- and double-bit ECC)")
+    remapped_rows_correctable: UInt64 | None = Field(description="rows remapped for correctable errors")
+    remapped_rows_uncorrectable: UInt64 | None = Field(description="rows remapped for uncorrectable errors")
+    remap_pending: Bool | None = Field(description="a row remap waits for a GPU reset")
+    remap_failed: Bool | None = Field(description="a row remap failed")
 
 
 class LinkState(Event):
-    """State of one network port, sent on every change and periodically."""
+    """State of one network port, sent on every change and periodically.
+
+    The InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`) are required
+    for `kind` "infiniband" and default to "none"/0 for Ethernet ports, where they do not apply.
+    port_*_data are bytes (sysfs counts 4-byte words). For IB ports `operstate` is the physical state
+    (e.g. "LinkUp") and `carrier_changes` is the `link_downed` counter (one per flap, not two).
+    """
 
     SCHEMA = "link_state"
     ORDER_BY = ("node", "interface", "ts_ns")
+    REQUIRED_WHEN = {("kind", "infiniband"): (
+        "ib_state", "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_rcv_errors",
+        "port_xmit_discards", "symbol_error", "link_downed", "link_error_recovery")}
 
     interface: Name
     kind: Literal["ethernet", "infiniband"]
     up: Bool
     carrier_changes: UInt64
-    speed_mbps: UInt32 = 0
-    operstate: Name = "unknown"
-    carrier: Bool = False
-    # InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`); 0 where absent.
-    # port_*_data are bytes (sysfs counts 4-byte words). For IB ports `operstate` is the physical state
-    # (e.g. "LinkUp") and `carrier_changes` is the `link_downed` counter (one per flap, not two).
+    speed_mbps: UInt32 = Field(description="link speed, Mbit/s; 0 while down or where unknown")
+    operstate: Name = Field(description="kernel operstate (Ethernet) or IB physical state")
+    carrier: Bool
     ib_state: Name = "none"
-    port_xmit_data: UInt64 = 0
-    port_rcv_data: UInt64 = 0
+    port_xmit_data: UInt64 = Field(default=0, description="bytes sent")
+    port_rcv_data: UInt64 = Field(default=0, description="bytes received")
     port_xmit_packets: UInt64 = 0
     port_rcv_packets: UInt64 = 0
     port_rcv_errors: UInt64 = 0
@@ -172,6 +186,11 @@ class LinkState(Event):
     link_downed: UInt64 = 0
     link_error_recovery: UInt64 = 0
 
+    @model_validator(mode="after")
+    def _ib_counters_given(self) -> LinkState:
+        missing_when_required(self)
+        return self
+
 
 class FlowCounters(Event):
     """Bytes (and packets, retransmits) of one flow in one direction over one drain interval, from eBPF.
@@ -179,10 +198,14 @@ class FlowCounters(Event):
     `source` "sock" counts socket payload bytes (sock_send_length / sock_recv_length tracepoints, plus
     tcp_retransmit_skb); "tc" counts packets and bytes on the wire per flow and skb priority at a tc
     clsact classifier on `interface`. The 5-tuple is as seen from this node (src = local for tx).
+    `interface` is required for "tc" and "" for "sock" (a socket has no interface); `packets` is 0 for
+    "sock" (socket payload has no packets) and `retransmits` 0 for "tc" (a classifier sees none): each is
+    required where its source counts it and defaults to 0 where it does not.
     """
 
     SCHEMA = "flow_counters"
     ORDER_BY = ("node", "src_ip", "dst_ip", "src_port", "dst_port", "ts_ns")
+    REQUIRED_WHEN = {("source", "sock"): ("retransmits",), ("source", "tc"): ("interface", "packets")}
 
     source: Literal["sock", "tc"]
     interface: str = Field(default="", max_length=256)
@@ -192,15 +215,23 @@ class FlowCounters(Event):
     src_port: UInt16
     dst_port: UInt16
     proto: Protocol
-    priority: UInt32 = 0
-    bytes: UInt64 = 0
+    priority: UInt32 = Field(description="skb priority; 0 for sock")
+    bytes: UInt64
     packets: UInt64 = 0
     retransmits: UInt32 = 0
-    interval_ns: UInt64
+    interval_ns: UInt64 = Field(description="length of the drain interval, ns")
+
+    @model_validator(mode="after")
+    def _counted_fields_given(self) -> FlowCounters:
+        missing_when_required(self)
+        return self
 
 
 class ConnectionState(Event):
-    """A TCP connection changed state (sock:inet_sock_set_state): its lifecycle, as seen on this node."""
+    """A TCP connection changed state (sock:inet_sock_set_state): its lifecycle, as seen on this node.
+
+    `proto` defaults to "tcp": the agent attaches to that tracepoint for TCP sockets only.
+    """
 
     SCHEMA = "connection_state"
     ORDER_BY = ("node", "src_ip", "dst_ip", "src_port", "dst_port", "ts_ns")

@@ -3,6 +3,7 @@
 A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the
 detector asks for the node to be drained and a spare brought in. Thermal
 throttling opens an incident that resolves when the throttle bits clear.
+A null reading (not supported, or GPU lost) is unknown: it neither opens nor resolves anything.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class GpuFaultDetector:
                                   {"replace": ev.node})]
 
     def on_gpu_health(self, ev: GpuHealth) -> list[Event]:
-        gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu(ecc_uncorrected=ev.ecc_uncorrected))
+        gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu(ecc_uncorrected=ev.ecc_uncorrected or 0))
         out: list[Event] = []
         if ev.xid:
             fatal = ev.xid in FATAL_XIDS
@@ -64,14 +65,17 @@ class GpuFaultDetector:
         if ev.lost and not gpu.lost:
             gpu.lost = True
             out += self._replace_node(ev, self._incident(ev, "gpu_lost", "open", "critical", "GPU is lost"))
-        if ev.ecc_uncorrected > gpu.ecc_uncorrected:
+        if ev.ecc_uncorrected is not None and ev.ecc_uncorrected > gpu.ecc_uncorrected:
             out.append(self._incident(ev, "gpu_ecc", "open", "critical",
                                       f"uncorrectable ECC errors {gpu.ecc_uncorrected} -> {ev.ecc_uncorrected}"))
-        gpu.ecc_uncorrected = max(gpu.ecc_uncorrected, ev.ecc_uncorrected)
+            gpu.ecc_uncorrected = ev.ecc_uncorrected
+        if ev.throttle_reasons is None:
+            return out
         throttled = bool(ev.throttle_reasons & THERMAL_BITS)
         if throttled and gpu.thermal_incident is None:
+            temp = "temperature unknown" if ev.temperature_c is None else f"{ev.temperature_c:.0f} C"
             inc = self._incident(ev, "gpu_thermal", "open", "warning",
-                                 f"throttle reasons 0x{ev.throttle_reasons:x}, {ev.temperature_c:.0f} C")
+                                 f"throttle reasons 0x{ev.throttle_reasons:x}, {temp}")
             gpu.thermal_incident, gpu.thermal_opened = inc.incident_id, ev.ts_ns
             out.append(inc)
         elif not throttled and gpu.thermal_incident is not None and not ev.lost:

@@ -4,10 +4,10 @@ Two threads:
 
 - the poller reads every GPU each tick and emits one `GpuHealth` per GPU (one `emit` call per tick).
   Each field is read on its own: a field the GPU does not support (`NVMLError_NotSupported`, or a
-  driver too old to have the function) keeps its default and is not asked again for that GPU; it never
-  fails the reading. A GPU that answers `NVMLError_GpuIsLost` is reported once as `GpuHealth(lost=True)`
-  when it goes, retried every tick, and reported normally again (lost=False) if it comes back; the other
-  GPUs keep reporting meanwhile.
+  driver too old to have the function) is null (no reading, never a 0) and is not asked again for that GPU;
+  it never fails the reading. A GPU that answers `NVMLError_GpuIsLost` is reported once as
+  `GpuHealth(lost=True)`, every reading null, when it goes, retried every tick, and reported normally
+  again (lost=False) if it comes back; the other GPUs keep reporting meanwhile.
 - the XID watcher waits on NVML's event API (`nvmlEventTypeXidCriticalError`, with a timeout so it can
   stop) and emits, for the GPU concerned, an immediate reading with `xid` set.
 
@@ -26,6 +26,7 @@ import ctypes
 import logging
 import threading
 import time
+import typing
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,10 @@ from clocktower.schemas.telemetry import GpuHealth
 log = logging.getLogger(__name__)
 
 SYSTEM_LIBRARY = "libnvidia-ml.so.1"
+# Every GpuHealth reading, unread: null (lists empty). A field NVML gives replaces its entry.
+_NO_READINGS: dict[str, Any] = {
+    **{n: None for n, f in GpuHealth.model_fields.items() if type(None) in typing.get_args(f.annotation)},
+    "nvlink_errors": [], "throttle": []}
 XID_WAIT_MS = 200          # the XID watcher's wait; bounds how long stop() takes
 # Error counters summed per NVLink link into `nvlink_errors[link]` (data-link layer, cumulative since the
 # driver loaded or the counters were reset): replays, recoveries, and flit/data CRC errors.
@@ -246,7 +251,7 @@ class GpuSource:
     def _read(self, i: int) -> dict[str, Any]:
         """Every field of GPU `i` that it supports, as GpuHealth keyword arguments. Raises _GpuLost."""
         h = self._get_handle(i)
-        f: dict[str, Any] = {"gpu": i, "uuid": self._uuids[i]}
+        f: dict[str, Any] = {**_NO_READINGS, "gpu": i, "uuid": self._uuids[i], "lost": False}
         nv = pynvml
 
         temp = self._field(i, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
@@ -337,7 +342,8 @@ class GpuSource:
                 return None
             if not was_lost:
                 log.warning("GPU %d (%s) is lost (fell off the bus?)", i, self._uuids[i])
-            return GpuHealth(node=self.node, ts_ns=time.time_ns(), gpu=i, uuid=self._uuids[i], lost=True, xid=xid)
+            return GpuHealth(node=self.node, ts_ns=time.time_ns(), gpu=i, uuid=self._uuids[i], lost=True, xid=xid,
+                             **_NO_READINGS)
         except pynvml.NVMLError as exc:     # getting the handle failed for another reason
             self._count_error(f"handle:{type(exc).__name__}", exc, i)
             return None

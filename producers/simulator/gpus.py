@@ -91,10 +91,11 @@ class GpuMonitor:
         ts = self.clocks[gpu.node].stamp(t, rng)
         if 0 <= gpu.xid_at <= t and gpu.xid_sent:
             return self._build(node=node, ts_ns=ts, gpu=gpu.gpu, uuid=gpu.uuid, lost=True,
-                               temperature_c=0.0, power_w=0.0, sm_clock_mhz=0, mem_clock_mhz=0,
-                               gpu_util_pct=0, mem_util_pct=0, mem_used_bytes=0, throttle_reasons=0,
-                               ecc_corrected=0, ecc_uncorrected=0, xid=0, pcie_replay=0, nvlink_errors=[],
-                               throttle=[])
+                               temperature_c=None, power_w=None, sm_clock_mhz=None, mem_clock_mhz=None,
+                               gpu_util_pct=None, mem_util_pct=None, mem_used_bytes=None, throttle_reasons=None,
+                               ecc_corrected=None, ecc_uncorrected=None, xid=0, pcie_replay=None, nvlink_errors=[],
+                               throttle=[], retired_pages=None, remapped_rows_correctable=None,
+                               remapped_rows_uncorrectable=None, remap_pending=None, remap_failed=None)
         xid = 0
         if 0 <= gpu.xid_at <= t:
             gpu.xid_sent = True
@@ -125,4 +126,5 @@ class GpuMonitor:
                            mem_used_bytes=gpu.mem_used, throttle_reasons=throttle,
                            ecc_corrected=gpu.ecc_corrected, ecc_uncorrected=ecc_uncorrected, xid=xid,
                            pcie_replay=0, nvlink_errors=[0] * NVLINKS,
-                           throttle=decode_throttle(throttle))
+                           throttle=decode_throttle(throttle), retired_pages=0, remapped_rows_correctable=0,
+                           remapped_rows_uncorrectable=0, remap_pending=False, remap_failed=False)

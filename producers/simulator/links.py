@@ -71,4 +71,5 @@ class LinkMonitor:
         return self._build(node=self.topo.node_ids[node], ts_ns=self.clocks[node].stamp(t, self.rng),
                            interface=interface, kind="ethernet", up=up,
                            carrier_changes=BOOT_CARRIER_CHANGES + changes,
-                           speed_mbps=LINK_SPEED_MBPS[interface] if up else 0)
+                           speed_mbps=LINK_SPEED_MBPS[interface] if up else 0,
+                           operstate="up" if up else "down", carrier=up)
