@@ -330,7 +330,25 @@ def test_iteration_clock_context_and_steps() -> None:
     clock.finish()
     clock.finish()
     assert [s[0] for s in seen] == [5, 7, 8]
-    assert all(start <= end for _, start, end in seen)
+    assert all(start <= end for _, start, end, _ in seen)
+    assert {s[3] for s in seen} == {None}                 # no comm hook to count
+
+
+def test_iteration_clock_counts_the_collectives_launched_in_each_iteration() -> None:
+    from clocktower.producers.pytorch.comm_hook import SequenceCounter
+
+    seen: list[tuple[int, int, int, int | None]] = []
+    seq = SequenceCounter()
+    clock = IterationClock(lambda *a: seen.append(a), launched=lambda: seq.issued)
+    seq.next()                                            # outside any iteration: not counted
+    with clock.iteration():
+        seq.next()
+        seq.next()
+    clock.step()
+    clock.step()
+    seq.next()
+    clock.finish()
+    assert [(s[0], s[3]) for s in seen] == [(0, 2), (1, 0), (2, 1)]
 
 
 @needs_torch

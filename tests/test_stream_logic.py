@@ -11,6 +11,8 @@ from clocktower.streams.gpu_fault_detector import GpuFaultDetector
 from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
 from clocktower.streams.link_flap_detector import LinkFlapDetector
 
+from tests.event_samples import GPU_READINGS
+
 T0 = 1_780_000_000 * 10**9
 KEY = b"k" * 32
 S = 10**9
@@ -56,13 +58,15 @@ def test_join_applies_clock_correction_when_known() -> None:
     assert r.clock_corrected
 
 
-def coll(start: int, end: int, seq: int, rank: int = 0) -> CollectiveEvent:
-    return CollectiveEvent(node="node-0", ts_ns=end, job="j", rank=rank, communicator="world", op="allreduce",
-                           seq=seq, bytes=100, start_ns=start, end_ns=end)
+def coll(start: int, end: int, seq: int, rank: int = 0, source: str = "hook") -> CollectiveEvent:
+    communicator = "fr:default" if source == "flight_recorder" else "world"
+    return CollectiveEvent(node="node-0", ts_ns=end, job="j", rank=rank, communicator=communicator, op="allreduce",
+                           seq=seq, bytes=100, start_ns=start, end_ns=end, source=source)
 
 
-def it(i: int, start: int, end: int, rank: int = 0) -> IterationEvent:
-    return IterationEvent(node="node-0", ts_ns=end, job="j", rank=rank, iteration=i, start_ns=start, end_ns=end)
+def it(i: int, start: int, end: int, rank: int = 0, collectives: int | None = None) -> IterationEvent:
+    return IterationEvent(node="node-0", ts_ns=end, job="j", rank=rank, iteration=i, start_ns=start, end_ns=end,
+                          collectives=collectives)
 
 
 def test_breakdown_waits_for_collectives_then_merges_overlaps() -> None:
@@ -87,8 +91,74 @@ def test_breakdown_gives_up_waiting_after_grace() -> None:
     assert [b.iteration for b in out] == [0] and out[0].comm_ns == 0
 
 
+def test_breakdown_emits_the_last_iteration_once_its_collectives_are_in() -> None:
+    """The job's last iteration has no later collective to push the watermark past its end (issue 9 item 2)."""
+    agg = IterationBreakdownAggregator()
+    out = agg.add_collective(coll(T0 + 60, T0 + 80, 0)) + agg.add_collective(coll(T0 + 80, T0 + 95, 1))
+    out += agg.add_iteration(it(0, T0, T0 + 100, collectives=2))   # the job ends here: nothing comes after
+    assert [(b.iteration, b.collectives, b.comm_ns) for b in out] == [(0, 2, 35)]
+    # iteration first: it waits until it holds the 2 collectives it launched, then closes at once
+    assert agg.add_iteration(it(1, T0 + 100, T0 + 200, collectives=2)) == []
+    assert agg.add_collective(coll(T0 + 150, T0 + 170, 2)) == []
+    assert agg.add_collective(coll(T0 + 150, T0 + 170, 2)) == []                 # redelivered: counted once
+    out = agg.add_collective(coll(T0 + 170, T0 + 190, 3))
+    assert [(b.iteration, b.collectives, b.comm_bytes) for b in out] == [(1, 2, 200)]
+    # an iteration that launched none closes at once
+    assert [b.iteration for b in agg.add_iteration(it(2, T0 + 200, T0 + 300, collectives=0))] == [2]
+
+
+def test_breakdown_waits_longer_for_counted_collectives_but_not_forever() -> None:
+    agg = IterationBreakdownAggregator(grace=2, max_pending=4)
+    out = [b for i in range(4) for b in agg.add_iteration(it(i, T0 + 100 * i, T0 + 100 * i + 90, collectives=1))]
+    assert out == []                                        # 3 waiting behind iteration 0: its collective may come
+    out = agg.add_iteration(it(4, T0 + 400, T0 + 490, collectives=1))
+    assert [(b.iteration, b.collectives) for b in out] == [(0, 0)]     # lost: emitted without it
+
+
+def test_breakdown_counts_each_collective_once_with_the_flight_recorder_on() -> None:
+    """The flight recorder reports the hook's all-reduces again (issue 9 item 8): only hook rows count."""
+    agg = IterationBreakdownAggregator()
+    agg.add_collective(coll(T0 + 60, T0 + 80, 0))
+    agg.add_collective(coll(T0 + 60, T0 + 60, 1, source="flight_recorder"))     # the same all-reduce, from FR
+    agg.add_collective(coll(T0 + 120, T0 + 120, 2, source="flight_recorder"))   # FR watermark: not the hook's
+    assert agg.add_iteration(it(0, T0, T0 + 100)) == []
+    out = agg.add_collective(coll(T0 + 100, T0 + 130, 1))
+    assert [(b.iteration, b.collectives, b.comm_bytes, b.comm_ns) for b in out] == [(0, 1, 100, 20)]
+
+
+def test_every_simulated_iteration_gets_a_breakdown_in_either_topic_order() -> None:
+    """The demo lost each rank's last iteration: N iterations must give N breakdowns."""
+    from clocktower.producers.simulator import FleetSimulator, SimConfig
+    from clocktower.schemas.analytics import IterationBreakdown
+    from clocktower.streams.processors import Processors
+
+    sim = FleetSimulator(SimConfig(nodes=2, duration_s=3, seed=5))
+    events = sim.advance(sim.now_ns + 3 * S)
+    its = [e for e in events if isinstance(e, IterationEvent)]
+    cols = [e for e in events if isinstance(e, CollectiveEvent)]
+    assert len({e.rank for e in its}) > 1 and all(e.collectives for e in its)
+    for order in (events, its + cols, cols + its):
+        out = [e for e in Processors(KEY).on_batch(order) if isinstance(e, IterationBreakdown)]
+        assert sorted((b.rank, b.iteration) for b in out) == sorted((i.rank, i.iteration) for i in its)
+        assert all(b.collectives == i.collectives for b, i in zip(sorted(out, key=_rank_it), sorted(its, key=_rank_it),
+                                                                  strict=True))
+
+
+def _rank_it(e: IterationEvent | object) -> tuple[int, int]:
+    return e.rank, e.iteration  # type: ignore[attr-defined]
+
+
+def test_old_flight_recorder_records_decode_with_their_source() -> None:
+    old = {"node": "n", "ts_ns": T0, "job": "j", "rank": 0, "op": "allreduce", "seq": 1, "bytes": 8,
+           "start_ns": T0, "end_ns": T0}
+    assert CollectiveEvent(**old, communicator="fr:default").source == "flight_recorder"
+    assert CollectiveEvent(**old, communicator="default").source == "hook"
+    assert IterationEvent(node="n", ts_ns=T0, job="j", rank=0, iteration=0, start_ns=T0, end_ns=T0).collectives is None
+
+
 def link(ts: int, up: bool, changes: int, iface: str = "eth0") -> LinkState:
-    return LinkState(node="node-1", ts_ns=ts, interface=iface, kind="ethernet", up=up, carrier_changes=changes)
+    return LinkState(node="node-1", ts_ns=ts, interface=iface, kind="ethernet", up=up, carrier_changes=changes,
+                     speed_mbps=0, operstate="up" if up else "down", carrier=up)
 
 
 def test_link_flap_opens_fails_over_then_restores() -> None:
@@ -124,7 +194,7 @@ def test_counter_jump_between_reports_counts_every_change() -> None:
 
 
 def gpu(ts: int, **kw) -> GpuHealth:
-    return GpuHealth(node="node-3", ts_ns=ts, gpu=5, uuid="GPU-x", **kw)
+    return GpuHealth(node="node-3", ts_ns=ts, gpu=5, uuid="GPU-x", **{**GPU_READINGS, **kw})
 
 
 def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:

@@ -32,9 +32,11 @@ class SequenceCounter:
     def __init__(self, start: int = 0) -> None:
         self._count = itertools.count(start)
         self._lock = threading.Lock()
+        self.issued = 0      # numbers handed out so far: collectives launched
 
     def next(self) -> int:
         with self._lock:
+            self.issued += 1
             return next(self._count)
 
 

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from clocktower.schemas.event import Event
@@ -25,6 +26,28 @@ class Publisher(Protocol):
     def publish(self, events: list[Event]) -> Any: ...
 
     def flush(self, timeout: float = ...) -> Any: ...
+
+
+class OnFirstUse:
+    """A publisher made when first needed: Telemetry's default spool is named by the rank, which
+    torch.distributed knows only once the process group is up (e.g. under torch.multiprocessing.spawn)."""
+
+    def __init__(self, make: Callable[[], Publisher]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self.target: Publisher | None = None
+
+    def get(self) -> Publisher:
+        with self._lock:
+            if self.target is None:
+                self.target = self._make()
+            return self.target
+
+    def publish(self, events: list[Event]) -> Any:
+        return self.get().publish(events)
+
+    def flush(self, timeout: float = 30.0) -> Any:
+        return 0 if self.target is None else self.target.flush(timeout)
 
 
 class EventBuffer:

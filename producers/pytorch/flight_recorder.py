@@ -12,6 +12,8 @@ Mapping of one entry (one op on one rank) to a CollectiveEvent:
   every rank of the group, so it joins across ranks). p2p entries (`is_p2p`) use `p2p_seq_id` instead
   and go to communicator "fr:<pg>:p2p" so the two counters never collide. `record_id` (the process-wide
   ring-buffer index) is not used: it differs between ranks when they use different groups.
+- source: "flight_recorder". The comm hook reports the same all-reduces (source "hook"): count traffic
+  from one source (the stream's breakdown and the dashboards count the hook's).
 - communicator: "fr:" + the process group's name ("default" for the world group), so these events
   never collide with the comm hook's (communicator "default" or the group name).
 - op: `profiling_name` ("gloo:all_reduce", "nccl:_allgather_base", ...) after the backend prefix,
@@ -145,7 +147,7 @@ class FlightRecorderReader:
 
     def read(self, dump: dict[str, Any], include_pending: bool = False
              ) -> tuple[list[dict[str, Any]], FlightRecorderDump]:
-        """(fields of the new events: communicator, op, seq, bytes, start_ns, end_ns; the summary)."""
+        """(fields of the new events: source, communicator, op, seq, bytes, start_ns, end_ns; the summary)."""
         entries = dump.get("entries") or []
         summary = FlightRecorderDump(status="enabled", entries=len(entries), raw=dump)
         by_key: dict[tuple[str, bool], list[tuple[int, dict[str, Any]]]] = {}
@@ -172,7 +174,7 @@ class FlightRecorderReader:
                     summary.skipped_ops[str(e.get("profiling_name", ""))] += 1
                     continue
                 start_ns, end_ns = entry_times(e)
-                out.append({"communicator": self.communicator(*key), "op": op, "seq": seq,
+                out.append({"source": "flight_recorder", "communicator": self.communicator(*key), "op": op, "seq": seq,
                             "bytes": entry_bytes(e, summary.unknown_dtypes), "start_ns": start_ns,
                             "end_ns": end_ns})
             self.watermarks[key] = mark

@@ -15,7 +15,7 @@ from typing import Any
 
 from clocktower.producers.pytorch._torch import require_torch
 from clocktower.producers.pytorch.comm_hook import BucketTimingHook, SequenceCounter
-from clocktower.producers.pytorch.event_buffer import EventBuffer, Publisher
+from clocktower.producers.pytorch.event_buffer import EventBuffer, OnFirstUse, Publisher
 from clocktower.producers.pytorch.flight_recorder import (
     ENV_VARS,
     FlightRecorderDump,
@@ -35,31 +35,46 @@ BOOTSTRAP_ENV = "CLOCKTOWER_KAFKA_BOOTSTRAP"
 SPOOL_ENV = "CLOCKTOWER_SPOOL_DIR"
 
 
-def default_spool_dir(job: str, node: str) -> Path:
-    """One spool per job, node and rank ($RANK as torchrun sets it, else the pid), in a per-user directory
+def known_rank() -> int | None:
+    """This process's rank as far as it is known yet: torch.distributed's once the process group is up (any
+    launcher, torch.multiprocessing.spawn included), else $RANK (torchrun sets it before), else None."""
+    if dist.is_initialized():
+        return dist.get_rank()
+    env = os.environ.get("RANK", "")
+    return int(env) if env.isdigit() else None
+
+
+def default_spool_dir(job: str, node: str, rank: int | None = None) -> Path:
+    """One spool per job, node and rank (`rank`, else known_rank(), else the pid), in a per-user directory
     ($CLOCKTOWER_SPOOL_DIR, else $XDG_CACHE_HOME or ~/.cache): a rank restarted under the same job replays
     what its previous run could not deliver."""
     env = os.environ.get(SPOOL_ENV)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     root = Path(env) if env else cache / "clocktower" / "spool"
-    who = f"rank{os.environ['RANK']}" if os.environ.get("RANK", "").isdigit() else f"pid{os.getpid()}"
+    rank = known_rank() if rank is None else rank
+    who = f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{job}-{node}-{who}")
     return root / safe
 
 
-def default_publisher(job: str, node: str) -> Publisher:
-    """The node agent's publisher: a SpoolingPublisher, so a broker outage mid-training loses nothing.
-
-    If the spool is taken (the same job name twice on a node, or a second Telemetry in this process) a
-    spool of this process's own is used instead, with a warning: telemetry never stops training."""
+def bootstrap_from_env() -> str:
     bootstrap = os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         raise ValueError(f"Telemetry needs a Kafka broker: set {BOOTSTRAP_ENV}=host:port, "
                          "or pass publisher= (any object with publish(events) and flush(timeout))")
+    return bootstrap
+
+
+def default_publisher(job: str, node: str, rank: int | None = None) -> Publisher:
+    """The node agent's publisher: a SpoolingPublisher, so a broker outage mid-training loses nothing.
+
+    If the spool is taken (the same job name twice on a node, or a second Telemetry in this process) a
+    spool of this process's own is used instead, with a warning: telemetry never stops training."""
+    bootstrap = bootstrap_from_env()
     from clocktower.producers.spool import SpoolInUse
     from clocktower.producers.spooling_publisher import SpoolingPublisher
 
-    spool_dir = default_spool_dir(job, node)
+    spool_dir = default_spool_dir(job, node, rank)
     try:
         return SpoolingPublisher(bootstrap, spool_dir)
     except SpoolInUse as exc:
@@ -100,12 +115,19 @@ class Telemetry:
         self.node = node or socket.gethostname()
         self._rank = rank
         self._owns_publisher = publisher is None
-        self.publisher = publisher if publisher is not None else default_publisher(job, self.node)
-        self.buffer = EventBuffer(self.publisher, interval_s=interval_s, batch_size=batch_size)
+        if publisher is None:
+            bootstrap_from_env()    # say what to set now, not on the background thread
+            # the spool is named by rank: made now if the rank is known, else on first use (see OnFirstUse)
+            publisher = OnFirstUse(lambda: default_publisher(job, self.node, self._known_rank()))
+            if self._known_rank() is not None:
+                publisher.get()     # replays what a previous run of this rank left in its spool
+        self._publisher = publisher
+        self.buffer = EventBuffer(publisher, interval_s=interval_s, batch_size=batch_size)
         self.seq = SequenceCounter()
         self.hooks: list[BucketTimingHook] = []
         sync = torch.cuda.synchronize if cuda_sync and torch.cuda.is_available() else None
-        self.clock = IterationClock(self._record_iteration, start=start_iteration, before_end=sync)
+        self.clock = IterationClock(self._record_iteration, start=start_iteration, before_end=sync,
+                                    launched=lambda: self.seq.issued)
         self.fr_buffer_size = buffer_size_from_env()
         self.flight_recorder_status = ("enabled" if self.fr_buffer_size else
                                        f"disabled: set {ENV_VARS[0]}=<entries> before init_process_group")
@@ -116,6 +138,14 @@ class Telemetry:
         atexit.register(self._close_at_exit)   # a script that forgets close() still publishes its tail
 
     # --- identity ---------------------------------------------------------------
+    @property
+    def publisher(self) -> Publisher:
+        """The publisher (the default SpoolingPublisher is made on first access if it was not yet)."""
+        return self._publisher.get() if isinstance(self._publisher, OnFirstUse) else self._publisher
+
+    def _known_rank(self) -> int | None:
+        return self._rank if self._rank is not None else known_rank()
+
     @property
     def rank(self) -> int:
         """This process's rank: as given, else torch.distributed's (once initialized), else $RANK, else 0."""
@@ -160,10 +190,10 @@ class Telemetry:
         """Call at the top of each iteration: ends the previous one, begins the next; close() ends the last."""
         return self.clock.step(number)
 
-    def _record_iteration(self, it: int, start_ns: int, end_ns: int) -> None:
+    def _record_iteration(self, it: int, start_ns: int, end_ns: int, collectives: int | None) -> None:
         self.buffer.add(IterationEvent, {"node": self.node, "ts_ns": time.time_ns(), "job": self.job,
                                          "rank": self.rank, "iteration": it, "start_ns": start_ns,
-                                         "end_ns": end_ns})
+                                         "end_ns": end_ns, "collectives": collectives})
 
     # --- flight recorder ----------------------------------------------------------
     def dump_flight_recorder(self, include_pending: bool = False) -> FlightRecorderDump:
@@ -212,7 +242,8 @@ class Telemetry:
         if self.fr_buffer_size and dist.is_initialized():
             self.dump_flight_recorder(include_pending=True)
         pending = self.buffer.close(timeout)
-        close = getattr(self.publisher, "close", None)
+        target = self._publisher.target if isinstance(self._publisher, OnFirstUse) else self._publisher
+        close = getattr(target, "close", None)
         if self._owns_publisher and close is not None:
             close()      # the spool keeps what is still undelivered; the next run of this rank replays it
         return pending

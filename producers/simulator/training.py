@@ -6,7 +6,8 @@ thermal or straggler fault hits it), then all-reduces its gradient in
 `buckets` buckets over the ring. A bucket completes on every rank at the same
 time, once the slowest rank has joined, so a slow rank shows up as a long
 first-bucket wait on all the others. Each rank reports one CollectiveEvent per
-bucket and one IterationEvent, stamped on its node's clock, emitted at their
+bucket and one IterationEvent (with its bucket count, so the stream's breakdown
+closes it once those are in), stamped on its node's clock, emitted at their
 end. The job keeps running when a GPU is lost; the simulator only reports.
 """
 
@@ -123,6 +124,7 @@ class TrainingJob:
             end = prev_end[r] + LAUNCH_NS[0]
             end_local = clock.stamp(end, rng)
             out.append((end, build_it(node=topo.node_ids[r // g_count], ts_ns=end_local, job=JOB_ID, rank=r,
-                                      iteration=it, start_ns=clock.stamp(starts[r], rng), end_ns=end_local)))
+                                      iteration=it, start_ns=clock.stamp(starts[r], rng), end_ns=end_local,
+                                      collectives=self.buckets)))
         self.iteration += 1
         self.next_start = max(prev_end) + STEP_GAP_NS
