@@ -41,6 +41,7 @@ class RecordingProtocol:
 
     class engine:  # noqa: N801 - the attribute the HTTP layer reads
         version = "26.9.0"
+        http_compression = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[bytes, bool]] = []

@@ -133,12 +133,15 @@ class ChdbEngine:
                 2: SessionPool(getters, renew=self._renew),
                 1: SessionPool(readers, renew=self._renew),
             }
-            version, timezone = self.execute("SELECT version(), timezone()").data.decode().split()
+            startup = "SELECT version(), timezone(), getSetting('enable_http_compression')"
+            version, timezone, compression = self.execute(startup).data.decode().split()
         except BaseException:
             self.close()
             raise
         self.version: str = version
         self.timezone: str = timezone
+        # What system.settings shows clients (chdb: on): clickhouse-connect sends only Accept-Encoding then.
+        self.http_compression: bool = compression in ("1", "true")
         # chdb aborts or complains at interpreter exit if its engine is still open then.
         atexit.register(self.close)
 

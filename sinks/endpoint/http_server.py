@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from clocktower.sinks.endpoint import response_encoding
 from clocktower.sinks.endpoint.auth import Authenticator, OriginGuard, User
 from clocktower.sinks.endpoint.connection_slots import ConnectionSlots
 from clocktower.sinks.endpoint.engine import ChdbEngine
@@ -143,6 +144,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._dispatch()
 
+    def do_HEAD(self) -> None:
+        """Health checks (``HEAD /ping``, ``HEAD /``): the GET answer's headers, no body, no query run."""
+        try:
+            self.server.origin_guard.check(self.headers)
+        except ClickHouseError as ex:
+            self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
+            return
+        self._drain_and_send(None, self._static_reply(urlsplit(self.path).path, ok_paths=("/",)))
+
     def do_POST(self) -> None:
         self._dispatch()
 
@@ -160,12 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ClickHouseError as ex:
             self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
             return
-        if url.path in ("/ping", "/replicas_status"):
-            self._drain_and_send(None, Reply(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"}))
-            return
         if url.path != "/":
-            body = _NOT_FOUND.replace(b"{path}", url.path.encode(errors="replace"))
-            self._drain_and_send(None, Reply(404, body, {"Content-Type": "text/plain; charset=UTF-8"}))
+            self._drain_and_send(None, self._static_reply(url.path))
             return
         pairs = parse_qsl(url.query, keep_blank_values=True)
         try:
@@ -179,16 +185,27 @@ class _Handler(BaseHTTPRequestHandler):
         params: RequestParams | None = None
         body: RequestBody | None = None
         try:
-            params = parse_params(pairs)
+            params = parse_params(pairs, self.headers)
             body = RequestBody(self.rfile, self.headers)
             reply = protocol.handle(self.command, params, body, self.headers.get("Content-Type", ""),
                                     readonly=user.readonly)
+            compression = params.http_compression
+            if compression or (compression is None and protocol.engine.http_compression):
+                reply = _compressed(reply, self.headers.get("Accept-Encoding"), params.compression_level)
         except ClickHouseError as ex:
             reply = self._error_reply(ex, params)
         except Exception as ex:  # the server must survive anything a request triggers
             logger.exception("endpoint request failed")
             reply = self._error_reply(ClickHouseError(STD_EXCEPTION, f"{type(ex).__name__}: {ex}"), params)
         self._drain_and_send(body, reply)
+
+    @staticmethod
+    def _static_reply(path: str, ok_paths: tuple[str, ...] = ()) -> Reply:
+        """The answer of a path that runs no query: health checks, or ClickHouse's 404 text."""
+        if path in ("/ping", "/replicas_status", *ok_paths):
+            return Reply(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+        body = _NOT_FOUND.replace(b"{path}", path.encode(errors="replace"))
+        return Reply(404, body, {"Content-Type": "text/plain; charset=UTF-8"})
 
     def _error_reply(self, ex: ClickHouseError, params: RequestParams | None) -> Reply:
         protocol = self.server.protocol
@@ -214,7 +231,17 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_header("Keep-Alive", f"timeout={KEEP_ALIVE_TIMEOUT_S}")
         self.end_headers()
-        self.wfile.write(reply.body)
+        if self.command != "HEAD":
+            self.wfile.write(reply.body)
+
+
+def _compressed(reply: Reply, accept_encoding: str | None, level: int | None) -> Reply:
+    """``reply`` in the best encoding the client accepts (enable_http_compression=1 was sent); empty bodies as is."""
+    encoding = response_encoding.choose(accept_encoding)
+    if encoding is None or not reply.body:
+        return reply
+    headers = {**reply.headers, "Content-Encoding": encoding}
+    return Reply(reply.status, response_encoding.compress(reply.body, encoding, level), headers)
 
 
 def _refuse_busy(request: socket.socket, version: str) -> None:

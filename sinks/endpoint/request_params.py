@@ -7,7 +7,7 @@ per-query settings (clickhouse-connect sends several on every request).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -20,7 +20,7 @@ _TRANSPORT = """
     query database default_format query_id session_id session_timeout session_check close_session
     compress decompress enable_http_compression wait_end_of_query send_progress_in_http_headers
     http_headers_progress_interval_ms user password quota_key buffer_size client_protocol_version role
-    stacktrace
+    stacktrace http_zlib_compression_level
 """
 TRANSPORT_PARAMS = frozenset(_TRANSPORT.split())
 MAX_QUERY_ID = 256
@@ -37,8 +37,13 @@ class RequestParams:
     query_id: str | None = None
     params: dict[str, str] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)
+    http_compression: bool | None = None  # enable_http_compression, when sent
+    compression_level: int | None = None
+    pinned: frozenset[str] = frozenset()  # set by X-ClickHouse-* headers, which win over parameters
 
     def add(self, name: str, value: str) -> None:
+        if name in self.pinned:
+            return
         if name.startswith("param_"):
             self.params[name[len("param_") :]] = value
         elif name == "query":
@@ -47,6 +52,12 @@ class RequestParams:
             self.database = value or None
         elif name == "default_format":
             self.default_format = value or None
+        elif name == "enable_http_compression":
+            self.http_compression = value.strip().lower() in _TRUE
+        elif name == "http_zlib_compression_level":
+            if value.strip() not in {str(level) for level in range(1, 10)}:
+                raise ClickHouseError(BAD_ARGUMENTS, "http_zlib_compression_level must be between 1 and 9")
+            self.compression_level = int(value)
         elif name == "query_id":
             if not (value.isascii() and value.isprintable()) or len(value) > MAX_QUERY_ID:
                 # It is echoed in X-ClickHouse-Query-Id: a CR or LF would add response headers.
@@ -63,8 +74,20 @@ class RequestParams:
             self.settings[name] = value
 
 
-def parse_params(pairs: Iterable[tuple[str, str]]) -> RequestParams:
+# Request headers ClickHouse reads in place of a parameter; the header wins when both are sent.
+_HEADER_PARAMS = {"X-ClickHouse-Format": "default_format", "X-ClickHouse-Database": "database"}
+
+
+def parse_params(pairs: Iterable[tuple[str, str]], headers: Mapping[str, str] | None = None) -> RequestParams:
+    """The request's parameters; ``X-ClickHouse-Format`` and ``X-ClickHouse-Database`` override their parameters."""
     result = RequestParams()
+    pinned = set()
+    for header, name in _HEADER_PARAMS.items():
+        value = (headers or {}).get(header)
+        if value is not None:
+            result.add(name, value.strip())
+            pinned.add(name)
+    result.pinned = frozenset(pinned)
     for name, value in pairs:
         result.add(name, value)
     return result

@@ -1,0 +1,168 @@
+"""ClickHouse HTTP details that curl, clickhouse-connect and Grafana rely on (issue 9, item 9).
+
+HEAD health checks, the X-ClickHouse-Format / X-ClickHouse-Database request headers, and response
+compression with enable_http_compression=1, each checked with a real client against a real endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import bz2
+import gzip
+import http.client
+import json
+import lzma
+import shutil
+import subprocess
+import zlib
+from collections.abc import Callable, Iterator
+
+import clickhouse_connect
+import pytest
+from clickhouse_connect.driver.compression import available_compression
+from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, response_encoding
+from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.request_body import _lz4_frame, _zstd
+
+USER, PASSWORD = "compat", "a-compat-password"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+NUMBERS = b"".join(b"%d\n" % i for i in range(1000))
+REPEATS = b"".join(b"%d\n" % (i % 7) for i in range(1000))
+DECODERS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.decompress,
+    "deflate": zlib.decompress,
+    "xz": lzma.decompress,
+    "bz2": bz2.decompress,
+}
+if _zstd is not None:
+    DECODERS["zstd"] = _zstd.decompress
+if _lz4_frame is not None:
+    DECODERS["lz4"] = _lz4_frame.decompress
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseHttpEndpoint]:
+    engine = ChdbEngine(tmp_path_factory.mktemp("chdb-compat"))
+    server = ClickHouseHttpEndpoint(engine, port=0, users={USER: User(PASSWORD, readonly=False)})
+    server.start()
+    yield server
+    server.stop()
+    engine.close()
+
+
+def request(endpoint: ClickHouseHttpEndpoint, method: str, path: str, conn: http.client.HTTPConnection | None = None,
+            **headers: str) -> tuple[int, dict[str, str], bytes]:
+    conn = conn or http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+    conn.request(method, path, headers={"Authorization": BASIC, **headers})
+    response = conn.getresponse()
+    return response.status, dict(response.headers), response.read()
+
+
+def test_head_answers_health_checks_without_a_body(endpoint: ClickHouseHttpEndpoint) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+    for path in ("/ping", "/", "/replicas_status"):
+        conn.request("HEAD", path)  # no login: health checkers carry none
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, b"")
+        assert response.headers["Content-Length"] == "4"  # what GET would send
+    status, _, body = request(endpoint, "GET", "/?query=SELECT+7", conn)  # the connection is still in step
+    assert (status, body) == (200, b"7\n")
+    conn.request("HEAD", "/no_such_handler")
+    assert conn.getresponse().status == 404
+
+
+def test_head_with_curl(endpoint: ClickHouseHttpEndpoint) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed on this machine")
+    done = subprocess.run(["curl", "-sS", "-I", "--max-time", "10", f"{endpoint.url}/ping"],
+                          capture_output=True, text=True, timeout=20, check=True)
+    assert done.stdout.startswith("HTTP/1.1 200")
+
+
+def test_format_and_database_headers(endpoint: ClickHouseHttpEndpoint) -> None:
+    status, headers, body = request(endpoint, "GET", "/?query=SELECT+1+AS+a", **{"X-ClickHouse-Format": "JSONEachRow"})
+    assert (status, body) == (200, b'{"a":1}\n')
+    assert headers["X-ClickHouse-Format"] == "JSONEachRow"
+    assert headers["Content-Type"].startswith("application/x-ndjson")
+    # The header wins over default_format, as in ClickHouse.
+    _, _, body = request(endpoint, "GET", "/?default_format=CSV&query=SELECT+'x'+AS+a",
+                         **{"X-ClickHouse-Format": "JSONCompactEachRow"})
+    assert body == b'["x"]\n'
+    _, _, body = request(endpoint, "GET", "/?query=SELECT+currentDatabase()", **{"X-ClickHouse-Database": "system"})
+    assert body == b"system\n"
+    _, _, body = request(endpoint, "GET", "/?database=default&query=SELECT+count()+FROM+one",
+                         **{"X-ClickHouse-Database": "system"})
+    assert body == b"1\n"
+
+
+def test_response_headers_clients_read(endpoint: ClickHouseHttpEndpoint) -> None:
+    status, headers, _ = request(endpoint, "GET", "/?query_id=q-compat-1&query=SELECT+1+FORMAT+JSON")
+    assert status == 200
+    assert headers["X-ClickHouse-Query-Id"] == "q-compat-1"
+    assert headers["X-ClickHouse-Format"] == "JSON" and headers["Content-Type"].startswith("application/json")
+    assert headers["X-ClickHouse-Timezone"]
+    assert json.loads(headers["X-ClickHouse-Summary"])["read_rows"] == "1"
+    status, headers, _ = request(endpoint, "GET", "/?query=SELECT+*+FROM+no_such_table")
+    assert status == 404 and headers["X-ClickHouse-Exception-Code"] == "60" and headers["X-ClickHouse-Query-Id"]
+
+
+@pytest.mark.parametrize("encoding", sorted(DECODERS))
+def test_response_compression(endpoint: ClickHouseHttpEndpoint, encoding: str) -> None:
+    query = "/?query=SELECT+number+%25+7+FROM+numbers(1000)"
+    status, headers, body = request(endpoint, "GET", query + "&enable_http_compression=1",
+                                    **{"Accept-Encoding": encoding})
+    assert status == 200 and headers["Content-Encoding"] == encoding
+    assert len(body) < len(REPEATS) // 4 and DECODERS[encoding](body) == REPEATS
+    # The default is the engine's (chdb: on, as system.settings tells clickhouse-connect); =0 turns it off.
+    _, headers, body = request(endpoint, "GET", query, **{"Accept-Encoding": encoding})
+    assert headers["Content-Encoding"] == encoding and DECODERS[encoding](body) == REPEATS
+    _, headers, body = request(endpoint, "GET", query + "&enable_http_compression=0", **{"Accept-Encoding": encoding})
+    assert "Content-Encoding" not in headers and body == REPEATS
+    _, headers, body = request(endpoint, "GET", query + "&enable_http_compression=1")  # nothing accepted
+    assert "Content-Encoding" not in headers and body == REPEATS
+
+
+def test_compression_follows_clickhouse_preference(endpoint: ClickHouseHttpEndpoint) -> None:
+    assert response_encoding.choose("gzip, deflate") == "gzip"
+    assert response_encoding.choose("deflate;q=1, gzip;q=0") == "deflate"
+    assert response_encoding.choose("identity") is None
+    if _zstd is not None:
+        assert response_encoding.choose("gzip, deflate, br, zstd") == "zstd"  # curl --compressed
+    _, headers, body = request(endpoint, "GET", "/?enable_http_compression=1&http_zlib_compression_level=9"
+                               "&query=SELECT+number+FROM+numbers(1000)", **{"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip" and gzip.decompress(body) == NUMBERS
+    status, _, _ = request(endpoint, "GET", "/?enable_http_compression=1&http_zlib_compression_level=99&query=SELECT+1")
+    assert status == 400
+
+
+def test_curl_compressed(endpoint: ClickHouseHttpEndpoint) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed on this machine")
+    url = f"{endpoint.url}/?enable_http_compression=1&query=SELECT+number+FROM+numbers(1000)"
+    done = subprocess.run(["curl", "-sS", "--compressed", "-D", "-", "-u", f"{USER}:{PASSWORD}", "--max-time", "10",
+                           url], capture_output=True, timeout=20, check=True)
+    head, _, body = done.stdout.partition(b"\r\n\r\n")
+    assert b"content-encoding:" in head.lower() and body == NUMBERS
+
+
+@pytest.mark.parametrize("compress", ["gzip", "deflate", "zstd", "lz4", True])
+def test_clickhouse_connect_gets_compressed_responses(
+    endpoint: ClickHouseHttpEndpoint, compress: str | bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if compress in ("zstd", "lz4") and compress not in response_encoding.ENCODERS:
+        pytest.skip(f"{compress} is not installed on this machine")
+    sent: list[str] = []
+    real = response_encoding.compress
+
+    def spy(data: bytes, encoding: str, level: int | None = None) -> bytes:
+        sent.append(encoding)
+        return real(data, encoding, level)
+
+    monkeypatch.setattr(response_encoding, "compress", spy)
+    ch = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=USER, password=PASSWORD,
+                                       compress=compress)
+    assert ch.query("SELECT number FROM numbers(1000) ORDER BY number").result_columns[0] == list(range(1000))
+    assert ch.query_arrow("SELECT toString(number) AS s FROM numbers(3)").column("s").to_pylist() == ["0", "1", "2"]
+    assert sent, "the endpoint sent no compressed response"
+    expected = compress if isinstance(compress, str) else response_encoding.choose(",".join(available_compression))
+    assert set(sent) == {expected}
