@@ -45,10 +45,12 @@ def parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="run the services until Ctrl-C")
     _common(u)
     q = sub.add_parser("query", help="run SQL against the pipeline's ClickHouse")
-    q.add_argument("sql")
-    q.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    q.add_argument("sql", help="the SQL, or - to read it from stdin; with its own FORMAT clause, the server's "
+                   "output is printed as it is")
+    q.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="table (default), json (one array of objects) or csv (with a header line)")
     _common(q)
-    t = sub.add_parser("topics", help="list topics with their offsets and consumer lag")
+    t = sub.add_parser("topics", help="consumer lag per group, topic and partition: end offset - committed")
     t.add_argument("--json", action="store_true")
     _common(t)
     agent_cli.add_parser(sub)
@@ -57,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from clocktower.demo import run_demo
+    from clocktower.summary_view import render_summary
 
     if args.duration <= 0 or args.nodes < 2:
         raise UserError("--duration must be > 0 and --nodes at least 2")
@@ -66,7 +69,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(orjson.dumps(summary).decode())
     else:
-        console.print_json(orjson.dumps(summary).decode())
+        console.print(render_summary(summary))
     return 0 if not summary["errors"] else 1
 
 
@@ -108,13 +111,14 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
 def cmd_query(args: argparse.Namespace, console: Console) -> int:
     from clocktower.query import run_query
 
-    run_query(_settings(args), args.sql, args.format, console)
+    sql = sys.stdin.read() if args.sql == "-" else args.sql
+    run_query(_settings(args), sql, args.format, console)
     return 0
 
 
 def cmd_topics(args: argparse.Namespace, console: Console) -> int:
-    from clocktower.query import print_result
-    from clocktower.topic_admin import topic_offsets
+    from clocktower.result_table import print_table
+    from clocktower.topic_admin import consumer_lag
 
     settings = _settings(args)
     bootstrap = settings.bootstrap
@@ -124,9 +128,13 @@ def cmd_topics(args: argparse.Namespace, console: Console) -> int:
             raise UserError(f"no broker is running for {settings.data_dir}: start `clocktower up` first, "
                             "or set CLOCKTOWER_KAFKA_BOOTSTRAP")
         bootstrap = owner["kafka"]
-    rows = topic_offsets(bootstrap)
-    names = ["topic", "partitions", "end", "clocktower-sink", "clocktower-streams"]
-    print_result(names, [[r[n] for n in names] for r in rows], "json" if args.json else "table", console)
+    rows = consumer_lag(bootstrap)
+    if args.json:
+        print(orjson.dumps(rows).decode())
+    else:
+        names = ["group", "topic", "partition", "end", "committed", "lag"]
+        print_table(names, [["-" if r[n] is None else str(r[n]) for n in names] for r in rows],
+                    ["String", "String", "Int32", "Int64", "Int64", "Int64"], console)
     return 0
 
 

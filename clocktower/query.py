@@ -1,23 +1,35 @@
-"""`clocktower query`: SQL against external ClickHouse, a running owner's endpoint, or the data dir itself."""
+"""`clocktower query`: SQL against external ClickHouse, a running owner's endpoint, or the data dir itself.
+
+Results come from the server already formatted (JSON, CSV, or text cells for the table), so no value goes
+through Python types on the way: DateTime64(9) keeps its nanoseconds, maps stay objects, big integers stay
+exact. A statement with its own FORMAT clause, and one that returns no rows (DDL, INSERT), gets the server's
+output unchanged: nothing for DDL.
+"""
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Sequence
-from typing import Any
+import sys
+from typing import BinaryIO
 
 import clickhouse_connect
 import orjson
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Console
-from rich.table import Table
 
 from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
 from clocktower.data_dir import read_owner
 from clocktower.errors import UserError
+from clocktower.result_table import print_table
+from clocktower.sinks.endpoint.sql_scan import describe
+
+# Our --format name -> (the server's output format, its settings).
+SERVER_FORMATS: dict[str, tuple[str, dict[str, int]]] = {
+    "json": ("JSONEachRow", {"output_format_json_array_of_rows": 1, "output_format_json_quote_64bit_integers": 0}),
+    "csv": ("CSVWithNames", {}),
+    "table": ("JSONCompactStringsEachRowWithNamesAndTypes", {}),
+}
 
 
 def open_client(settings: Settings) -> Client:
@@ -40,31 +52,25 @@ def open_client(settings: Settings) -> Client:
         raise
 
 
-def run_query(settings: Settings, sql: str, fmt: str, console: Console) -> None:
+def run_query(settings: Settings, sql: str, fmt: str, console: Console, out: BinaryIO | None = None) -> None:
+    statement = describe(sql.encode())
+    if not statement.keyword or statement.keyword == ";":
+        raise UserError("no SQL given")
+    out = out or sys.stdout.buffer
     try:
         client = open_client(settings)  # an HTTP client logs in here: a wrong password fails here
-        result = client.query(sql)
+        if statement.output_format or not statement.returns_rows:
+            out.write(client.raw_query(sql))  # the server's own bytes
+        else:
+            server_format, server_settings = SERVER_FORMATS[fmt]
+            body = client.raw_query(sql, fmt=server_format, settings=server_settings)
+            if fmt == "table":
+                lines = body.splitlines()
+                names, types, *rows = (orjson.loads(line) for line in lines) if lines else ([], [])
+                print_table(names, rows, types, console)
+            else:
+                out.write(body)
     except ClickHouseError as exc:
         line = str(exc).strip().splitlines()[0]
         raise UserError(line[line.find("Code: "):] if "Code: " in line else line) from None  # the server's words
-    print_result(result.column_names, result.result_rows, fmt, console)
-
-
-def _plain(v: Any) -> Any:
-    return v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
-
-
-def print_result(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, console: Console) -> None:
-    if fmt == "json":
-        print(orjson.dumps([dict(zip(names, map(_plain, r), strict=True)) for r in rows]).decode())
-    elif fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(names)
-        w.writerows([[_plain(v) for v in r] for r in rows])
-        print(buf.getvalue(), end="")
-    else:
-        table = Table(*names)
-        for r in rows:
-            table.add_row(*(str(_plain(v)) for v in r))
-        console.print(table)
+    out.flush()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -51,3 +53,42 @@ def topic_offsets(bootstrap: str, groups: tuple[str, ...] = ("clocktower-sink", 
         for c in consumers.values():
             c.close()
     return out
+
+
+# Who reads what: the sink stores every topic; the streams read the telemetry they analyse (streams/app.py).
+READERS: dict[str, tuple[str, ...]] = {
+    "clocktower-sink": tuple(t.name for t in TOPICS),
+    "clocktower-streams": ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations",
+                           "telemetry.links", "telemetry.gpu"),
+}
+
+
+def consumer_lag(bootstrap: str, readers: Mapping[str, Collection[str]] = READERS, timeout: float = 10.0,
+                 security: KafkaSecurity | None = None) -> list[dict]:
+    """Per (group, topic it reads, partition): the high watermark, the group's committed offset (None: never
+    committed) and its lag, the records it has yet to commit; a partition never committed counts from its low
+    watermark, where the group would start."""
+    login = (security or KafkaSecurity()).librdkafka()
+    consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False, **login})
+                 for g in readers}
+    out = []
+    try:
+        c0 = next(iter(consumers.values()))
+        meta = c0.list_topics(timeout=timeout)
+        for spec in TOPICS:
+            tmeta = meta.topics.get(spec.name)
+            groups = [g for g, topics in readers.items() if spec.name in topics]
+            if tmeta is None or tmeta.error is not None or not groups:
+                continue
+            tps = [TopicPartition(spec.name, p) for p in sorted(tmeta.partitions)]
+            marks = [c0.get_watermark_offsets(tp, timeout=timeout) for tp in tps]
+            for g in groups:
+                committed = [c.offset if c.offset >= 0 else None
+                             for c in consumers[g].committed(tps, timeout=timeout)]
+                out.extend({"group": g, "topic": spec.name, "partition": tp.partition, "end": high,
+                            "committed": off, "lag": max(high - (low if off is None else off), 0)}
+                           for tp, (low, high), off in zip(tps, marks, committed, strict=True))
+    finally:
+        for c in consumers.values():
+            c.close()
+    return sorted(out, key=lambda r: (r["group"], r["topic"], r["partition"]))

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from clocktower import cli
 from clocktower.ports import free_port
 from tests.test_cli import _env, clocktower
 
@@ -24,3 +27,34 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
     assert truth["offset_error_ns"]["p99"] < 200 and truth["offset_within_bound"] >= 0.99
     assert truth["latency_error_ns"]["p99"] < 300 and truth["latency_within_bound"] >= 0.99
     assert 4_000 < clock["corrected_latency_ns"]["p50"] < 1_000_000
+
+
+SUMMARY = {
+    "events_produced": {"gpu_health": 10, "link_state": 4}, "rows": {"gpu_health": 10, "link_states": 4},
+    "faults_injected": [{"fault_id": "f1", "kind": "link_flap", "target": "node-1:eth0", "node": "node-1",
+                         "detected": True},
+                        {"fault_id": "f2", "kind": "gpu_xid", "target": "node-3:gpu5", "node": "node-3",
+                         "detected": False}],
+    "incidents_detected": {"link_flap": 1}, "control_commands": {"failover": 1},
+    "clock_sync": {"nodes_estimated": 3, "reference": ["node-0"], "flow_latency_rows": 200,
+                   "flow_latency_corrected": 150, "vs_ground_truth": {"offset_error_ns": {"p99": 12.5},
+                                                                      "latency_error_ns": {"p99": 30.0}}},
+    "deadletter": 0, "errors": [],
+}
+
+
+def _demo(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    import clocktower.demo
+
+    monkeypatch.setattr(clocktower.demo, "run_demo", lambda *a, **k: SUMMARY)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["demo", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_demo_prints_json_only_when_asked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _demo(monkeypatch, capsys)
+    assert "{" not in out and "events_produced" not in out, out  # no JSON glued on
+    for shown in ("link_flap", "node-1:eth0", "yes", "gpu_xid", "no", "failover 1", "150 of 200", "no errors"):
+        assert shown in out, f"{shown!r} not in\n{out}"
+    assert json.loads(_demo(monkeypatch, capsys, "--json")) == SUMMARY
