@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TORCH  := $(VENV)/.installed-pytorch
 
-.PHONY: setup setup-ebpf demo up test lint bench bench-agent clean docs
+.PHONY: setup setup-pytorch setup-ebpf demo up test lint bench bench-agent clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# torch (~750 MB) only for the tests of the training-script integration: `make demo` never installs it.
+$(TORCH): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,pytorch]'
+	touch $(TORCH)
+
+setup-pytorch: $(TORCH)
 
 # BCC (python3-bpfcc via apt), kernel headers unpacked into .cache/, tracefs: the agent's eBPF source.
 setup-ebpf: $(STAMP)
@@ -27,7 +35,7 @@ up: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup setup-ebpf lint
+test: setup setup-pytorch setup-ebpf lint
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: setup
