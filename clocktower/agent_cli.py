@@ -1,8 +1,10 @@
 """`clocktower agent`: run the node agent's sources on this node and publish what they see.
 
 Without `--stdout` events go to Kafka through the spooling publisher (nothing lost while the broker is
-away). At start a table says which sources are on and why any are off; with `--duration S --json` the
-run ends after S seconds with event counts per source as one JSON object on stdout.
+away). Sources start in parallel; a table on stderr says at once which are starting, and is updated as each
+one is running, off (and why) or failed. `--duration S` counts from when every source is running, off or
+failed (start-up is bounded by --start-timeout), so a slow eBPF compile does not eat the run; with `--json`
+the run ends with event counts per source as one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import time
 
 import orjson
 from rich.console import Console
-from rich.table import Table
 
+from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
 from clocktower.errors import UserError
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
@@ -34,7 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--duration", type=float, help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
     a.add_argument("--json", action="store_true", help="at the end, print event counts per source as JSON")
     a.add_argument("--kafka", help="bootstrap servers (default CLOCKTOWER_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)")
+    a.add_argument("--kafka-port", type=int, help="the broker on this host: 127.0.0.1:PORT (default 9092), as "
+                                                  "for the other commands; --kafka for another host")
     a.add_argument("--sources", help=f"comma-separated subset of {','.join(ALL_SOURCES)} (default: all)")
+    a.add_argument("--start-timeout", type=float, help="give up a source not started after S seconds and run "
+                                                       "without it (default 120; the eBPF compile takes ~10)")
     a.add_argument("--gpu-hz", type=float, help="GPU readings per second per GPU (default 10)")
     a.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 (default: the system's)")
     a.add_argument("--flow-drain-ms", type=float, help="eBPF map drain period in ms (default 100)")
@@ -61,28 +67,37 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
              "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,
              "clock_bind_any": args.clock_bind_any or None, "clock_interface": args.clock_interface,
              "clock_key_file": args.clock_key_file,
-             "spool_dir": args.spool_dir, "compression": args.compression,
+             "spool_dir": args.spool_dir, "compression": args.compression, "start_timeout_s": args.start_timeout,
              "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
     return AgentSettings(**{k: v for k, v in pairs.items() if v is not None})
 
 
-def _status_table(report: dict) -> Table:
-    t = Table(title="clocktower agent sources", title_justify="left")
-    for col in ("source", "state", "why"):
-        t.add_column(col, overflow="fold")
-    for name, s in report["sources"].items():
-        state = "[green]on[/green]" if s["enabled"] else "[yellow]off[/yellow]"
-        t.add_row(name, state, s.get("error") or s["reason"])
-    return t
+def _bootstrap(args: argparse.Namespace) -> str:
+    """--kafka, else --kafka-port on this host, else CLOCKTOWER_KAFKA_BOOTSTRAP / _KAFKA_PORT as `up` has them."""
+    if args.kafka and args.kafka_port is not None:
+        raise UserError("give --kafka HOST:PORT or --kafka-port PORT, not both")
+    if args.kafka:
+        return args.kafka
+    if args.kafka_port is not None:
+        return Settings(kafka_port=args.kafka_port, kafka_bootstrap=None).bootstrap
+    return Settings().bootstrap
 
 
-def _publisher(args: argparse.Namespace, settings: AgentSettings) -> SpoolingPublisher:
-    bootstrap = args.kafka or Settings().bootstrap
+def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
     try:
         return SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
                                  max_spool_bytes=int(settings.spool_max_mb * 2**20))
     except SpoolInUse as exc:
         raise UserError(f"{exc} (--spool-dir)") from None
+
+
+def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
+    """Show the table at once and update it until every source is running, off or failed (or a stop)."""
+    runner.wait_started(0.25)                 # quick checks settle first: fewer lines in a log
+    view.update(runner.report())
+    while not stop.is_set() and not runner.wait_started(0.1):
+        view.update(runner.report())
+    view.update(runner.report())
 
 
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
@@ -104,30 +119,37 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
-    publisher = None if args.stdout else _publisher(args, settings)
+    bootstrap = None if args.stdout else _bootstrap(args)
+    publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    runner = AgentRunner(sources, sink)
+    runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):      # a closed terminal stops the agent cleanly too (not nohup)
         if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
             signal.signal(sig, lambda *_: stop.set())
-    started = time.monotonic()
+    running_at: float | None = None
+    seconds = 0.0
     try:
         runner.start()
-        err.print(_status_table(runner.report()))
+        with SourceTableView(err) as view:
+            _wait_running(runner, view, stop)
+        running_at = time.monotonic()            # --duration counts from here, not from the process start
         if not any(s.enabled for s in runner.status.values()):
             err.print("[yellow]no source can run on this machine[/yellow]")
-        deadline = started + args.duration if args.duration else None
+        deadline = running_at + args.duration if args.duration else None
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             stop.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
     except KeyboardInterrupt:
         pass
     finally:
+        if running_at is not None:
+            seconds = time.monotonic() - running_at
         runner.stop()
         if publisher is not None:   # deliver for up to 10 s if the broker is there; else it stays spooled
             publisher.close(timeout=10.0 if publisher.broker_up else 0.0)
-    report = runner.report() | {"node": settings.node, "seconds": round(time.monotonic() - started, 3)}
+    report = runner.report() | {"node": settings.node, "seconds": round(seconds, 3)}
     if publisher is not None:
+        report["kafka"] = bootstrap
         report["publisher"] = publisher.stats()
     if args.json:
         print(orjson.dumps(report).decode())

@@ -22,7 +22,8 @@ T0 = time.time_ns()
 
 
 def _link(i: int) -> LinkState:
-    return LinkState(node="n", ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True, carrier_changes=i)
+    return LinkState(node="n", ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True, carrier_changes=i,
+                     speed_mbps=0, operstate="up", carrier=True)
 
 
 class CountingSource:
@@ -63,13 +64,16 @@ def test_runner_delivers_everything_in_order_from_one_thread_and_reports_off_sou
     runner = AgentRunner([CountingSource(1000), UnavailableSource("gpu", "NVML library not found")], sink,
                          flush_interval_s=0.02)
     runner.start()
+    assert runner.wait_started(5)
     time.sleep(0.2)
     runner.stop()
     assert [e.carrier_changes for e in got] == list(range(1000))
     assert threads == {"agent-delivery"}
     report = runner.report()
-    assert report["sources"]["count"] == {"enabled": True, "reason": "always", "events": {"link_state": 1000}}
-    assert report["sources"]["gpu"]["enabled"] is False
+    count = report["sources"]["count"]
+    assert count.pop("start_s") < 1
+    assert count == {"enabled": True, "state": "running", "reason": "always", "events": {"link_state": 1000}}
+    assert report["sources"]["gpu"]["enabled"] is False and report["sources"]["gpu"]["state"] == "off"
     assert report["sources"]["gpu"]["reason"] == "NVML library not found"
     assert report["delivered"] == {"link_state": 1000} and report["dropped_events"] == 0
 
@@ -222,7 +226,7 @@ def test_two_agents_exchange_clock_probes_and_report_counts(tmp_path) -> None:  
         assert len(probes) == report["delivered"]["clock_probe"] == report["sources"]["clock"]["events"][
             "clock_probe"] >= 20
         assert {(p["sender"], p["receiver"]) for p in probes} == {("b" if node == "a" else "a", node)}
-        assert "clock" in err and "on" in err      # the status table on stderr
+        assert "clock" in err and "running" in err      # the status table on stderr
 
 
 def test_agent_stops_cleanly_on_sighup() -> None:
@@ -267,3 +271,30 @@ def test_agent_with_the_broker_away_spools_and_stops_promptly(tmp_path) -> None:
     spool = Spool(tmp_path / "spool")                  # left for the next run to replay
     assert spool.pending_events == links
     spool.close()
+
+
+def test_agent_kafka_port_is_the_broker_on_this_host(tmp_path) -> None:  # noqa: ANN001
+    """`--kafka-port P`, as the other commands take it, publishes to 127.0.0.1:P: a listener there sees the
+    agent's producer connect. With --kafka too it is one error line; a bad port is one error line."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.settimeout(30)
+    connected: list[tuple[str, int]] = []
+    accepting = threading.Thread(target=lambda: connected.append(listener.accept()[1]), daemon=True)
+    accepting.start()
+    try:
+        r = clocktower("agent", "--kafka-port", str(port), "--sources", "links", "--duration", "1", "--json",
+                       "--spool-dir", str(tmp_path / "spool"))
+        accepting.join(10)
+    finally:
+        listener.close()
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["kafka"] == f"127.0.0.1:{port}"
+    assert connected and connected[0][0] == "127.0.0.1"
+    assert report["publisher"]["spool_events"] == report["delivered"]["link_state"] >= 1   # no broker: spooled
+    assert_one_error_line(clocktower("agent", "--kafka", "127.0.0.1:9092", "--kafka-port", "9093", "--duration",
+                                     "1"), "--kafka", "--kafka-port")
+    assert_one_error_line(clocktower("agent", "--kafka-port", "0", "--duration", "1"), "kafka_port")

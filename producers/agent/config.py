@@ -17,6 +17,9 @@ class AgentSettings(BaseSettings):
 
     node: str = Field(default_factory=socket.gethostname, min_length=1, max_length=256)
     sources: tuple[str, ...] = ALL_SOURCES
+    start_timeout_s: float = Field(default=120.0, gt=0, le=3600, description=(
+        "a source not started by then is given up (failed) and the run goes on without it; BCC's compile of "
+        "the flow source takes 7-13 s"))
     gpu_hz: float = Field(default=10.0, gt=0, le=1000)
     nvml_library: str | None = Field(default=None, description="path of libnvidia-ml.so.1 (default: the system's)")
     flow_slot_ms: float = Field(default=10.0, gt=0, le=60_000, description="resolution of the eBPF flow counters")

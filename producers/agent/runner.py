@@ -1,5 +1,10 @@
 """Runs the node agent's sources and hands what they emit to one sink, in batches, off their threads.
 
+Sources start in parallel, each checked and started on its own thread, so a slow start (the eBPF flow
+source compiles its program with BCC for 7-13 s) never delays another source's events. A source that
+has not started within `start_timeout_s` is given up (failed, and stopped if it ever finishes starting):
+start-up is bounded. `wait_started()` tells when every source is running, off or failed.
+
 Sources call `emit` from their own threads; events go through a bounded in-memory queue to a single
 delivery thread that calls the sink every `flush_interval_s` (or sooner when a batch is large). So a
 slow sink (a broker away, a spool being written) never stalls a source, and the sink is only ever called
@@ -15,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from clocktower.producers.agent.source import Availability, Source
 from clocktower.schemas.event import Event
@@ -22,55 +28,135 @@ from clocktower.schemas.event import Event
 log = logging.getLogger(__name__)
 
 Sink = Callable[[list[Event]], None]
+State = Literal["starting", "running", "off", "failed"]
+DEFAULT_START_TIMEOUT_S = 120.0   # BCC compiles take 7-13 s on a 2-core VM: ~10x headroom for a loaded node
 
 
 @dataclass
 class SourceStatus:
     name: str
-    enabled: bool
-    reason: str
+    state: State = "starting"
+    reason: str = "checking"
     error: str | None = None
+    start_s: float | None = None      # seconds from the runner's start until it was running, off or failed
     counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def enabled(self) -> bool:
+        return self.state == "running"
 
 
 class AgentRunner:
-    """`start()` checks and starts every source, `stop()` stops them and delivers what is left."""
+    """`start()` starts every source in the background, `stop()` stops them and delivers what is left."""
 
     def __init__(self, sources: Sequence[Source], sink: Sink, *, flush_interval_s: float = 0.1,
-                 max_batch_events: int = 5000, max_queued_batches: int = 10_000) -> None:
+                 max_batch_events: int = 5000, max_queued_batches: int = 10_000,
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
         self.sources = list(sources)
         self.sink = sink
         self.flush_interval_s = flush_interval_s
         self.max_batch_events = max_batch_events
-        self.status: dict[str, SourceStatus] = {}
+        self.start_timeout_s = start_timeout_s
+        self.status: dict[str, SourceStatus] = {s.name: SourceStatus(s.name) for s in self.sources}
         self.delivered: Counter[str] = Counter()
         self.dropped_events = 0
         self.sink_errors = 0
+        self.startup_s: float | None = None     # until every source was running, off or failed
         self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=max_queued_batches)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._stopping = False
+        self._started_at = 0.0
+        self._settled = threading.Event()
+        self._starters: list[threading.Thread] = []
+        self._bound: threading.Timer | None = None
+
+    # -- starting --------------------------------------------------------------------------------------
 
     def start(self) -> dict[str, SourceStatus]:
+        """Start delivery and every source's check-and-start on its own thread; returns at once."""
+        self._started_at = time.monotonic()
         self._thread = threading.Thread(target=self._deliver, name="agent-delivery", daemon=True)
         self._thread.start()
-        for src in self.sources:
-            try:
-                avail = src.check()
-            except Exception as exc:  # a check must not raise; if one does, the source stays off
-                avail = Availability(False, f"check failed: {exc!r}")
-            st = self.status[src.name] = SourceStatus(src.name, avail.ok, avail.reason)
-            if not avail.ok:
-                log.info("source %s off: %s", src.name, avail.reason)
-                continue
-            try:
-                src.start(self.emit)
-                log.info("source %s on: %s", src.name, avail.reason)
-            except Exception as exc:
-                st.enabled, st.error = False, f"start failed: {exc}"
-                log.error("source %s failed to start: %s", src.name, exc)
+        self._starters = [threading.Thread(target=self._start_one, args=(src,), name=f"agent-start-{src.name}",
+                                           daemon=True) for src in self.sources]
+        for t in self._starters:
+            t.start()
+        self._bound = threading.Timer(self.start_timeout_s, self._give_up_slow)
+        self._bound.daemon = True
+        self._bound.start()
+        with self._lock:
+            self._check_settled()         # no sources at all
         return self.status
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """True once every source is running, off or failed (never later than `start_timeout_s`)."""
+        return self._settled.wait(timeout)
+
+    def _start_one(self, src: Source) -> None:
+        try:
+            avail = src.check()
+        except Exception as exc:  # a check must not raise; if one does, the source stays off
+            avail = Availability(False, f"check failed: {exc!r}")
+        if not avail.ok:
+            self._settle(src.name, "off", avail.reason)
+            log.info("source %s off: %s", src.name, avail.reason)
+            return
+        with self._lock:
+            st = self.status[src.name]
+            if st.state == "starting" and self._stopping:
+                self._settle_locked(st, "off", "the agent stopped before this source started")
+            if st.state != "starting":      # given up while its check ran, or the agent is stopping
+                return
+            st.reason = avail.reason
+        try:
+            src.start(self.emit)
+        except Exception as exc:
+            self._settle(src.name, "failed", avail.reason, error=f"start failed: {exc}")
+            log.error("source %s failed to start: %s", src.name, exc)
+            return
+        if self._settle(src.name, "running", avail.reason):
+            log.info("source %s on: %s", src.name, avail.reason)
+            return
+        took = time.monotonic() - self._started_at   # given up, or the agent is stopping: not wanted any more
+        log.warning("source %s started after %.1f s, when no longer wanted: stopping it", src.name, took)
+        try:
+            src.stop()
+        except Exception as exc:
+            log.error("source %s failed to stop: %s", src.name, exc)
+
+    def _settle(self, name: str, state: State, reason: str, error: str | None = None) -> bool:
+        """Record how a source's start ended; False if it was already given up (or the agent stops)."""
+        with self._lock:
+            st = self.status[name]
+            if st.state != "starting" or (self._stopping and state == "running"):
+                if st.state == "starting":
+                    self._settle_locked(st, "off", "the agent stopped before this source finished starting")
+                return False
+            self._settle_locked(st, state, reason, error)
+            return True
+
+    def _settle_locked(self, st: SourceStatus, state: State, reason: str, error: str | None = None) -> None:
+        st.state, st.reason, st.error = state, reason, error
+        st.start_s = round(time.monotonic() - self._started_at, 3)
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        if not self._settled.is_set() and all(s.state != "starting" for s in self.status.values()):
+            self.startup_s = round(time.monotonic() - self._started_at, 3)
+            self._settled.set()
+
+    def _give_up_slow(self) -> None:
+        with self._lock:
+            for st in self.status.values():
+                if st.state == "starting":
+                    self._settle_locked(st, "failed", st.reason, error=(
+                        f"did not start within {self.start_timeout_s:g} s (stopped if it ever does)"))
+                    log.error("source %s did not start within %g s", st.name, self.start_timeout_s)
+
+    # -- delivery --------------------------------------------------------------------------------------
 
     def emit(self, events: list[Event]) -> None:
         """Thread-safe: queue a batch for the sink; when the queue is full, drop the oldest batch."""
@@ -120,14 +206,24 @@ class AgentRunner:
             return
         self.delivered.update(type(e).SCHEMA for e in batch)
 
+    # -- stopping --------------------------------------------------------------------------------------
+
     def stop(self, timeout: float = 10.0) -> None:
-        for src in self.sources:
-            st = self.status.get(src.name)
-            if st is not None and st.enabled:
-                try:
-                    src.stop()
-                except Exception as exc:
-                    log.error("source %s failed to stop: %s", src.name, exc)
+        """Stop running sources; one still starting is stopped by its own thread once its start returns,
+        waited for no longer than the start bound. Then deliver what is left."""
+        with self._lock:
+            self._stopping = True
+            running = [src for src in self.sources if self.status[src.name].enabled]
+        if self._bound is not None:
+            self._bound.cancel()
+        for src in running:
+            try:
+                src.stop()
+            except Exception as exc:
+                log.error("source %s failed to stop: %s", src.name, exc)
+        start_deadline = self._started_at + self.start_timeout_s
+        for t in self._starters:
+            t.join(max(0.0, start_deadline - time.monotonic()))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -136,15 +232,18 @@ class AgentRunner:
             while not self._queue.empty():   # raced in after the delivery thread's last look
                 self._send(self._queue.get_nowait())
         for src in self.sources:
-            st = self.status.get(src.name)
-            if st is not None:
-                st.counts = Counter(src.counts)
+            self.status[src.name].counts = Counter(src.counts)
 
     def report(self) -> dict:
-        """Per source: enabled, why, events emitted per schema; plus what reached the sink."""
+        """Per source: state, enabled (running), why, seconds to start, events emitted per schema; plus what
+        reached the sink."""
+        with self._lock:
+            sources = {n: {"enabled": s.enabled, "state": s.state, "reason": s.reason,
+                           **({"error": s.error} if s.error else {}), "start_s": s.start_s,
+                           "events": dict(sorted(s.counts.items()))} for n, s in self.status.items()}
         return {
-            "sources": {n: {"enabled": s.enabled, "reason": s.reason, **({"error": s.error} if s.error else {}),
-                            "events": dict(sorted(s.counts.items()))} for n, s in self.status.items()},
+            "sources": sources,
+            "startup_s": self.startup_s,
             "delivered": dict(sorted(self.delivered.items())),
             "dropped_events": self.dropped_events,
             "sink_errors": self.sink_errors,
