@@ -12,6 +12,7 @@ import socket
 import faust
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
+from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
@@ -23,6 +24,7 @@ from clocktower.config import Settings
 log = logging.getLogger(__name__)
 settings = Settings()
 policy = StreamsPolicy()
+install_idle_fetch_backoff(policy.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
 
 app = faust.App(
     "clocktower-streams",
@@ -46,7 +48,8 @@ app = faust.App(
 processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
                         clock_update_ns=round(settings.clock_update_ms * 1e6),
                         remediation_budget=RemediationBudget(policy.remediation_max_per_hour))
-handler = RecordHandler(processors, identity=identity_check(NodeSigning()))
+handler = RecordHandler(processors, identity=identity_check(NodeSigning()),
+                        max_future_skew_ns=settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 
 _INPUTS = ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
            "telemetry.gpu")
