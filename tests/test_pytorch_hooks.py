@@ -23,6 +23,7 @@ from clocktower.producers.pytorch.event_buffer import EventBuffer
 from clocktower.producers.pytorch.flight_recorder import FlightRecorderReader, buffer_size_from_env, entry_bytes, map_op
 from clocktower.producers.pytorch.iterations import IterationClock
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
+from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install torch==2.13.0; "
@@ -98,6 +99,49 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _spool_rank_main(rank: int, port: int, out_dir: str, run: int) -> None:
+    """One rank of an mp.spawn job whose broker is away: what it records stays in its spool."""
+    import torch.distributed as dist
+    from clocktower.producers.pytorch import Telemetry
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    assert "RANK" not in os.environ                          # mp.spawn sets no RANK: only torch.distributed knows
+    tele = Telemetry(job="spawned", node="n1", interval_s=60)   # before the process group: spool made on first use
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        for _ in range(3):
+            tele.step()
+        tele.flush()
+        spool = tele.publisher.spool
+        found = {"dir": spool.dir.name, "pending_at_publish": spool.pending_records}
+        tele.close(timeout=0.2)
+        Path(out_dir, f"run{run}-rank{rank}.json").write_text(json.dumps(found))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_torch
+def test_mp_spawn_ranks_spool_per_rank_and_find_it_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.multiprocessing.spawn a restarted rank reopens the spool of its rank, not one per pid."""
+    import torch.multiprocessing as mp
+
+    from clocktower.ports import free_port
+
+    monkeypatch.setenv("CLOCKTOWER_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")   # nothing listens: all spooled
+    monkeypatch.setenv("CLOCKTOWER_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.delenv("RANK", raising=False)
+    if sys.platform.startswith("linux"):
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    for run in (1, 2):                                     # run 2: every rank restarted
+        mp.spawn(_spool_rank_main, args=(free_port(), str(tmp_path), run), nprocs=2, join=True)
+    found = {(run, r): json.loads((tmp_path / f"run{run}-rank{r}.json").read_text()) for run in (1, 2) for r in (0, 1)}
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["spawned-n1-rank0", "spawned-n1-rank1"]
+    for r in (0, 1):
+        assert found[1, r]["dir"] == found[2, r]["dir"] == f"spawned-n1-rank{r}"
+        # run 2 holds run 1's undelivered records (a live broker would get them replayed) behind its own
+        assert found[2, r]["pending_at_publish"] > found[1, r]["pending_at_publish"] > 0
+
+
 def _consume(bootstrap: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, list]:
     from clocktower.schemas.codec import decode_batch
     from confluent_kafka import Consumer
@@ -141,7 +185,7 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
         # each rank published through its own SpoolingPublisher and closed it with nothing left to replay
         from clocktower.producers.spool import Spool
         spools = sorted((tmp_path / "spool").iterdir())
-        assert len(spools) == 2
+        assert [p.name.rsplit("-", 1)[1] for p in spools] == ["rank0", "rank1"]   # mp.spawn: by torch's rank
         for path in spools:
             spool = Spool(path)
             assert spool.pending_records == 0, path
@@ -186,6 +230,8 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
         assert sorted(per_iteration) == list(range(ITERATIONS))
         for it, buckets in per_iteration.items():
             assert sum(e.bytes for e in buckets) == PARAM_BYTES, f"rank {rank} iteration {it}"
+        assert [e.collectives for e in its] == [len(per_iteration[e.iteration]) for e in its]
+        assert {e.source for e in hook} == {"hook"}
         # DDP starts with one bucket and rebuilds them by bucket_cap_mb after the first iteration
         assert all(len(per_iteration[it]) >= 2 for it in range(1, ITERATIONS))
 
@@ -203,6 +249,17 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
         assert not hook_bytes - fr_allreduce_bytes, "a bucket all-reduce is missing from the flight recorder"
         assert ops["allreduce"] == 2 * sum(hook_bytes.values())               # the plain model's buckets too
     assert [(e.seq, e.op, e.bytes) for e in fr[0]] == [(e.seq, e.op, e.bytes) for e in fr[1]]
+    assert {e.source for e in fr[0] + fr[1]} == {"flight_recorder"}
+
+    # the stream's breakdown: one per iteration, the last included, each all-reduce counted once
+    for order in (iterations + collectives, collectives + iterations):
+        agg = IterationBreakdownAggregator()
+        out = [b for e in order for b in (agg.add_iteration(e) if isinstance(e, IterationEvent)
+                                          else agg.add_collective(e))]
+        for rank in (0, 1):
+            mine = sorted((b for b in out if b.rank == rank), key=lambda b: b.iteration)
+            assert [b.iteration for b in mine] == list(range(ITERATIONS)), f"rank {rank}"
+            assert all(b.comm_bytes == PARAM_BYTES and b.comm_ns > 0 for b in mine), f"rank {rank}"
     assert time.monotonic() - t0 < 90
 
 

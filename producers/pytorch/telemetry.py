@@ -243,9 +243,8 @@ class Telemetry:
             self.dump_flight_recorder(include_pending=True)
         pending = self.buffer.close(timeout)
         target = self._publisher.target if isinstance(self._publisher, OnFirstUse) else self._publisher
-        close = getattr(target, "close", None)
-        if self._owns_publisher and close is not None:
-            close()      # the spool keeps what is still undelivered; the next run of this rank replays it
+        if self._owns_publisher and target is not None:
+            target.close(timeout=0)  # flushed above; the spool keeps the rest, the next run of this rank replays it
         return pending
 
     def _close_at_exit(self) -> None:
