@@ -34,9 +34,9 @@ def test_estimates_and_corrected_latency_match_ground_truth() -> None:
     times = sorted({e.ts_ns for e in estimates})
     assert len(times) >= 60
     assert all(200_000_000 <= b - a <= 400_000_000 for a, b in zip(times, times[1:], strict=False))
-    assert {e.reference for e in estimates} == {"node-0"}
+    assert {e.reference for e in estimates} == {"node-0.demo"}
     assert {e.node for e in estimates if e.ts_ns == times[-1]} == set(sim.clocks)
-    ref = sim.clocks["node-0"]
+    ref = sim.clocks["node-0.demo"]
     errors = []
     for e in estimates:
         t = ref.to_true(e.ts_ns)
@@ -72,7 +72,7 @@ def test_one_node_with_a_clock_an_hour_ahead_does_not_stop_the_others() -> None:
         events = sim.advance(sim.start_ns + step * S // 4)
         if step == 12:
             t = events[-1].ts_ns
-            events.append(ClockProbe(node="rogue", ts_ns=t + 3600 * S, pair_id=1, idx=0, sender="node-0",
+            events.append(ClockProbe(node="rogue", ts_ns=t + 3600 * S, pair_id=1, idx=0, sender="node-0.demo",
                                      receiver="rogue", tx_ns=t, rx_ns=t + 3600 * S))
         out = processors.on_batch(events)
         if step > 12:

@@ -20,7 +20,7 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
     summary = json.loads(r.stdout)
     assert summary["errors"] == []
     clock = summary["clock_sync"]
-    assert clock["nodes_estimated"] == 3 and clock["reference"] == ["node-0"]
+    assert clock["nodes_estimated"] == 3 and clock["reference"] == ["node-0.demo"]
     # most segments are joined after the first estimate (about 1 s of probes in)
     assert clock["flow_latency_corrected"] > 0.5 * clock["flow_latency_rows"] > 0
     truth = clock["vs_ground_truth"]

@@ -53,10 +53,10 @@ def test_pipeline_counts_are_exact_flap_is_remediated_and_bad_records_are_dead_l
     assert "unsupported version" in dead[0][1] and "invalid json" in dead[1][1].lower()
 
     flaps = client.query("SELECT node, target, state FROM incidents WHERE kind = 'link_flap'").result_rows
-    assert ("node-1", "node-1/eth0", "open") in flaps
+    assert ("node-1.demo", "node-1.demo/eth0", "open") in flaps
     cmds = client.query("SELECT * FROM control_commands WHERE action = 'failover'")
     assert cmds.row_count >= 1
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
-    assert cmd.node == "node-1" and cmd.target == "eth0" and cmd.params["to"] == "eth1"
+    assert cmd.node == "node-1.demo" and cmd.target == "eth0" and cmd.params["to"] == "eth1"
     assert verify(cmd, pipeline.settings.control_key_bytes()), "the stored command must carry a valid signature"

@@ -87,7 +87,7 @@ def test_defaults() -> None:
     sim = FleetSimulator(c)
     assert abs(sim.start_ns - time.time_ns()) < 5 * S
     assert sim.now_ns == sim.start_ns
-    assert list(sim.clocks) == ["node-0", "node-1", "node-2", "node-3"]
+    assert list(sim.clocks) == ["node-0.demo", "node-1.demo", "node-2.demo", "node-3.demo"]
 
 
 # --- determinism ---------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_events_pass_the_codec(demo: tuple[FleetSimulator, list[Event]]) -> None
 
 def test_fast_builder_equals_validated_model() -> None:
     build = EventBuilder(LinkState)
-    fields = dict(node="node-0", ts_ns=START, interface="eth0", kind="ethernet", up=True, carrier_changes=1)
+    fields = dict(node="node-0.demo", ts_ns=START, interface="eth0", kind="ethernet", up=True, carrier_changes=1)
     assert build(**fields) == LinkState(**fields)
     assert build(**fields, speed_mbps=400_000) == LinkState(**fields, speed_mbps=400_000)
     assert EventBuilder(GpuHealth).missing({"node": "n"}) >= {"ts_ns", "gpu", "uuid", "nvlink_errors"}
@@ -164,8 +164,8 @@ def test_ground_truth_has_every_kind_inside_the_run(demo: tuple[FleetSimulator, 
         assert sim.start_ns < f.start_ns <= f.end_ns <= sim.start_ns + D * S
         assert f.ts_ns == f.start_ns and f.node in sim.clocks
     assert {f.kind: f.target for f in sim.faults} == {
-        "link_flap": "node-1:eth0", "congestion": "node-2->node-3", "gpu_thermal": "node-0:gpu3",
-        "gpu_xid": "node-3:gpu5", "gpu_ecc": "node-2:gpu1", "straggler": "job-demo:rank9"}
+        "link_flap": "node-1.demo:eth0", "congestion": "node-2.demo->node-3.demo", "gpu_thermal": "node-0.demo:gpu3",
+        "gpu_xid": "node-3.demo:gpu5", "gpu_ecc": "node-2.demo:gpu1", "straggler": "job-demo:rank9"}
 
 
 @pytest.mark.parametrize("duration", [1.0, 8.0, 60.0, 86_400.0])
@@ -199,7 +199,7 @@ def test_no_faults() -> None:
 def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     f = fault(sim, "link_flap")
-    port = [e for e in of(events, LinkState) if (e.node, e.interface) == ("node-1", "eth0")]
+    port = [e for e in of(events, LinkState) if (e.node, e.interface) == ("node-1.demo", "eth0")]
     changes = [e.carrier_changes for e in port]
     assert changes == sorted(changes) and changes[0] == 1 and changes[-1] == 7
     # one report at each transition, alternating down/up, 0.3 s apart
@@ -208,42 +208,42 @@ def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
         first.setdefault(e.carrier_changes, e)
     transitions = [first[c] for c in range(2, 8)]
     assert [e.up for e in transitions] == [False, True] * 3
-    times = [true_s(sim, "node-1", e.ts_ns) for e in transitions]
+    times = [true_s(sim, "node-1.demo", e.ts_ns) for e in transitions]
     assert times[0] == pytest.approx((f.start_ns - sim.start_ns) / S, abs=1e-5)
     assert [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)] == [0.3] * 5
     assert all(e.speed_mbps == 0 for e in port if not e.up)
     # the other ports never flap, and report every second
-    others = [e for e in of(events, LinkState) if (e.node, e.interface) != ("node-1", "eth0")]
+    others = [e for e in of(events, LinkState) if (e.node, e.interface) != ("node-1.demo", "eth0")]
     assert all(e.up and e.carrier_changes == 1 and e.speed_mbps == 400_000 for e in others)
-    ports = {(f"node-{i}", ifc): 8 for i in range(4) for ifc in ("eth0", "eth1")}
-    del ports[("node-1", "eth0")]
+    ports = {(f"node-{i}.demo", ifc): 8 for i in range(4) for ifc in ("eth0", "eth1")}
+    del ports[("node-1.demo", "eth0")]
     assert Counter((e.node, e.interface) for e in others) == ports
     assert len(port) == 8 + 6
-    # flows touching node-1 move to eth1 exactly while its eth0 is down
+    # flows touching node-1.demo move to eth1 exactly while its eth0 is down
     down = [(times[i], times[i + 1]) for i in (0, 2, 4)]
     for e in of(events, FlowSample):
-        if e.direction == "tx" and "node-1" in (e.node, _receiver(e)):
+        if e.direction == "tx" and "node-1.demo" in (e.node, _receiver(e)):
             t = true_s(sim, e.node, e.ts_ns)
             assert (e.interface == "eth1") == any(a <= t < b for a, b in down)
             assert e.src_ip.startswith("198.19." if e.interface == "eth1" else "198.18.")
 
 
 def _receiver(e: FlowSample) -> str:
-    return f"node-{e.dst_ip.split('.')[2]}"
+    return f"node-{e.dst_ip.split('.')[2]}.demo"
 
 
 def test_xid_79_then_lost(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     start, _ = window_s(sim, "gpu_xid")
-    gpu = [e for e in of(events, GpuHealth) if (e.node, e.gpu) == ("node-3", 5)]
+    gpu = [e for e in of(events, GpuHealth) if (e.node, e.gpu) == ("node-3.demo", 5)]
     xid = [i for i, e in enumerate(gpu) if e.xid]
     assert len(xid) == 1 and gpu[xid[0]].xid == 79 and not gpu[xid[0]].lost
-    assert start <= true_s(sim, "node-3", gpu[xid[0]].ts_ns) < start + 0.1 + 1e-6
+    assert start <= true_s(sim, "node-3.demo", gpu[xid[0]].ts_ns) < start + 0.1 + 1e-6
     assert all(not e.lost for e in gpu[:xid[0] + 1])
     after = gpu[xid[0] + 1:]
     assert len(after) > 20
     for e in after:
-        assert e.lost and e.uuid == "GPU-node-3-5"
+        assert e.lost and e.uuid == "GPU-node-3.demo-5"
         assert e.temperature_c == e.power_w == e.sm_clock_mhz == e.gpu_util_pct == 0
         assert e.mem_used_bytes == e.xid == e.throttle_reasons == 0
 
@@ -251,13 +251,13 @@ def test_xid_79_then_lost(demo: tuple[FleetSimulator, list[Event]]) -> None:
 def test_ecc_uncorrected(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     start, _ = window_s(sim, "gpu_ecc")
-    gpu = [e for e in of(events, GpuHealth) if (e.node, e.gpu) == ("node-2", 1)]
+    gpu = [e for e in of(events, GpuHealth) if (e.node, e.gpu) == ("node-2.demo", 1)]
     ecc = [e.ecc_uncorrected for e in gpu]
     flip = ecc.index(1)
     assert set(ecc[:flip]) == {0} and set(ecc[flip:]) == {1}
     assert [e.xid for e in gpu if e.xid] == [48] and gpu[flip].xid == 48
-    assert start <= true_s(sim, "node-2", gpu[flip].ts_ns) < start + 0.1 + 1e-6
-    assert not any(e.ecc_uncorrected for e in of(events, GpuHealth) if (e.node, e.gpu) != ("node-2", 1))
+    assert start <= true_s(sim, "node-2.demo", gpu[flip].ts_ns) < start + 0.1 + 1e-6
+    assert not any(e.ecc_uncorrected for e in of(events, GpuHealth) if (e.node, e.gpu) != ("node-2.demo", 1))
 
 
 def test_thermal_throttle(demo: tuple[FleetSimulator, list[Event]]) -> None:
@@ -268,7 +268,7 @@ def test_thermal_throttle(demo: tuple[FleetSimulator, list[Event]]) -> None:
         if e.lost:
             continue
         t = true_s(sim, e.node, e.ts_ns)
-        if (e.node, e.gpu) == ("node-0", 3) and a <= t <= b:
+        if (e.node, e.gpu) == ("node-0.demo", 3) and a <= t <= b:
             hot += 1
             assert e.throttle_reasons & THERMAL_THROTTLE == 0x60
             assert 90 <= e.temperature_c <= 95 and 1150 <= e.sm_clock_mhz <= 1250
@@ -326,11 +326,11 @@ def test_congestion_raises_flow_latency(demo: tuple[FleetSimulator, list[Event]]
         phase = "during" if a + 0.05 < t < b - 0.05 else "outside" if not a - 0.05 <= t <= b + 0.05 else None
         if phase:
             lat[(tx.node, rx.node, phase)].append((t_rx - t_tx) / 1e3)
-    congested = lat[("node-2", "node-3", "during")]
+    congested = lat[("node-2.demo", "node-3.demo", "during")]
     assert len(congested) > 50 and min(congested) >= 50 and max(congested) <= 510
     assert 150 < statistics.median(congested) < 400
     for (src, dst, phase), v in lat.items():
-        if (src, dst, phase) != ("node-2", "node-3", "during"):
+        if (src, dst, phase) != ("node-2.demo", "node-3.demo", "during"):
             assert min(v) >= 4.9 and statistics.median(v) < 10, (src, dst, phase)
     # and the all-reduce buckets slow down for everyone
     later = [(true_s(sim, e.node, e.start_ns), (e.end_ns - e.start_ns) / MS)
@@ -356,14 +356,14 @@ def test_flow_samples_pair_up(demo: tuple[FleetSimulator, list[Event]]) -> None:
     flows = of(events, FlowSample)
     pairs = _flow_pairs(events)
     assert 2 * len(pairs) == len(flows) > 0
-    ips = {f"198.{18 + k}.{i}.1": f"node-{i}" for i in range(4) for k in (0, 1)}
+    ips = {f"198.{18 + k}.{i}.1": f"node-{i}.demo" for i in range(4) for k in (0, 1)}
     for tx, rx in pairs.values():
         assert (tx.bytes, tx.packets, tx.interface) == (rx.bytes, rx.packets, rx.interface)
         assert tx.packets == -(-tx.bytes // 4096)
         assert tx.node == ips[tx.src_ip] and rx.node == ips[tx.dst_ip]
-        assert int(rx.node[5:]) == (int(tx.node[5:]) + 1) % 4
+        assert int(rx.node[5:].removesuffix(".demo")) == (int(tx.node[5:].removesuffix(".demo")) + 1) % 4
         assert tx.proto == "roce" and tx.dst_port == 4791 and tx.priority == rx.priority == 3
-        assert 40000 <= tx.src_port < 40032 and (tx.src_port - 40000) // 8 == int(tx.node[5:])
+        assert 40000 <= tx.src_port < 40032 and (tx.src_port - 40000) // 8 == int(tx.node[5:].removesuffix(".demo"))
     # seq increases per flow (5-tuple), in send order
     by_flow = defaultdict(list)
     for e in flows:
@@ -383,7 +383,7 @@ def test_training_loop(demo: tuple[FleetSimulator, list[Event]]) -> None:
     for e in of(events, CollectiveEvent):
         coll[e.rank].append(e)
         assert (e.job, e.communicator, e.op, e.bytes) == ("job-demo", "world", "allreduce", 64 * 2**20)
-        assert e.ts_ns == e.end_ns >= e.start_ns and e.node == f"node-{e.rank // 8}"
+        assert e.ts_ns == e.end_ns >= e.start_ns and e.node == f"node-{e.rank // 8}.demo"
     its = defaultdict(list)
     for e in of(events, IterationEvent):
         its[e.rank].append(e)
@@ -411,7 +411,7 @@ def test_gpu_health_readings(demo: tuple[FleetSimulator, list[Event]]) -> None:
     _, events = demo
     gpus = Counter((e.node, e.gpu, e.uuid) for e in of(events, GpuHealth))
     assert len(gpus) == 32 and set(gpus.values()) == {80}
-    assert ("node-0", 3, "GPU-node-0-3") in gpus
+    assert ("node-0.demo", 3, "GPU-node-0.demo-3") in gpus
     util = [e.gpu_util_pct for e in of(events, GpuHealth) if not e.lost]
     assert statistics.median(util) >= 90 and max(util) <= 100
     used = [e.mem_used_bytes / 2**30 for e in of(events, GpuHealth) if not e.lost]
@@ -431,7 +431,7 @@ def test_clock_probes_go_both_ways_on_a_sparse_graph() -> None:
 def test_clock_probes(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     probes = of(events, ClockProbe)
-    assert {n: len(p) for n, p in sim.probes.peers.items()} == {f"node-{i}": 3 for i in range(4)}
+    assert {n: len(p) for n, p in sim.probes.peers.items()} == {f"node-{i}.demo": 3 for i in range(4)}
     pairs = defaultdict(dict)
     for p in probes:
         assert p.node == p.receiver != p.sender and p.ts_ns == p.rx_ns
@@ -449,7 +449,7 @@ def test_clock_probes(demo: tuple[FleetSimulator, list[Event]]) -> None:
             delay[(p.sender, p.receiver)].append(p.rx_ns - p.tx_ns - gap)
     for (s, r), d in delay.items():
         assert min(d) > 4_600 and 4_900 < statistics.median(d) < 5_200, (s, r)
-        if (s, r) != ("node-2", "node-3"):   # that link is congested for a while
+        if (s, r) != ("node-2.demo", "node-3.demo"):   # that link is congested for a while
             assert statistics.quantiles(d, n=20)[-1] < 30_000
 
 
@@ -487,7 +487,7 @@ def test_large_fleet_addresses() -> None:
     sim = FleetSimulator(config, start_ns=START)
     events = sim.advance(START + S // 4)
     ips = {e.src_ip for e in of(events, FlowSample)}
-    assert len(ips) == 300 and "198.18.43.2" in ips   # node-299 wraps into the last octet
+    assert len(ips) == 300 and "198.18.43.2" in ips   # node-299.demo wraps into the last octet
     degree = [len(p) for p in sim.probes.peers.values()]
     assert len(degree) == 300 and min(degree) >= 5 and 8 <= statistics.mean(degree) <= 12
 

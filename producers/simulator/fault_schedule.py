@@ -3,7 +3,7 @@
 Each fault is one `InjectedFault` ground-truth event (true-time start/end,
 `node` = the faulty node) plus the parameters the producers need to act it
 out. Targets are taken modulo the fleet size, so any fleet of two or more
-nodes gets every fault. All times are true ns.
+nodes gets every fault. All times are true ns; node-N below is node N (named `node-N.demo`).
 
 | kind        | when (D = duration)  | target                     | effect |
 |-------------|----------------------|----------------------------|--------|

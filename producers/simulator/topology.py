@@ -22,7 +22,11 @@ FLOW_PORT_SPAN = 25_000
 
 
 def node_id(i: int) -> str:
-    return f"node-{i}"
+    """Node i's name, which is also its records' Kafka key. librdkafka's default partitioner (CRC-32 of the key,
+    modulo the partition count) put node-0 .. node-3 all in partition 1 of every 2-partition topic; with the
+    `.demo` suffix the first 2 nodes cover both partitions of a 2-partition topic and the first 4 every partition
+    of a 4-partition one: the default 4-node demo uses every partition of every topic."""
+    return f"node-{i}.demo"
 
 
 def interface_ip(i: int, interface: str) -> str:
