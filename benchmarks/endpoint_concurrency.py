@@ -4,9 +4,10 @@ Starts the endpoint in a child process (so the clients' threads do not share its
 then times one read alone and the same read from 10 threads at once, each on its own keep-alive
 connection. Prints one JSON object: ``alone_ms`` (median of sequential runs), ``parallel_10_ms_p50``
 (median latency of each request while 10 run together), ``ratio`` (the two divided), and the same for
-a trivial ``SELECT 1`` (``trivial_*``: per-request overhead rather than engine work), with ``cpus``.
-Perfect parallelism gives a ratio near 1 when there are 10 free cores; with fewer, about 10 / cores
-for a query that keeps one core busy.
+a trivial ``SELECT 1`` (``trivial_*``: per-request overhead rather than engine work) and for
+``SELECT sleep(0.05)`` (``sleep_*``: waits without a core, so its ratio is near 1 only if nothing
+serialises requests, however few cores there are), with ``cpus`` and the load average.
+A query that keeps cores busy cannot beat about 10 / cores.
 
     python benchmarks/endpoint_concurrency.py [--rows 2000000] [--rounds 20]
 """
@@ -29,6 +30,7 @@ import time
 USER = "bench"
 QUERY = "SELECT count(), sum(v) FROM bench WHERE id % 7 = 3"
 TRIVIAL = "SELECT 1"
+SLEEP = "SELECT sleep(0.05)"  # waits without using a core: shows serialisation whatever the core count
 PARALLEL = 10
 
 
@@ -113,8 +115,8 @@ def main() -> None:
             setup.run("CREATE TABLE bench (id UInt64, v Float64) ENGINE = MergeTree ORDER BY id", "POST")
             setup.run(f"INSERT INTO bench SELECT number, number * 0.5 FROM numbers({args.rows})", "POST")
             conns = [_Conn(port, password) for _ in range(PARALLEL)]
-            figures: dict[str, float | int] = {"cpus": os.cpu_count() or 0}
-            for prefix, sql in (("", QUERY), ("trivial_", TRIVIAL)):
+            figures: dict[str, float | int] = {"cpus": os.cpu_count() or 0, "load_1m": round(os.getloadavg()[0], 2)}
+            for prefix, sql in (("", QUERY), ("trivial_", TRIVIAL), ("sleep_", SLEEP)):
                 alone = _alone(setup, sql, args.rounds)
                 parallel = _parallel(conns, sql, args.rounds)
                 figures[f"{prefix}alone_ms"] = round(alone, 2)

@@ -32,6 +32,7 @@ from clocktower.sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, Click
 from clocktower.sinks.endpoint.limits import EndpointLimits
 from clocktower.sinks.endpoint.session_pool import SessionPool
 from clocktower.sinks.endpoint.sql_scan import tokens
+from clocktower.sinks.endpoint.verdict_cache import VerdictCache
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class ChdbEngine:
         self.limits = limits or EndpointLimits()
         os.makedirs(self.path, exist_ok=True)
         self._sessions: list[EngineSession] = []
+        self._verdicts = VerdictCache()
         self._closed = False
         self._close_lock = threading.Lock()
         with _open_paths_lock:
@@ -262,12 +264,21 @@ class ChdbEngine:
         return fresh
 
     def _judge(self, session: EngineSession, statement: bytes, readonly: int) -> sql_guard.Verdict:
+        """The guard's verdict on ``statement``: remembered for an exact repeat, else judged afresh."""
+        statement = _as_bytes(statement)
+        verdict = self._verdicts.get(statement, readonly)
+        if verdict is None:
+            verdict = self._judge_afresh(session, statement, readonly)
+            self._verdicts.put(statement, readonly, verdict)
+        return verdict
+
+    def _judge_afresh(self, session: EngineSession, statement: bytes, readonly: int) -> sql_guard.Verdict:
         """Parse ``statement`` with the engine (never running it) and let sql_guard judge the tree.
 
         The statement travels as a query parameter, so it cannot end the query that parses it; the
         parser refuses a second statement.
         """
-        param = {"q": escape_param(_as_bytes(statement))}
+        param = {"q": escape_param(statement)}
         try:
             parsed = session.query("SELECT parseQueryToJSON({q:String})", "TSVRaw", param).bytes()
         except ClickHouseError as ex:

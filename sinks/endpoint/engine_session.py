@@ -93,8 +93,10 @@ class EngineSession:
         """Set this request's settings (one SET); ``reset`` must follow, whatever happens.
 
         At readonly=1 the engine itself refuses any change (as ClickHouse does); same-value settings pass.
+        A setting already at the session's baseline value is not sent: every engine call costs a round trip
+        (about 1-2 ms), and reads would otherwise pay two more (SET, then reset) for their own timeout cap.
         """
-        changes = {n: v for n, v in settings.items() if n not in _NOT_SETTABLE}
+        changes = {n: v for n, v in settings.items() if n not in _NOT_SETTABLE and self._baseline.get(n) != str(v)}
         for name in changes:
             if not _SETTING_NAME_RE.match(name):
                 raise ClickHouseError(_UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")

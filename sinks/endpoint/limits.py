@@ -22,11 +22,13 @@ class EndpointLimits(BaseSettings):
     insert_head_bytes: int = Field(
         default=64 << 10, ge=1024, description="INSERT ... FORMAT name / VALUES must appear within this many bytes"
     )
+    # Sessions are how many requests of a kind run at once (a session runs one query at a time); they are cheap
+    # (about 25 ms to open, no memory to speak of), and a Grafana dashboard sends a dozen panel queries together.
     write_sessions: int = Field(
-        default=3, ge=2, description="engine sessions for POSTs of writers; one of them only ever runs inserts"
+        default=12, ge=2, description="engine sessions for POSTs of writers; one of them only ever runs inserts"
     )
-    get_sessions: int = Field(default=2, ge=1, description="engine sessions for GETs (readonly=2)")
-    reader_sessions: int = Field(default=2, ge=1, description="engine sessions for the read-only role (readonly=1)")
+    get_sessions: int = Field(default=12, ge=1, description="engine sessions for GETs (readonly=2)")
+    reader_sessions: int = Field(default=12, ge=1, description="engine sessions for the read-only role (readonly=1)")
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a request waits for a free session, else 503"
     )
