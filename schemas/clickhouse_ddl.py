@@ -29,6 +29,35 @@ def create_table_sql(spec: TopicSpec, database: str = "default") -> str:
     )
 
 
+def _default_sql(spec: TopicSpec, name: str) -> str:
+    """What rows stored before column `name` existed read: the model's COLUMN_DEFAULTS expression, else its
+    plain default, else (required or null) the type's default."""
+    expr = getattr(spec.model, "COLUMN_DEFAULTS", {}).get(name)
+    if expr is not None:
+        return f" DEFAULT {expr}"
+    default = spec.model.model_fields[name].default
+    if isinstance(default, bool):
+        return f" DEFAULT {'true' if default else 'false'}"
+    if isinstance(default, int | float):
+        return f" DEFAULT {default!r}"
+    if isinstance(default, str):
+        return " DEFAULT '" + default.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return ""
+
+
+def add_missing_columns_sql(spec: TopicSpec, existing: set[str]) -> list[str]:
+    """ALTERs that give a table made by an older version the model's columns it lacks (tables are created
+    only when missing, so a new field would otherwise fail every insert into an old data dir)."""
+    out, prev = [], None
+    for c in model_columns(spec.model):
+        if c.name not in existing:
+            where = f" AFTER `{prev}`" if prev else " FIRST"
+            out.append(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `{c.name}` {c.ch_type}"
+                       f"{_default_sql(spec, c.name)}{where}")
+        prev = c.name
+    return out
+
+
 def all_ddl(database: str = "default") -> list[str]:
     """Every CREATE statement, in registry order."""
     return [create_table_sql(t, database) for t in TOPICS]

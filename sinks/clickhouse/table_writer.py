@@ -7,7 +7,7 @@ import time
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from clocktower.schemas.clickhouse_ddl import all_ddl
+from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql, all_ddl
 from clocktower.schemas.topics import TOPICS, TopicSpec
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 
@@ -28,6 +28,16 @@ class TableWriter:
         for spec in TOPICS:   # tables made before rows carried `_topic`: their rows are all from their topic
             self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_topic` "
                                 f"LowCardinality(String) DEFAULT {_quote(spec.name)} AFTER `_offset`")
+        # tables made by an older version: add the model's newer columns (e.g. collectives.source)
+        rows = self.client.query("SELECT table, name FROM system.columns WHERE database = currentDatabase()"
+                                 ).result_rows
+        existing: dict[str, set[str]] = {}
+        for table, name in rows:
+            existing.setdefault(table, set()).add(name)
+        for spec in TOPICS:
+            for alter in add_missing_columns_sql(spec, existing.get(spec.table, set())):
+                log.info("schema upgrade: %s", alter)
+                self.client.command(alter)
 
     def insert(self, batch: PartitionBatch) -> None:
         """Insert one batch; retries reuse the token, so a lost reply never doubles rows."""
