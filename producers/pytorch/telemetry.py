@@ -106,6 +106,8 @@ class Telemetry:
     the training hot path. `publisher` is any object with `publish(list[Event])` and
     `flush(timeout)`; by default a SpoolingPublisher to $CLOCKTOWER_KAFKA_BOOTSTRAP, spooling under
     $CLOCKTOWER_SPOOL_DIR (default ~/.cache/clocktower/spool) while the broker is away; closed by `close()`.
+    The spool is this rank's (`rank`, else torch.distributed's, else $RANK), so a restarted rank replays it;
+    made before init_process_group without $RANK (torch.multiprocessing.spawn), it is opened on first publish.
     """
 
     def __init__(self, job: str, *, node: str | None = None, rank: int | None = None,
