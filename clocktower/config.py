@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from clocktower.data_dir import read_owner
 from clocktower.errors import UserError
 from clocktower.generated_secrets import admin_login, control_key_path, read_control_key
+from clocktower.schemas.envelope_checks import DEFAULT_MAX_FUTURE_SKEW_S
 
 
 class Settings(BaseSettings):
@@ -47,6 +48,8 @@ class Settings(BaseSettings):
         default=2_000.0, gt=0, description="a probe pair is pure when its arrival spacing is within this of its send "
         "spacing: 2000 suits kernel software timestamps, ~100 hardware (NIC) timestamps")
     clock_update_ms: float = Field(default=250.0, gt=0, description="probe time between clock estimates")
+    max_future_skew_s: float = Field(default=DEFAULT_MAX_FUTURE_SKEW_S, gt=0, description="the sink and the streams "
+                                     "dead-letter a record with an event stamped more than this ahead of their clock")
 
     @field_validator("clickhouse_url")
     @classmethod
@@ -57,6 +60,10 @@ class Settings(BaseSettings):
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"CLOCKTOWER_CLICKHOUSE_URL must look like http://host:8123, got {v!r}")
         return v
+
+    @property
+    def max_future_skew_ns(self) -> int:
+        return round(self.max_future_skew_s * 1e9)
 
     @property
     def embedded_kafka(self) -> bool:

@@ -107,7 +107,7 @@ class Stack:
                                        "--credentials", str(credentials_path(self.data_dir))])
             self._wait(lambda: _ping(s.clickhouse), "clickhouse", 60)
         on_step("creating topics")
-        ensure_topics(s.bootstrap)
+        ensure_topics(s.bootstrap, disable_auto_create=s.embedded_kafka)   # a typo'd topic fails, not auto-created
         write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse,
                                     "clickhouse_embedded": s.embedded_clickhouse})
         if self.with_sink:

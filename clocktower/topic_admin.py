@@ -7,16 +7,22 @@ from collections.abc import Collection, Mapping
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from clocktower import topic_config
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import TOPICS
 
 
-def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None) -> list[str]:
-    """Create every missing registry topic; returns the names created."""
+def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None,
+                  disable_auto_create: bool = False) -> list[str]:
+    """Create every missing registry topic, raise existing ones' record size limit; returns the names created.
+
+    `disable_auto_create` (the embedded broker only) turns the broker's topic auto-creation off first."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(security or KafkaSecurity()).librdkafka()})
+    if disable_auto_create:
+        topic_config.disable_auto_create(admin, timeout)
     existing = set(admin.list_topics(timeout=timeout).topics)
-    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
-                    config={"retention.ms": str(t.retention_ms)})
+    topic_config.raise_record_limit(admin, [t.name for t in TOPICS if t.name in existing], timeout)
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)
            for t in TOPICS if t.name not in existing]
     created = []
     for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):

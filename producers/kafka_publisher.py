@@ -2,7 +2,10 @@
 
 Events are grouped into records of one schema from one node (the batch
 envelope), compressed, and sent with idempotence on; delivery callbacks
-count what the broker acknowledged and what failed.
+count what the broker acknowledged and what failed. A batch too big for one
+record (MAX_RECORD_BYTES) goes as several; an event too big on its own is
+refused, logged and counted in `refused`. Only registry topics are written,
+and never auto-created: a typo'd topic fails instead of swallowing records.
 """
 
 from __future__ import annotations
@@ -12,14 +15,20 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import groupby
 
-from clocktower.schemas.codec import encode_batch
+from clocktower.schemas.batch_split import EncodedRecord, encode_records
 from clocktower.schemas.event import Event
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning, sign
-from clocktower.schemas.topics import topic_for
+from clocktower.schemas.topics import BY_NAME, MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, topic_for
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 log = logging.getLogger(__name__)
+
+
+def check_topic(topic: str) -> None:
+    """Refuse a topic the registry does not know (a typo would otherwise wait on metadata, then fail late)."""
+    if topic not in BY_NAME:
+        raise ValueError(f"unknown topic {topic!r}: not in the topic registry (schemas/topics.py)")
 
 
 class KafkaPublisher:
@@ -29,11 +38,13 @@ class KafkaPublisher:
                  extra_config: dict[str, object] | None = None, security: KafkaSecurity | None = None,
                  node_key: bytes | None = None) -> None:
         self.max_events = max_events_per_record
+        self.max_record_bytes = MAX_RECORD_BYTES     # the records' value limit (schemas/topics.py)
         # Records are signed with this node's key (CLOCKTOWER_NODE_KEY) so the streams can check who sent them.
         self.node_key = node_key if node_key is not None else NodeSigning().node_key_bytes()
         self.acked: Counter[str] = Counter()     # events acknowledged, per schema
         self.failed: Counter[str] = Counter()    # events whose delivery failed, per schema
         self.sent: Counter[str] = Counter()      # events handed to the producer, per schema
+        self.refused: Counter[str] = Counter()   # events too big for a record on their own, per schema
         self.errors: list[str] = []
         config: dict[str, object] = {
             "bootstrap.servers": bootstrap,
@@ -43,7 +54,8 @@ class KafkaPublisher:
             "batch.size": 1_000_000,
             "compression.type": compression,
             "queue.buffering.max.kbytes": 512 * 1024,
-            "message.max.bytes": 8 * 1024 * 1024,
+            "message.max.bytes": MAX_MESSAGE_BYTES,      # what the topics accept (schemas/topics.py)
+            "allow.auto.create.topics": False,
             "log.connection.close": False,
             "logger": logging.getLogger("rdkafka"),  # librdkafka's log lines, through Python logging
         }
@@ -58,15 +70,31 @@ class KafkaPublisher:
         for _, group in groupby(sorted(events, key=keyfunc), key=keyfunc):
             chunk = list(group)
             for i in range(0, len(chunk), self.max_events):
-                self.publish_batch(chunk[i:i + self.max_events])
-                records += 1
+                records += self.publish_batch(chunk[i:i + self.max_events])
         return records
 
-    def publish_batch(self, events: list[Event]) -> None:
-        """Queue one pre-grouped batch (one schema, one node) as one record."""
-        key, value, headers = self.signed(topic_for(type(events[0])).name, *encode_batch(events))
+    def publish_batch(self, events: list[Event]) -> int:
+        """Queue one pre-grouped batch (one schema, one node): one record, or several if it is too big.
+
+        Returns the records queued. An event too big for a record on its own is refused: logged and
+        counted in `refused`, never sent."""
+        topic = topic_for(type(events[0])).name
         schema = type(events[0]).SCHEMA
-        n = len(events)
+        split = encode_records(events, self.max_record_bytes)
+        for event, size in split.oversized:
+            self.refused[schema] += 1
+            msg = (f"refused a {schema} event of node {event.node!r} at ts_ns {event.ts_ns}: {size} bytes encoded, "
+                   f"more than a record holds ({self.max_record_bytes})")
+            self.errors.append(msg)
+            log.error("%s", msg)
+        for rec in split.records:
+            self.send_record(topic, schema, rec)
+        return len(split.records)
+
+    def send_record(self, topic: str, schema: str, rec: EncodedRecord) -> None:
+        """Sign and queue one encoded record, counting its events as sent and, on delivery, acked or failed."""
+        key, value, headers = self.signed(topic, rec.key, rec.value, rec.headers)
+        n = rec.events
 
         def on_delivery(err: KafkaError | None, _msg: object) -> None:
             if err is None:
@@ -76,7 +104,7 @@ class KafkaPublisher:
                 self.errors.append(str(err))
                 log.error("delivery of %d %s events failed: %s", n, schema, err)
 
-        self.publish_raw(topic_for(type(events[0])).name, key, value, headers, on_delivery)
+        self.publish_raw(topic, key, value, headers, on_delivery)
         self.sent[schema] += n
 
     def signed(self, topic: str, key: bytes, value: bytes, headers: list) -> tuple[bytes, bytes, list]:
@@ -86,6 +114,7 @@ class KafkaPublisher:
     def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None,
                     on_delivery=None) -> None:  # noqa: ANN001
         """Produce one already-encoded record, waiting for queue space when full."""
+        check_topic(topic)
         while True:
             try:
                 self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)

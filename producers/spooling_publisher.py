@@ -56,12 +56,10 @@ from pathlib import Path
 from typing import Any
 
 from clocktower.producers.ack_hold import AckHold
-from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.kafka_publisher import KafkaPublisher, check_topic
 from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
-from clocktower.schemas.codec import encode_batch
-from clocktower.schemas.event import Event
+from clocktower.schemas.batch_split import EncodedRecord
 from clocktower.schemas.kafka_security import KafkaSecurity
-from clocktower.schemas.topics import topic_for
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -162,12 +160,11 @@ class SpoolingPublisher(KafkaPublisher):
         self._thread.start()
 
     # --- publishing ---------------------------------------------------------------
-    def publish_batch(self, events: list[Event]) -> None:
-        """Queue one pre-grouped batch (one schema, one node) as one record."""
-        topic = topic_for(type(events[0])).name
-        self.publish_raw(topic, *self.signed(topic, *encode_batch(events)))
+    def send_record(self, topic: str, schema: str, rec: EncodedRecord) -> None:
+        """Queue one encoded record of a batch (KafkaPublisher.publish_batch splits a batch too big for one)."""
+        self.publish_raw(topic, *self.signed(topic, rec.key, rec.value, rec.headers))
         with self._lock:
-            self.sent[type(events[0]).SCHEMA] += len(events)
+            self.sent[schema] += rec.events
 
     def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None,
                     on_delivery: DeliveryCallback | None = None) -> None:
@@ -175,6 +172,7 @@ class SpoolingPublisher(KafkaPublisher):
 
         `on_delivery`, if given, is called once with (None, message) when the broker acknowledges the record,
         or with an error when it is rejected or dropped from a full spool; it does not survive a restart."""
+        check_topic(topic)
         with self._lock:
             if self._closed:
                 raise RuntimeError("publish on a closed SpoolingPublisher")

@@ -1,12 +1,13 @@
 """The batch envelope and its orjson codec.
 
 One Kafka record = one batch of events of one schema from one node:
-  key      the node id
-  headers  ct-schema, ct-version, ct-count
-  value    a JSON array of events (orjson / pydantic-core, no per-event Python)
+  key      the node id (required)
+  headers  ct-schema, ct-version, ct-count (the number of events)
+  value    a JSON array of events (orjson / pydantic-core, no per-event Python), at most
+           MAX_RECORD_BYTES (schemas/topics.py); `schemas.batch_split` cuts bigger batches
 
-Decoding validates everything and raises `DecodeError` with a reason that
-ends up in `deadletter`; it never raises anything else.
+Decoding validates everything (schemas/envelope_checks.py: count, key, event time) and raises
+`DecodeError` with a reason that ends up in `deadletter`; it never raises anything else.
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from clocktower.schemas.envelope_checks import (
+    DEFAULT_MAX_FUTURE_SKEW_S,
+    count_problem,
+    future_problem,
+    key_problem,
+    timestamp_fields,
+)
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import DeadLetter
-from clocktower.schemas.topics import BY_NAME, BY_SCHEMA
+from clocktower.schemas.topics import BY_NAME, BY_SCHEMA, MAX_RECORD_BYTES, TELEMETRY  # the limit: defined there
 from pydantic import TypeAdapter, ValidationError
 
 H_SCHEMA = "ct-schema"
 H_VERSION = "ct-version"
 H_COUNT = "ct-count"
-MAX_RECORD_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_FUTURE_SKEW_NS = round(DEFAULT_MAX_FUTURE_SKEW_S * 1e9)
 MAX_BATCH_EVENTS = 100_000
 DEADLETTER_RAW_LIMIT = 64 * 1024
 # The DeadLetter model's own limits (schemas/column_types.py: Name 256, Text 65536 characters).
@@ -77,13 +85,19 @@ def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> st
 
 
 def decode_batch(topic: str, key: bytes | None, value: bytes | None,
-                 headers: Sequence[tuple[str, bytes | None]] | None) -> DecodedBatch:
-    """Validate one record of `topic`; raise DecodeError with the reason on any defect."""
+                 headers: Sequence[tuple[str, bytes | None]] | None, *,
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None) -> DecodedBatch:
+    """Validate one record of `topic`; raise DecodeError with the reason on any defect.
+
+    An event stamped more than `max_future_skew_ns` after `now_ns` (default: this clock) is refused.
+    """
     spec = BY_NAME.get(topic)
     if spec is None:
         raise DecodeError(f"unknown topic {topic!r}")
     if value is None:
         raise DecodeError("empty record value")
+    if (problem := key_problem(key)) is not None:
+        raise DecodeError(problem)
     if len(value) > MAX_RECORD_BYTES:
         raise DecodeError(f"oversized record: {len(value)} bytes > {MAX_RECORD_BYTES}")
     schema = _header(headers, H_SCHEMA)
@@ -105,10 +119,16 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
         raise DecodeError("empty batch")
     if len(events) > MAX_BATCH_EVENTS:
         raise DecodeError(f"batch of {len(events)} events exceeds {MAX_BATCH_EVENTS}")
-    node = key.decode("utf-8", "replace") if key else events[0].node
+    if (problem := count_problem(_header(headers, H_COUNT), len(events))) is not None:
+        raise DecodeError(problem)
+    node = (key or b"").decode("utf-8", "replace")
     for e in events:
         if e.node != node:
             raise DecodeError(f"event from node {e.node!r} in a batch keyed {bounded(node, 300)!r}")
+    fields = timestamp_fields(model, spec in TELEMETRY)
+    problem = future_problem(events, fields, time.time_ns() if now_ns is None else now_ns, max_future_skew_ns)
+    if problem is not None:
+        raise DecodeError(problem)
     return DecodedBatch(schema=schema, node=node, events=events)
 
 

@@ -2,6 +2,9 @@
 
 One topic carries one schema. The sink stores each topic in the table named
 here, and `clocktower` creates the topics with these settings at start.
+
+The record size limit lives here, once: the publisher splits batches to fit it, the decoder refuses
+records above it, the topics are created to accept it and the schema reference states it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ from clocktower.schemas.telemetry import (
 )
 
 DAY_MS = 24 * 3600 * 1000
+# A record's value (the JSON array of events, uncompressed) is at most this many bytes. 1 MiB: what a
+# Kafka broker accepts by default (1048588 bytes per record batch, compressed), so records fit an external
+# cluster's topics even where their settings cannot be raised.
+MAX_RECORD_BYTES = 1024 * 1024
+# What a record adds beyond its value: key (a node name, at most 1 KiB of UTF-8), headers (schema,
+# version, count, MAC, record id), record batch framing, and lz4/zstd's expansion of incompressible data.
+RECORD_OVERHEAD_BYTES = 64 * 1024
+# The topics' `max.message.bytes` and the producers' `message.max.bytes`: every record within
+# MAX_RECORD_BYTES fits, compressed or not.
+MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + RECORD_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,11 @@ class TopicSpec:
     @property
     def retention_days(self) -> int:
         return max(1, self.retention_ms // DAY_MS)
+
+    @property
+    def config(self) -> dict[str, str]:
+        """The topic's Kafka settings, as created (and raised to on an existing topic)."""
+        return {"retention.ms": str(self.retention_ms), "max.message.bytes": str(MAX_MESSAGE_BYTES)}
 
 
 TOPICS: tuple[TopicSpec, ...] = (

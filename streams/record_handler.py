@@ -13,7 +13,15 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from clocktower.schemas.codec import DecodeError, Headers, bounded, dead_letter, decode_batch, encode_batch
+from clocktower.schemas.codec import (
+    DEFAULT_MAX_FUTURE_SKEW_NS,
+    DecodeError,
+    Headers,
+    bounded,
+    dead_letter,
+    decode_batch,
+    encode_batch,
+)
 from clocktower.schemas.record_mac import NodeSigning, check
 from clocktower.streams import metrics
 from clocktower.streams.emit import records
@@ -34,8 +42,10 @@ def identity_check(signing: NodeSigning) -> IdentityCheck | None:
 
 
 class RecordHandler:
-    def __init__(self, processors: Processors, identity: IdentityCheck | None = None) -> None:
+    def __init__(self, processors: Processors, identity: IdentityCheck | None = None,
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS) -> None:
         self.processors = processors
+        self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.identity = identity
         self._withheld_seen = 0
 
@@ -43,7 +53,7 @@ class RecordHandler:
                headers: Sequence[tuple[str, bytes | None]]) -> list[Out]:
         metrics.RECORDS.labels(topic).inc()
         try:
-            batch = decode_batch(topic, key, value, headers)
+            batch = decode_batch(topic, key, value, headers, max_future_skew_ns=self.max_future_skew_ns)
         except DecodeError as exc:
             metrics.DECODE_FAILURES.labels(topic).inc()
             log.warning("skipping bad record on %s: %s", topic, bounded(str(exc), 500))

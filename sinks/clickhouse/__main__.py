@@ -28,7 +28,7 @@ def main() -> None:
     writer = TableWriter(client)
     writer.ensure_schema()
     sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
-                                instance_id=s.sink_instance_id)
+                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

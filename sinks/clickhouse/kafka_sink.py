@@ -24,7 +24,14 @@ import socket
 import threading
 import time
 
-from clocktower.schemas.codec import DecodeError, bounded, dead_letter, decode_batch, encode_batch
+from clocktower.schemas.codec import (
+    DEFAULT_MAX_FUTURE_SKEW_NS,
+    DecodeError,
+    bounded,
+    dead_letter,
+    decode_batch,
+    encode_batch,
+)
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import BY_NAME, TOPICS
 from clocktower.sinks.clickhouse import metrics
@@ -55,8 +62,10 @@ class KafkaClickHouseSink:
 
     def __init__(self, bootstrap: str, writer: TableWriter, topics: list[str] | None = None,
                  group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
-                 instance_id: str | None = None, security: KafkaSecurity | None = None) -> None:
+                 instance_id: str | None = None, security: KafkaSecurity | None = None,
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS) -> None:
         self.writer = writer
+        self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.topics = topics or [t.name for t in TOPICS]
         self.batches = BatchSet(policy, salt=secrets.token_hex(4))
         login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
@@ -199,7 +208,8 @@ class KafkaClickHouseSink:
     def _matches(self, m: Message, topic: str, partition: int, offset: int) -> bool:
         """Compare a record with its stored rows (count and first timestamp) or its dead letter."""
         try:
-            events = decode_batch(topic, m.key(), m.value(), m.headers()).events
+            events = decode_batch(topic, m.key(), m.value(), m.headers(),
+                                  max_future_skew_ns=self.max_future_skew_ns).events
         except DecodeError:
             return self.writer.dead_lettered(topic, partition, offset)
         stored = self.writer.stored_record(BY_NAME[topic], partition, offset)
@@ -263,7 +273,8 @@ class KafkaClickHouseSink:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         metrics.RECORDS.labels(topic).inc()
         try:
-            batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
+            batch = decode_batch(topic, msg.key(), msg.value(), msg.headers(),
+                                 max_future_skew_ns=self.max_future_skew_ns)
             self.batches.add(topic, partition, offset, batch.events, msg.value())
             return False
         except DecodeError as exc:

@@ -1,0 +1,60 @@
+"""Broker and topic settings that `ensure_topics` applies beyond creating the topics.
+
+* The record size limit: a topic created before the limit was set (or by someone else) keeps the
+  broker's default `max.message.bytes` (1048588 on noida-db and Kafka); it is raised to
+  MAX_MESSAGE_BYTES so that every record the publisher makes fits.
+* Topic auto-creation: a broker that creates any topic a client names turns a typo'd topic into a
+  silent sink for records. On the embedded broker, which clocktower owns, `auto.create.topics.enable`
+  is turned off (noida-db takes it as a dynamic broker config and keeps it across restarts). An
+  external cluster's broker settings are left to its operators; the publisher refuses unknown topics
+  and never asks for auto-creation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+from clocktower.schemas.topics import MAX_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+
+def _set(resource: str, name: str, key: str, value: str) -> ConfigResource:
+    return ConfigResource(resource, name, incremental_configs=[
+        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+
+
+def disable_auto_create(admin: AdminClient, timeout: float) -> None:
+    """Turn off `auto.create.topics.enable` on every broker of the cluster; raise if a broker refuses."""
+    brokers = admin.list_topics(timeout=timeout).brokers
+    futures = admin.incremental_alter_configs(
+        [_set("broker", str(b), "auto.create.topics.enable", "false") for b in brokers], request_timeout=timeout)
+    for fut in futures.values():
+        fut.result(timeout)
+
+
+def raise_record_limit(admin: AdminClient, topics: list[str], timeout: float) -> list[str]:
+    """Raise `max.message.bytes` of `topics` to MAX_MESSAGE_BYTES where lower; returns the topics raised.
+
+    A broker that does not let us (an external cluster's ACLs) gets a warning, not an error: records
+    compress well below the limit, and one that still does not fit is refused and counted by the publisher.
+    """
+    if not topics:
+        return []
+    try:
+        described = admin.describe_configs([ConfigResource("topic", t) for t in topics], request_timeout=timeout)
+        low = [res.name for res, fut in described.items()
+               if int(fut.result(timeout)["max.message.bytes"].value) < MAX_MESSAGE_BYTES]
+        if low:
+            altered = admin.incremental_alter_configs(
+                [_set("topic", t, "max.message.bytes", str(MAX_MESSAGE_BYTES)) for t in low], request_timeout=timeout)
+            for fut in altered.values():
+                fut.result(timeout)
+        return low
+    except (KafkaException, KeyError, ValueError) as exc:
+        log.warning("could not raise max.message.bytes of the topics to %d (%s): records over the broker's limit "
+                    "will be refused; ask the cluster's operators to raise it", MAX_MESSAGE_BYTES, exc)
+        return []

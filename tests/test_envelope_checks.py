@@ -1,0 +1,159 @@
+"""What a third-party producer's records must pass (count header, key, event time) and how batches are cut to size."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import orjson
+import pytest
+from clocktower.schemas.batch_split import encode_records
+from clocktower.schemas.codec import H_COUNT, DecodeError, decode_batch, encode_batch
+from clocktower.schemas.control import Action, ControlCommand
+from clocktower.schemas.operations import DeadLetter
+from clocktower.schemas.telemetry import ClockProbe, LinkState
+from clocktower.schemas.topics import MAX_RECORD_BYTES, topic_for
+
+from clocktower.config import Settings
+
+NOW = 1_780_000_000 * 10**9
+HOUR = 3600 * 10**9
+DAY = 24 * HOUR
+ACTION = get_args(Action)[0]
+
+
+def _link(i: int = 0, node: str = "node-0", ts_ns: int = NOW) -> LinkState:
+    return LinkState(node=node, ts_ns=ts_ns, interface=f"eth{i}", kind="ethernet", up=True, carrier_changes=i,
+                     speed_mbps=400_000, operstate="up", carrier=True)
+
+
+def _decode(key, value, headers, topic="telemetry.links", **kw):  # noqa: ANN001, ANN202
+    return decode_batch(topic, key, value, headers, now_ns=NOW, **kw)
+
+
+def _with_count(headers, count: bytes | None):  # noqa: ANN001, ANN202
+    return [(k, v) for k, v in headers if k != H_COUNT] + ([(H_COUNT, count)] if count is not None else [])
+
+
+# --- ct-count -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("count", [b"2", b"4", b"0", b"-3", b"3.0", b" 3", b"three", b"\xff", None])
+def test_count_header_must_match_the_events(count: bytes | None) -> None:
+    key, value, headers = encode_batch([_link(i) for i in range(3)])
+    with pytest.raises(DecodeError, match="ct-count"):
+        _decode(key, value, _with_count(headers, count))
+
+
+def test_count_header_matching_passes() -> None:
+    key, value, headers = encode_batch([_link(i) for i in range(3)])
+    assert len(_decode(key, value, _with_count(headers, b"3")).events) == 3
+
+
+# --- key --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key", [None, b""])
+def test_keyless_record_is_refused(key: bytes | None) -> None:
+    _, value, headers = encode_batch([_link()])
+    with pytest.raises(DecodeError, match="no key"):
+        _decode(key, value, headers)
+
+
+# --- event time ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("ahead", "ok"), [(0, True), (HOUR, True), (DAY - 1, True), (DAY + 1, False),
+                                           (365 * DAY, False)])
+def test_future_ts_ns_is_refused_beyond_the_default_skew(ahead: int, ok: bool) -> None:
+    key, value, headers = encode_batch([_link(0), _link(1, ts_ns=NOW + ahead)])
+    if ok:
+        assert _decode(key, value, headers).events[1].ts_ns == NOW + ahead
+    else:
+        with pytest.raises(DecodeError, match=r"event 1: ts_ns .* ahead of the decoder's clock"):
+            _decode(key, value, headers)
+
+
+def test_skew_is_configurable() -> None:
+    key, value, headers = encode_batch([_link(ts_ns=NOW + HOUR)])
+    with pytest.raises(DecodeError, match="ahead"):
+        _decode(key, value, headers, max_future_skew_ns=60 * 10**9)
+    assert _decode(key, value, headers, max_future_skew_ns=2 * HOUR).events
+
+
+def test_default_clock_is_the_wall_clock() -> None:
+    import time
+
+    key, value, headers = encode_batch([_link(ts_ns=time.time_ns() + 365 * DAY)])
+    with pytest.raises(DecodeError, match="ahead"):
+        decode_batch("telemetry.links", key, value, headers)
+
+
+def test_telemetry_checks_every_timestamp_field() -> None:
+    probe = ClockProbe(node="n", ts_ns=NOW, pair_id=1, idx=0, sender="m", receiver="n", tx_ns=NOW + 365 * DAY,
+                       rx_ns=NOW)
+    key, value, headers = encode_batch([probe])
+    with pytest.raises(DecodeError, match="event 0: tx_ns"):
+        _decode(key, value, headers, topic="telemetry.clock")
+
+
+def test_control_command_expiry_may_be_in_the_future() -> None:
+    cmd = ControlCommand(node="n", ts_ns=NOW, command_id="c1", action=ACTION, target="n", expires_ns=NOW + 30 * DAY,
+                         signature="s")
+    key, value, headers = encode_batch([cmd])
+    assert _decode(key, value, headers, topic="control.commands").events == [cmd]
+    late = cmd.model_copy(update={"ts_ns": NOW + 30 * DAY})
+    with pytest.raises(DecodeError, match="event 0: ts_ns"):
+        _decode(*encode_batch([late]), topic="control.commands")
+
+
+def test_skew_setting_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLOCKTOWER_MAX_FUTURE_SKEW_S", raising=False)
+    assert Settings().max_future_skew_ns == DAY
+    monkeypatch.setenv("CLOCKTOWER_MAX_FUTURE_SKEW_S", "90")
+    assert Settings().max_future_skew_ns == 90 * 10**9
+
+
+# --- cutting batches to size ----------------------------------------------------------------------------------------
+def test_big_batch_is_cut_into_decodable_records_in_order() -> None:
+    events = [_link(i) for i in range(200)]
+    size = len(encode_batch(events)[1])
+    split = encode_records(events, max_bytes=size // 5)
+    assert len(split.records) >= 5 and not split.oversized
+    decoded = []
+    for r in split.records:
+        assert len(r.value) <= size // 5
+        batch = _decode(r.key, r.value, r.headers)
+        assert len(batch.events) == r.events
+        decoded += batch.events
+    assert decoded == events
+
+
+def test_events_of_mixed_sizes_all_fit() -> None:
+    big = "x" * 3000
+    events = [DeadLetter(node="n", ts_ns=NOW, origin_topic="t", origin_partition=0, origin_offset=i, reason="r",
+                         detector="d", raw_b64=big if i % 7 == 0 else "") for i in range(100)]
+    split = encode_records(events, max_bytes=8000)
+    assert not split.oversized
+    assert all(len(r.value) <= 8000 for r in split.records)
+    out = [e for r in split.records for e in decode_batch("deadletter", r.key, r.value, r.headers, now_ns=NOW).events]
+    assert out == events
+
+
+def test_an_event_too_big_alone_is_returned_apart_not_dropped() -> None:
+    events = [DeadLetter(node="n", ts_ns=NOW, origin_topic="t", origin_partition=0, origin_offset=i, reason="r",
+                         detector="d", raw_b64="x" * (5000 if i == 2 else 10)) for i in range(5)]
+    split = encode_records(events, max_bytes=2000)
+    assert [e for e, _ in split.oversized] == [events[2]] and split.oversized[0][1] > 2000
+    kept = [e for r in split.records for e in orjson.loads(r.value)]
+    assert [e["origin_offset"] for e in kept] == [0, 1, 3, 4]
+
+
+def test_a_batch_within_the_limit_stays_one_record() -> None:
+    events = [_link(i) for i in range(1000)]
+    split = encode_records(events)
+    assert len(split.records) == 1 and split.records[0].value == encode_batch(events)[1]
+
+
+def test_2_45_mib_of_events_make_several_records_within_the_limit() -> None:
+    pad = "y" * 1000
+    events = [DeadLetter(node="n", ts_ns=NOW, origin_topic="t", origin_partition=0, origin_offset=i, reason=pad,
+                         detector="d", raw_b64="") for i in range(2400)]
+    assert len(encode_batch(events)[1]) > 2.45 * 2**20
+    split = encode_records(events)
+    assert len(split.records) >= 3 and all(len(r.value) <= MAX_RECORD_BYTES for r in split.records)
+    assert sum(r.events for r in split.records) == len(events)
+    assert topic_for(DeadLetter).name == "deadletter"

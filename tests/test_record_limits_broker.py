@@ -1,0 +1,154 @@
+"""Against the embedded broker (noida-db): the record size limit holds end to end, and typo'd topics are not created.
+
+Measured on noida-db 0.2.3: a topic gets `max.message.bytes` 1048588 unless created with its own; the broker
+checks it against the compressed record batch (MSG_SIZE_TOO_LARGE at delivery). Per-topic
+`max.message.bytes` is honoured at creation and by IncrementalAlterConfigs; the broker's
+`auto.create.topics.enable` is true by default, can be set to false with IncrementalAlterConfigs on the
+broker resource, and stays false after a restart (kept in kafka.json).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.operations import DeadLetter
+from clocktower.schemas.telemetry import LinkState
+from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, TOPICS
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from clocktower.ports import free_port, wait_open
+from clocktower.stack import _noida_binary
+from clocktower.topic_admin import ensure_topics
+
+TYPO = "telemetry.iteration"   # the registry has telemetry.iterations
+
+
+class Broker:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir.parent / "broker.log", "ab") as log:
+            self.proc = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
+                                          "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        assert wait_open("127.0.0.1", self.port, 15), "the broker did not open its port"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = Broker(tmp_path_factory.mktemp("limits") / "kafka")
+    b.start()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    # An existing topic made with the broker's defaults, as by an earlier version: its limit must be raised.
+    admin.create_topics([NewTopic("telemetry.gpu", 2, 1)])["telemetry.gpu"].result(15)
+    ensure_topics(b.bootstrap, disable_auto_create=True)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _topic_limit(admin: AdminClient, topic: str) -> int:
+    (fut,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    return int(fut.result(10)["max.message.bytes"].value)
+
+
+def _read_all(bootstrap: str, topic: str, expect_events: int, timeout: float = 20) -> list:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}", "enable.auto.commit": False})
+    try:
+        meta = c.list_topics(topic, timeout=10).topics[topic]
+        c.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        msgs, events, deadline = [], 0, time.monotonic() + timeout
+        while events < expect_events and time.monotonic() < deadline:
+            for m in c.consume(100, timeout=0.5):
+                if m.error() is None:
+                    msgs.append(m)
+                    events += int(dict(m.headers())["ct-count"])
+        return msgs
+    finally:
+        c.close()
+
+
+def test_every_topic_accepts_the_record_limit(broker: Broker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert {t.name: _topic_limit(admin, t.name) for t in TOPICS} == {t.name: MAX_MESSAGE_BYTES for t in TOPICS}
+
+
+def test_2_45_mib_of_events_land_as_several_decodable_records_none_lost(broker: Broker) -> None:
+    t0 = time.time_ns()
+    # Hex interface names: little for lz4 to squeeze, so the broker sees records near their real size.
+    events = [LinkState(node="node-big", ts_ns=t0 + i, interface=os.urandom(100).hex(), kind="ethernet", up=True,
+                        carrier_changes=i, speed_mbps=400_000, operstate="up", carrier=True) for i in range(8000)]
+    assert len(encode_batch(events)[1]) > 2.45 * 2**20
+    pub = KafkaPublisher(broker.bootstrap, max_events_per_record=100_000, node_key=b"")
+    records = pub.publish(events)
+    assert pub.flush(30) == 0
+    assert records >= 3
+    assert (pub.acked["link_state"], pub.failed["link_state"], pub.refused["link_state"]) == (8000, 0, 0), pub.errors
+    msgs = _read_all(broker.bootstrap, "telemetry.links", 8000)
+    assert len(msgs) == records
+    got = []
+    for m in msgs:
+        assert len(m.value()) <= MAX_RECORD_BYTES
+        got += decode_batch("telemetry.links", m.key(), m.value(), m.headers()).events
+    assert sorted(got, key=lambda e: e.ts_ns) == events
+
+
+def test_an_event_too_big_alone_is_refused_and_counted_the_rest_delivered(broker: Broker) -> None:
+    now = time.time_ns()
+    events = [DeadLetter(node="node-dl", ts_ns=now + i, origin_topic="telemetry.links", origin_partition=0,
+                         origin_offset=i, reason="r", detector="test",
+                         raw_b64="A" * (2 * MAX_RECORD_BYTES if i == 1 else 8)) for i in range(3)]
+    pub = KafkaPublisher(broker.bootstrap, node_key=b"")
+    assert pub.publish(events) >= 1
+    assert pub.flush(30) == 0
+    assert (pub.acked["deadletter"], pub.refused["deadletter"]) == (2, 1)
+    assert "more than a record holds" in pub.errors[0]
+    msgs = _read_all(broker.bootstrap, "deadletter", 2)
+    assert [e.origin_offset for m in msgs for e in decode_batch("deadletter", m.key(), m.value(), m.headers()).events] \
+        == [0, 2]
+
+
+def test_a_typo_topic_is_not_created(broker: Broker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    with pytest.raises(ValueError, match="unknown topic"):
+        KafkaPublisher(broker.bootstrap, node_key=b"").publish_raw(TYPO, b"n", b"[]", [])
+    # A third-party producer with librdkafka's defaults (it asks for auto-creation).
+    errors: list = []
+    p = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 3000})
+    p.produce(TYPO, key=b"n", value=b"[]", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(10)
+    assert errors and errors[0] is not None
+    assert TYPO not in admin.list_topics(timeout=10).topics
+
+
+def test_auto_creation_stays_off_after_a_restart(broker: Broker) -> None:
+    broker.stop()
+    broker.start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    (broker_id,) = admin.list_topics(timeout=10).brokers
+    (fut,) = admin.describe_configs([ConfigResource("broker", str(broker_id))]).values()
+    assert fut.result(10)["auto.create.topics.enable"].value == "false"
