@@ -48,6 +48,7 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
                          publisher.publish)
     runner.start()
     try:
+        assert runner.wait_started(30)               # sources start in the background: the snapshot first
         with IPRoute(netns=eth0_netns, flags=0) as ip:
             peer = ip.link_lookup(ifname="peer0")[0]
             time.sleep(1.0)
