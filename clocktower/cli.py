@@ -69,6 +69,8 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(orjson.dumps(summary).decode())
     else:
+        if not console.is_terminal:  # rich ends a live display with a newline only on a terminal
+            console.line()
         console.print(render_summary(summary))
     return 0 if not summary["errors"] else 1
 

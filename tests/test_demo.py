@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from clocktower import cli
 from clocktower.ports import free_port
@@ -46,7 +49,12 @@ SUMMARY = {
 def _demo(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     import clocktower.demo
 
-    monkeypatch.setattr(clocktower.demo, "run_demo", lambda *a, **k: SUMMARY)
+    def run_demo(settings: object, duration: float, nodes: int, console: Console, seed: int) -> dict:
+        with Live(Text("link_states │ 486"), console=console, transient=False):  # as the real one shows progress
+            pass
+        return SUMMARY
+
+    monkeypatch.setattr(clocktower.demo, "run_demo", run_demo)
     monkeypatch.setenv("COLUMNS", "100")
     assert cli.main(["demo", *flags]) == 0
     return capsys.readouterr().out
@@ -55,6 +63,7 @@ def _demo(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *
 def test_demo_prints_json_only_when_asked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     out = _demo(monkeypatch, capsys)
     assert "{" not in out and "events_produced" not in out, out  # no JSON glued on
+    assert "link_states │ 486" in out.splitlines(), f"the summary starts on the progress table's last line:\n{out}"
     for shown in ("link_flap", "node-1:eth0", "yes", "gpu_xid", "no", "failover 1", "150 of 200", "no errors"):
         assert shown in out, f"{shown!r} not in\n{out}"
     assert json.loads(_demo(monkeypatch, capsys, "--json")) == SUMMARY
