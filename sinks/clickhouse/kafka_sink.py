@@ -36,6 +36,8 @@ from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import BY_NAME, TOPICS
 from clocktower.sinks.clickhouse import metrics
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from clocktower.sinks.clickhouse.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
+from clocktower.sinks.clickhouse.idle_pacer import IdlePacer
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -93,6 +95,7 @@ class KafkaClickHouseSink:
             # once instead of waiting for a rebalance (noida-db never completes that one).
             "group.instance.id": instance_id or f"{group_id}-{socket.gethostname()}",
             "logger": RDKAFKA_LOG,
+            **IDLE_CONSUMER_SETTINGS,   # the broker answers fetches at once: an idle sink pauses (idle_pacer.py)
             **login,
         })
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
@@ -238,11 +241,14 @@ class KafkaClickHouseSink:
     # --- the loop ---------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
+        self._pacer = IdlePacer(self.consumer, held=lambda: self._pending)
         try:
             while not stop.is_set():
                 if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
                     self._check_after_out_of_range()
-                for msg in self.consumer.consume(num_messages=2000, timeout=0.1):
+                num_messages, timeout = self._pacer.next_consume()
+                msgs = self.consumer.consume(num_messages=num_messages, timeout=timeout)
+                for msg in msgs:
                     key = (msg.topic(), msg.partition())
                     if key in self._pending:
                         continue               # paused, unchecked: read from its checked offset once it answers
@@ -252,6 +258,8 @@ class KafkaClickHouseSink:
                         self._next[key] = msg.offset() + 1
                     self.flush(due_only=True)  # per record: a batch never grows past max_rows + one record
                 self.flush(due_only=True)
+                self._pacer.after(msgs)
+            self._pacer.release()
             self.flush()
         finally:
             self.producer.flush(10)

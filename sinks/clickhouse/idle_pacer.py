@@ -1,0 +1,92 @@
+"""Pause an idle sink's partitions between fetches, since the embedded broker answers every fetch at once.
+
+noida-db ignores `fetch.wait.max.ms`, and librdkafka backs off only after fetch errors, never after an
+empty fetch: an idle consumer's fetcher thread spins (thousands of fetches a second, tens of percent of a
+core in the sink and as much in the broker). So once a consume brings no record, the pacer pauses the
+fetchable partitions for `backoff_s`, then resumes them and asks for metadata, which wakes librdkafka's
+broker thread at once (otherwise a resumed partition may wait up to a second for its next fetch). With
+`enable.partition.eof` each resumed partition answers with its end-of-partition event, so the probe
+consume returns after one fetch round instead of spinning for its whole timeout. A record that arrives
+while idle waits at most `backoff_s` plus one fetch; while records flow, nothing is paused.
+
+Pausing keeps the consumed position (librdkafka resumes from the last record handed over), so nothing
+is skipped or read twice. Partitions held paused by the sink itself (`held`) are never resumed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+log = logging.getLogger(__name__)
+IDLE_FETCH_BACKOFF_S = 0.1    # what an idle sink adds to a record's latency, at most (plus one fetch)
+ACTIVE_TIMEOUT_S = 0.1        # consume timeout while records flow
+BATCH = 2000                  # records per consume while records flow
+WAKE_TIMEOUT_S = 1.0
+# Added to the consumer's configuration: every resumed partition reports its end at once.
+CONSUMER_SETTINGS = {"enable.partition.eof": True}
+
+
+class IdlePacer:
+    """Decides each consume's size and timeout, and pauses/resumes the partitions while idle."""
+
+    def __init__(self, consumer: Consumer, held: Callable[[], set[tuple[str, int]]],
+                 backoff_s: float = IDLE_FETCH_BACKOFF_S) -> None:
+        self.consumer = consumer
+        self.held = held
+        self.backoff_s = backoff_s
+        self._paused: list[TopicPartition] = []
+        self._resume_at: float | None = None
+        self._probing = 0             # partitions just resumed: their end events end the next consume early
+
+    def next_consume(self) -> tuple[int, float]:
+        """(num_messages, timeout) for the next consume."""
+        if self._resume_at is not None:
+            return BATCH, max(0.0, min(ACTIVE_TIMEOUT_S, self._resume_at - time.monotonic()))
+        return (self._probing or BATCH), ACTIVE_TIMEOUT_S
+
+    def after(self, msgs: list[Message]) -> None:
+        """Account for what the last consume returned: pause when idle, resume when the backoff is over."""
+        now = time.monotonic()
+        if self._resume_at is not None:
+            if now >= self._resume_at:
+                self._resume()
+            return
+        self._probing = 0
+        if self.backoff_s > 0 and not any(m.error() is None for m in msgs):
+            self._pause(now)
+
+    def _fetchable(self, parts: list[TopicPartition]) -> list[TopicPartition]:
+        held = self.held()
+        return [tp for tp in parts if (tp.topic, tp.partition) not in held]
+
+    def _pause(self, now: float) -> None:
+        parts = self._fetchable(self.consumer.assignment())
+        if not parts:
+            return
+        self.consumer.pause(parts)
+        self._paused, self._resume_at = parts, now + self.backoff_s
+
+    def _resume(self, wake: bool = True) -> None:
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        parts = [tp for tp in self._fetchable(self._paused) if (tp.topic, tp.partition) in assigned]
+        self._paused, self._resume_at = [], None
+        if not parts:
+            return
+        self.consumer.resume(parts)
+        self._probing = len(parts)
+        if not wake:
+            return
+        try:
+            self.consumer.list_topics(parts[0].topic, timeout=WAKE_TIMEOUT_S)   # wakes the broker thread
+        except Exception as exc:  # noqa: BLE001 - only a wake-up: the fetch still starts, within a second
+            log.debug("metadata request after resume failed: %s", exc)
+
+    def release(self) -> None:
+        """Resume what the pacer paused (the sink is stopping): the consumer is left as the sink set it."""
+        if self._resume_at is not None:
+            self._resume_at = time.monotonic()
+            self._resume(wake=False)
