@@ -1,7 +1,8 @@
 """ClickHouse HTTP details that curl, clickhouse-connect and Grafana rely on (issue 9, item 9).
 
-HEAD health checks, the X-ClickHouse-Format / X-ClickHouse-Database request headers, and response
-compression with enable_http_compression=1, each checked with a real client against a real endpoint.
+HEAD health checks, the X-ClickHouse-Format / X-ClickHouse-Database request headers, response
+compression (enable_http_compression) and system.query_log, each checked with a real client against
+a real endpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import lzma
 import shutil
 import subprocess
+import time
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -22,9 +24,11 @@ import pytest
 from clickhouse_connect.driver.compression import available_compression
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, response_encoding
 from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.limits import EndpointLimits
 from clocktower.sinks.endpoint.request_body import _lz4_frame, _zstd
 
 USER, PASSWORD = "compat", "a-compat-password"
+VIEWER = "viewer"
 BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 NUMBERS = b"".join(b"%d\n" % i for i in range(1000))
 REPEATS = b"".join(b"%d\n" % (i % 7) for i in range(1000))
@@ -42,8 +46,9 @@ if _lz4_frame is not None:
 
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseHttpEndpoint]:
-    engine = ChdbEngine(tmp_path_factory.mktemp("chdb-compat"))
-    server = ClickHouseHttpEndpoint(engine, port=0, users={USER: User(PASSWORD, readonly=False)})
+    engine = ChdbEngine(tmp_path_factory.mktemp("chdb-compat"), EndpointLimits(query_log_flush_ms=200))
+    users = {USER: User(PASSWORD, readonly=False), VIEWER: User(PASSWORD, readonly=True)}
+    server = ClickHouseHttpEndpoint(engine, port=0, users=users)
     server.start()
     yield server
     server.stop()
@@ -166,3 +171,24 @@ def test_clickhouse_connect_gets_compressed_responses(
     assert sent, "the endpoint sent no compressed response"
     expected = compress if isinstance(compress, str) else response_encoding.choose(",".join(available_compression))
     assert set(sent) == {expected}
+
+
+def test_query_log_keeps_client_queries_only(endpoint: ClickHouseHttpEndpoint) -> None:
+    """Grafana's plugin and users read system.query_log; the endpoint's own queries stay out of it."""
+    admin = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=USER, password=PASSWORD)
+    viewer = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=VIEWER, password=PASSWORD)
+    assert admin.command("SELECT 'marker-admin-1'") == "marker-admin-1"
+    assert viewer.command("SELECT 'marker-viewer-1'") == "marker-viewer-1"
+    query = ("SELECT query, type FROM system.query_log WHERE query LIKE '%marker-%-1%' AND query NOT LIKE '%query_log%'"
+             " ORDER BY event_time_microseconds")
+    rows: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 20
+    while len(rows) < 4 and time.monotonic() < deadline:  # the log is flushed every 200 ms here
+        time.sleep(0.2)
+        rows = [tuple(row) for row in viewer.query(query).result_rows]  # the read-only role may read it
+    finished = {q for q, kind in rows if kind == "QueryFinish"}
+    assert any("marker-admin-1" in q for q in finished) and any("marker-viewer-1" in q for q in finished), rows
+    assert all("parseQueryToJSON" not in q for q, _ in rows if "marker-admin-1" in q)
+    internal = admin.query("SELECT count() FROM system.query_log WHERE query LIKE '%clocktower-session-flush%' "
+                           "OR query LIKE 'SET log_queries%' OR query LIKE 'SELECT name, value FROM system.settings%'")
+    assert internal.result_rows == [(0,)]

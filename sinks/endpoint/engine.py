@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import chdb
-from clocktower.sinks.endpoint import sql_guard
+from clocktower.sinks.endpoint import engine_config, sql_guard
 from clocktower.sinks.endpoint.engine_session import EngineSession
 from clocktower.sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, ClickHouseError
 from clocktower.sinks.endpoint.limits import EndpointLimits
@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 _TREELESS_RE = re.compile(r"AST node of type '([^']+)' does not support JSON serialization")
 _PARSE_SCOPE_RE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuery)\(.*\Z", re.DOTALL)
+
+# Sessions start with query logging off, so their set-up stays out of system.query_log (EngineSession turns it on).
+_QUIET_START = "log_queries=0"
 
 _open_paths: set[str] = set()
 _open_paths_lock = threading.Lock()
@@ -118,7 +121,8 @@ class ChdbEngine:
             if _dir_is_locked(self.path):
                 raise DataDirLocked(_locked_message(self.path))
             try:
-                first = chdb.connect(self.path)
+                with engine_config.config_file(self.limits.query_log_flush_ms) as config:
+                    first = chdb.connect(f"{self.path}?config-file={config}&{_QUIET_START}")
             except RuntimeError as ex:
                 if _dir_is_locked(self.path):
                     raise DataDirLocked(_locked_message(self.path)) from None
@@ -135,8 +139,8 @@ class ChdbEngine:
                 2: SessionPool(getters, renew=self._renew),
                 1: SessionPool(readers, renew=self._renew),
             }
-            startup = "SELECT version(), timezone(), getSetting('enable_http_compression')"
-            version, timezone, compression = self.execute(startup).data.decode().split()
+            startup = "SELECT version(), timezone(), getSetting('enable_http_compression') SETTINGS log_queries = 0"
+            version, timezone, compression = self.execute(startup, kind="write").data.decode().split()  # no SET
         except BaseException:
             self.close()
             raise
@@ -229,7 +233,7 @@ class ChdbEngine:
         self.close()
 
     def _session(self, readonly: int, timeout_s: float, conn: Any = None) -> EngineSession:
-        conn = conn if conn is not None else chdb.connect(self.path)
+        conn = conn if conn is not None else chdb.connect(f"{self.path}?{_QUIET_START}")
         try:
             session = EngineSession(conn, readonly, timeout_s)
         except BaseException:
@@ -280,12 +284,12 @@ class ChdbEngine:
         """
         param = {"q": escape_param(statement)}
         try:
-            parsed = session.query("SELECT parseQueryToJSON({q:String})", "TSVRaw", param).bytes()
+            parsed = session.query("SELECT parseQueryToJSON({q:String})" + session.quiet, "TSVRaw", param).bytes()
         except ClickHouseError as ex:
             found = _TREELESS_RE.search(ex.message) if ex.code == BAD_ARGUMENTS else None
             if found is None:
                 raise ClickHouseError(ex.code, _PARSE_SCOPE_RE.sub("", ex.message), ex.name) from None
-            formatted = session.query("SELECT formatQuery({q:String})", "TSVRaw", param).bytes()
+            formatted = session.query("SELECT formatQuery({q:String})" + session.quiet, "TSVRaw", param).bytes()
             toks = list(tokens(formatted))
             calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
             has_settings = any(t.text == "SETTINGS" for t in toks)

@@ -52,11 +52,17 @@ class EngineSession:
         self._database: str | None = None
         self._applied: dict[str, str] = {}
         self.broken = False
+        self.quiet = ""
+        # The engine opens the connection with log_queries=0, so this set-up stays out of system.query_log; the
+        # last SET turns logging on (unlogged itself) and, after readonly, no setting can change (at 1) or lower.
         for name, value in {**BASELINE_SETTINGS, "max_execution_time": f"{timeout_s:g}"}.items():
             self.query(f"SET {name} = {quote(value)}")
-        if readonly:
-            self.query(f"SET readonly = {readonly}")  # last: after this the engine refuses to lower it
+        self.use("default")
         self._baseline = self._changed_settings()
+        self._baseline.pop("log_queries", None)
+        self.query("SET log_queries = 1" + (f", readonly = {readonly}" if readonly else ""))
+        # The endpoint's own SELECTs (guard parse, flush) stay out of the log where the session may say so.
+        self.quiet = " SETTINGS log_queries = 0" if readonly != 1 else ""
 
     def query(self, sql: str | bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None) -> Any:
         try:
@@ -74,7 +80,7 @@ class EngineSession:
         """
         for _ in range(3):
             try:
-                if self.conn.query(_FLUSH_SQL, "TSVRaw").bytes() == _FLUSH_OUT:
+                if self.conn.query(_FLUSH_SQL + self.quiet, "TSVRaw").bytes() == _FLUSH_OUT:
                     return
             except Exception:
                 logger.warning("flushing a chdb session failed", exc_info=True)

@@ -32,6 +32,9 @@ class EndpointLimits(BaseSettings):
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a request waits for a free session, else 503"
     )
+    query_log_flush_ms: int = Field(
+        default=7500, ge=100, description="how soon queries appear in system.query_log (ClickHouse's default)"
+    )
     header_timeout_s: float = Field(
         default=5.0, gt=0, description="request line and headers must arrive within this of the first byte, else closed"
     )
