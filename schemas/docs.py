@@ -5,9 +5,27 @@ from __future__ import annotations
 import inspect
 
 from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS
-from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, MAX_RECORD_BYTES
+from clocktower.schemas.codec import DEFAULT_MAX_FUTURE_SKEW_NS, H_COUNT, H_SCHEMA, H_VERSION
 from clocktower.schemas.columns import model_columns
-from clocktower.schemas.topics import TOPICS
+from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, RECORD_OVERHEAD_BYTES, TOPICS
+
+
+def _envelope_rules() -> list[str]:
+    """What a producer's records must satisfy (schemas/topics.py, schemas/envelope_checks.py), for third parties."""
+    return [
+        f"Record size: a record's value is at most {MAX_RECORD_BYTES} bytes (`MAX_RECORD_BYTES`, uncompressed JSON). "
+        f"The topics are created with `max.message.bytes` {MAX_MESSAGE_BYTES} (the value plus "
+        f"{RECORD_OVERHEAD_BYTES // 1024} KiB for key, headers and framing), and an existing topic's lower limit is "
+        "raised at start where the broker allows it. clocktower's publisher cuts a bigger batch into several records, "
+        "each a complete envelope, and refuses (logs and counts) a single event that alone exceeds the limit.",
+        "",
+        "A record is dead-lettered, with the reason, when: it has no key, or an event's `node` differs from the key; "
+        f"`{H_COUNT}` is missing or differs from the number of events in the value; an event's `ts_ns` (on "
+        "`telemetry.*` topics, any of its timestamp fields) is more than `CLOCKTOWER_MAX_FUTURE_SKEW_S` "
+        f"(default {DEFAULT_MAX_FUTURE_SKEW_NS // 10**9} s) ahead of the decoding service's clock; or it fails any "
+        "other check below (schema, version, field types and bounds). Topics are not auto-created: the embedded "
+        "broker has `auto.create.topics.enable` off and the publisher refuses a topic not listed here.",
+    ]
 
 
 def render() -> str:
@@ -21,6 +39,8 @@ def render() -> str:
         f"(at most {MAX_RECORD_BYTES // 2**20} MiB). Each topic lands in one ClickHouse table with the "
         "model's columns plus " + ", ".join(f"`{n}` {t}" for n, t in KAFKA_COLUMNS)
         + " (the Kafka origin) and `time` DateTime64(9) (from `ts_ns`).",
+        "",
+        *_envelope_rules(),
         "",
         "| topic | schema | table | partitions | retention (days) | what |",
         "|---|---|---|---|---|---|",
