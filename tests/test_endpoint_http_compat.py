@@ -107,6 +107,12 @@ def test_response_headers_clients_read(endpoint: ClickHouseHttpEndpoint) -> None
     assert headers["X-ClickHouse-Format"] == "JSON" and headers["Content-Type"].startswith("application/json")
     assert headers["X-ClickHouse-Timezone"]
     assert json.loads(headers["X-ClickHouse-Summary"])["read_rows"] == "1"
+    for fmt, expected in (("TSVWithNames", "text/tab-separated-values"), ("CSVWithNamesAndTypes", "text/csv"),
+                          ("JSONCompact", "application/json"), ("XML", "application/xml")):
+        _, headers, _ = request(endpoint, "GET", f"/?query=SELECT+1+FORMAT+{fmt}")
+        assert headers["X-ClickHouse-Format"] == fmt and headers["Content-Type"].startswith(expected), headers
+    _, headers, _ = request(endpoint, "GET", "/?query=SELECT+1+FORMAT+CSVWithNamesAndTypes")
+    assert "header=present" in headers["Content-Type"]
     status, headers, _ = request(endpoint, "GET", "/?query=SELECT+*+FROM+no_such_table")
     assert status == 404 and headers["X-ClickHouse-Exception-Code"] == "60" and headers["X-ClickHouse-Query-Id"]
 

@@ -47,9 +47,22 @@ def header_safe(value: str | None) -> str | None:
 
 
 def content_type(fmt: str) -> str:
+    """The Content-Type ClickHouse sends for output format ``fmt`` (its whole family, e.g. TSVWithNames)."""
     if fmt.startswith(_BINARY_FORMATS):
         return "application/octet-stream"
-    return _CONTENT_TYPES.get(fmt, "text/plain; charset=UTF-8")
+    if fmt in _CONTENT_TYPES:
+        return _CONTENT_TYPES[fmt]
+    if fmt.startswith(("TabSeparated", "TSV")):
+        return _CONTENT_TYPES["TSV"]
+    if fmt.startswith("CSVWithNames"):
+        return _CONTENT_TYPES["CSVWithNames"]
+    if fmt.startswith("JSON"):
+        return _CONTENT_TYPES["JSON"]
+    if fmt == "XML":
+        return "application/xml; charset=UTF-8"
+    if fmt == "Markdown":
+        return "text/markdown; charset=UTF-8"
+    return "text/plain; charset=UTF-8"
 
 
 def _leb128(value: int) -> bytes:
