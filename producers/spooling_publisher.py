@@ -194,6 +194,11 @@ class SpoolingPublisher(KafkaPublisher):
         except BufferError:
             return False
         except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in _PERMANENT:   # e.g. over message.max.bytes: it would
+                self._inflight[rec.seq] = _Pending(rec, on_disk, replay)     # block the spool; rejected for good,
+                self._on_delivery(rec.seq, err, None)                        # as a broker refusal is
+                return True
             log.warning("cannot hand record %d for %s to librdkafka: %s", rec.seq, rec.topic, exc)
             return False
         self._inflight[rec.seq] = _Pending(rec, on_disk, replay)

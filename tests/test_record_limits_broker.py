@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import LinkState
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, TOPICS
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from clocktower.ports import free_port, wait_open
@@ -152,3 +153,24 @@ def test_auto_creation_stays_off_after_a_restart(broker: Broker) -> None:
     (broker_id,) = admin.list_topics(timeout=10).brokers
     (fut,) = admin.describe_configs([ConfigResource("broker", str(broker_id))]).values()
     assert fut.result(10)["auto.create.topics.enable"].value == "false"
+
+
+def test_a_record_over_the_producer_limit_does_not_block_the_spool(broker: Broker, tmp_path: Path) -> None:
+    """librdkafka refuses it at produce(): rejected for good, as a broker refusal is, and the records behind go on."""
+    results: list = []
+    with SpoolingPublisher(broker.bootstrap, tmp_path / "spool") as pub:
+        big = b"[" + b" " * MAX_MESSAGE_BYTES + b"]"      # as from an older version's spool or a raw caller
+        pub.publish_raw("telemetry.links", b"node-s", big, [], on_delivery=lambda err, _m: results.append(err))
+        pub.publish([_link_state("node-s", time.time_ns())])
+        assert pub.flush(15) == 0
+        deadline = time.monotonic() + 15
+        while pub.spool.pending_records and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pub.spool.pending_records == 0
+        assert pub.acked["link_state"] == 1 and pub.rejected_records == 1
+        assert len(results) == 1 and results[0] is not None and results[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+
+def _link_state(node: str, ts_ns: int) -> LinkState:
+    return LinkState(node=node, ts_ns=ts_ns, interface="eth0", kind="ethernet", up=True, carrier_changes=0,
+                     speed_mbps=400_000, operstate="up", carrier=True)
