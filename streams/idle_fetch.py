@@ -10,6 +10,7 @@ returns records is followed at once, so a busy worker is not slowed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiokafka.consumer.consumer as aiokafka_consumer
 from aiokafka.consumer.fetcher import Fetcher
@@ -27,7 +28,10 @@ class IdleBackoffFetcher(Fetcher):
         has_records = await super()._proc_fetch_request(assignment, node_id, request)
         task = asyncio.current_task()
         if not has_records and self.idle_backoff_s > 0 and not (task and task.cancelling()):
-            await asyncio.sleep(self.idle_backoff_s)   # node stays in flight: no new fetch to it meanwhile
+            # The node stays in flight: no new fetch to it meanwhile. A cancel (close(), a lost assignment) ends it
+            # quietly, as aiokafka's own fetch does: close() awaits this task.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(self.idle_backoff_s)
         return has_records
 
 

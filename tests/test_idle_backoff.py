@@ -1,0 +1,135 @@
+"""Idle consumers back off on empty fetches: the embedded broker answers every fetch at once.
+
+Counted against the real broker: librdkafka's own statistics (`brokers.*.req.Fetch`) for the sink, the
+fetch requests aiokafka sends for the stream worker. Without the backoff an idle consumer sends thousands
+of fetches a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiokafka
+import aiokafka.consumer.consumer as aiokafka_consumer
+import pytest
+from aiokafka.consumer.fetcher import Fetcher
+from clocktower.sinks.clickhouse import kafka_sink
+from clocktower.sinks.clickhouse.table_writer import TableWriter
+from clocktower.streams import idle_fetch
+from confluent_kafka import Consumer
+
+from tests.conftest import Pipeline
+
+WINDOW_S = 2.0
+MAX_FETCHES_PER_S = 200     # paced: about 10 rounds a second of a few fetches each; unpaced: thousands
+
+
+class _FetchCount:
+    def __init__(self) -> None:
+        self.fetches = 0
+
+    def stats(self, raw: str) -> None:
+        brokers = json.loads(raw)["brokers"].values()
+        self.fetches = sum(b.get("req", {}).get("Fetch", 0) for b in brokers if b.get("nodeid", -1) >= 0)
+
+
+@pytest.fixture
+def sink_fetches(monkeypatch) -> Iterator[_FetchCount]:  # noqa: ANN001
+    """Every sink consumer built from now on reports its fetch count here."""
+    count = _FetchCount()
+
+    def counting_consumer(config: dict) -> Consumer:
+        if config.get("group.id") == "clocktower-sink":
+            config = {**config, "statistics.interval.ms": 100, "stats_cb": count.stats}
+        return Consumer(config)
+
+    monkeypatch.setattr(kafka_sink, "Consumer", counting_consumer)
+    yield count
+
+
+def test_an_idle_sink_pauses_between_fetches(services: Pipeline, sink_fetches: _FetchCount) -> None:
+    writer = TableWriter(services.client)
+    writer.ensure_schema()
+    sink = kafka_sink.KafkaClickHouseSink(services.settings.bootstrap, writer, instance_id="idle-test")
+    stop = threading.Event()
+    worker = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not sink._next and time.monotonic() < deadline:   # until the partitions are assigned
+            time.sleep(0.1)
+        assert sink._next, "the sink got no partitions"
+        time.sleep(1.0)
+        start, before = time.monotonic(), sink_fetches.fetches
+        time.sleep(WINDOW_S)
+        rate = (sink_fetches.fetches - before) / (time.monotonic() - start)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert 0 < rate < MAX_FETCHES_PER_S, f"an idle sink sent {rate:.0f} fetches/s"
+
+
+async def _idle_fetch_rate(bootstrap: str, topic: str) -> float:
+    """Fetch requests per second an idle aiokafka consumer sends, over WINDOW_S once assigned."""
+    consumer = aiokafka.AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"idle-{time.time_ns()}",
+                                         auto_offset_reset="latest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert consumer.assignment(), "no partitions assigned"
+        await consumer.getmany(timeout_ms=500)
+        start, before = time.monotonic(), _requests.count
+        await consumer.getmany(timeout_ms=int(WINDOW_S * 1000))
+        return (_requests.count - before) / (time.monotonic() - start)
+    finally:
+        await consumer.stop()
+
+
+class _Requests:
+    count = 0
+
+
+_requests = _Requests()
+
+
+@pytest.fixture
+def counted_fetches(monkeypatch) -> None:  # noqa: ANN001
+    """Count the fetch requests aiokafka sends (IdleBackoffFetcher calls this through super())."""
+    proc = Fetcher._proc_fetch_request
+
+    async def counting(self, assignment, node_id, request):  # noqa: ANN001, ANN202
+        _requests.count += 1
+        return await proc(self, assignment, node_id, request)
+
+    monkeypatch.setattr(Fetcher, "_proc_fetch_request", counting)
+    monkeypatch.setattr(aiokafka_consumer, "Fetcher", aiokafka_consumer.Fetcher)   # restored after install()
+    monkeypatch.setattr(idle_fetch.IdleBackoffFetcher, "idle_backoff_s", idle_fetch.IdleBackoffFetcher.idle_backoff_s)
+
+
+def test_an_idle_stream_consumer_backs_off_after_empty_fetches(services: Pipeline, counted_fetches: None) -> None:
+    bootstrap = services.settings.bootstrap
+    unpaced = asyncio.run(_idle_fetch_rate(bootstrap, "telemetry.flows"))
+    idle_fetch.install()
+    paced = asyncio.run(_idle_fetch_rate(bootstrap, "telemetry.flows"))
+    assert paced < MAX_FETCHES_PER_S and paced * 5 < unpaced, f"fetches/s: {paced:.0f} paced, {unpaced:.0f} not"
+
+
+def test_the_stream_worker_installs_the_backoff(tmp_path: Path) -> None:
+    """The Faust app's consumers are aiokafka consumers: importing the app installs the fetcher."""
+    env = {**os.environ, "CLOCKTOWER_CONTROL_KEY": "k" * 32, "CLOCKTOWER_DATA_DIR": str(tmp_path),
+           "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS": "250"}
+    code = ("import clocktower.streams.app, aiokafka.consumer.consumer as c; "
+            "print(c.Fetcher.__name__, c.Fetcher.idle_backoff_s)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["IdleBackoffFetcher", "0.25"]
