@@ -157,3 +157,22 @@ def test_2_45_mib_of_events_make_several_records_within_the_limit() -> None:
     assert len(split.records) >= 3 and all(len(r.value) <= MAX_RECORD_BYTES for r in split.records)
     assert sum(r.events for r in split.records) == len(events)
     assert topic_for(DeadLetter).name == "deadletter"
+
+
+def test_streams_handler_decodes_with_its_configured_skew() -> None:
+    import time
+
+    from clocktower.streams.processors import Processors
+    from clocktower.streams.record_handler import RecordHandler
+    from prometheus_client import REGISTRY
+
+    def failures() -> float:
+        return REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.links"}) or 0
+
+    k, v, h = encode_batch([_link(ts_ns=time.time_ns() + HOUR)])
+    before = failures()
+    RecordHandler(Processors(b"k" * 32)).handle("telemetry.links", 0, 1, k, v, h)   # default: 1 day
+    assert failures() == before
+    assert RecordHandler(Processors(b"k" * 32), max_future_skew_ns=60 * 10**9).handle(
+        "telemetry.links", 0, 2, k, v, h) == []
+    assert failures() == before + 1
