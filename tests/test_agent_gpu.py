@@ -229,20 +229,21 @@ def test_gpu_lost_is_reported_once_and_the_other_gpu_keeps_reporting(stub_lib: P
         between = got.events[got.events.index(lost) + 1:]
         state.set(1, lost=0, temp=40)
         back = got.wait_for(lambda e: e.gpu == 1 and not e.lost, after=len(got.events))
-    assert (lost.gpu, lost.uuid, lost.temperature_c) == (1, GPU1["uuid"], 0.0)
+    assert (lost.gpu, lost.uuid, lost.temperature_c, lost.power_w) == (1, GPU1["uuid"], None, None)   # not read
     assert [e for e in got.events if e.lost] == [lost]
     assert {e.gpu for e in between} == {0} and len(between) >= 5
     assert (back.uuid, back.temperature_c) == (GPU1["uuid"], 40.0)
     assert not src.errors                    # a lost GPU is not an "unexpected" error
 
 
-def test_unsupported_fields_keep_their_defaults(stub_lib: Path, state: StubState) -> None:
+def test_unsupported_fields_are_null_not_zero(stub_lib: Path, state: StubState) -> None:
+    """A reading the GPU cannot give is null: a stored 0 would look like a real reading (0 W, no ECC errors)."""
     state.set(0, unsupported="power,ecc,retired,remap,nvlink,pcie")
     with running(stub_lib) as (src, got):
         e0 = got.wait_for(lambda e: e.gpu == 0)
         e1 = got.wait_for(lambda e: e.gpu == 1)
     assert (e0.power_w, e0.ecc_corrected, e0.retired_pages, e0.remapped_rows_correctable, e0.pcie_replay,
-            e0.nvlink_errors) == (0.0, 0, 0, 0, 0, [])
+            e0.nvlink_errors) == (None, None, None, None, None, [])
     assert (e0.temperature_c, e0.sm_clock_mhz, e0.throttle) == (61.0, 1980, ["idle"])   # the rest is read
     assert (e1.power_w, e1.nvlink_errors) == (298.0, [0, 0, 0, 0])
     assert not src.errors
@@ -253,7 +254,7 @@ def test_unexpected_errors_are_counted_and_the_reading_still_goes_out(stub_lib: 
     with running(stub_lib) as (src, got):
         got.wait_for(lambda e: e.gpu == 0)
         e0 = got.wait_for(lambda e: e.gpu == 0, after=2)
-    assert (e0.temperature_c, e0.power_w) == (0.0, 312.5)
+    assert (e0.temperature_c, e0.power_w) == (None, 312.5)
     assert set(src.errors) == {"temperature:NVMLError_Unknown"} and src.errors["temperature:NVMLError_Unknown"] >= 2
 
 

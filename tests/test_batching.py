@@ -10,11 +10,14 @@ from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
 
+from tests.event_samples import GPU_READINGS
+
 T0 = 1_780_000_000 * 10**9
 
 
 def links(n: int, node: str = "node-0") -> list[LinkState]:
-    return [LinkState(node=node, ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True, carrier_changes=i)
+    return [LinkState(node=node, ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True, carrier_changes=i,
+                      speed_mbps=0, operstate="up", carrier=True)
             for i in range(n)]
 
 
@@ -65,7 +68,8 @@ def test_dedup_token_depends_on_offsets_and_record_bytes() -> None:
 
 def test_arrow_columns_follow_the_model() -> None:
     bs = BatchSet()
-    bs.add("telemetry.gpu", 1, 3, [GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="u", nvlink_errors=[1, 2])])
+    bs.add("telemetry.gpu", 1, 3, [GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="u",
+                                             **{**GPU_READINGS, "nvlink_errors": [1, 2]})])
     bs.add("control.commands", 0, 8, [ControlCommand(node="n", ts_ns=T0, command_id="c", action="drain",
                                                      target="n", params={"a": "b"}, expires_ns=T0 + 1,
                                                      signature="s")])
@@ -81,7 +85,7 @@ def test_arrow_columns_follow_the_model() -> None:
 def test_only_due_partitions_are_taken() -> None:
     bs = BatchSet(FlushPolicy(max_rows=10, max_age_s=60))
     bs.add("telemetry.links", 0, 3, links(12))
-    bs.add("telemetry.gpu", 1, 4, [GpuHealth(node="n", ts_ns=T0, gpu=0, uuid="u")])
+    bs.add("telemetry.gpu", 1, 4, [GpuHealth(node="n", ts_ns=T0, gpu=0, uuid="u", **GPU_READINGS)])
     assert bs.due_keys() == [("telemetry.links", 0)]
     batches, offsets = bs.take(bs.due_keys())
     assert [b.spec.table for b in batches] == ["link_states"] and offsets == {("telemetry.links", 0): 4}

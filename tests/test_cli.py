@@ -210,7 +210,8 @@ def link_rows(up: Up) -> int:
     publisher = KafkaPublisher(owner["kafka"])
     now = time.time_ns()
     publisher.publish([LinkState(node=f"node-{i}", ts_ns=now + i, interface="eth0", kind="ethernet", up=True,
-                                 carrier_changes=i) for i in range(LINKS_PUBLISHED)])
+                                 carrier_changes=i, speed_mbps=0, operstate="up",
+                                 carrier=True) for i in range(LINKS_PUBLISHED)])
     assert publisher.flush(30) == 0 and not publisher.failed
 
     def stored() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import typing
 
 import orjson
 import pytest
@@ -16,8 +17,27 @@ NOW = 1_780_000_000 * 10**9
 TS_MAX = 4_102_444_800 * 10**9   # TimestampNs's upper bound
 
 
+def _from_schema(schema: dict) -> st.SearchStrategy:
+    """Values valid for a JSON Schema of a nullable, list, number, bool or string field, within its bounds."""
+    if "anyOf" in schema:
+        return st.one_of(*(_from_schema(s) for s in schema["anyOf"]))
+    kind = schema["type"]
+    if kind == "null":
+        return st.none()
+    if kind == "array":
+        return st.lists(_from_schema(schema["items"]), max_size=min(schema.get("maxItems", 4), 4))
+    if kind == "integer":
+        return st.integers(schema.get("minimum"), schema.get("maximum"))
+    if kind == "number":
+        return st.floats(schema.get("minimum"), schema.get("maximum"), allow_nan=False, allow_infinity=False)
+    if kind == "boolean":
+        return st.booleans()
+    return st.text(min_size=schema.get("minLength", 0), max_size=min(schema.get("maxLength", 16), 16))
+
+
 def _link(node: str = "node-0", **kw) -> LinkState:
-    base = dict(node=node, ts_ns=NOW, interface="eth0", kind="ethernet", up=True, carrier_changes=0)
+    base = dict(node=node, ts_ns=NOW, interface="eth0", kind="ethernet", up=True, carrier_changes=0,
+                speed_mbps=400_000, operstate="up", carrier=True)
     return LinkState(**{**base, **kw})
 
 
@@ -31,6 +51,11 @@ def test_round_trip_every_schema(spec, data) -> None:
     for name, field in spec.model.model_fields.items():
         if field.annotation is float:  # hypothesis ignores allow_inf_nan=False in the annotation
             extra[name] = st.floats(allow_nan=False, allow_infinity=False)
+        elif name not in extra and (type(None) in typing.get_args(field.annotation)
+                                    or typing.get_origin(field.annotation) is list
+                                    or any(name in f for f in spec.model.REQUIRED_WHEN.values())):
+            # hypothesis misses the bounds of `T | None` and of list items, and builds only required fields
+            extra[name] = _from_schema(spec.model.model_json_schema()["properties"][name])
     model = st.builds(spec.model, node=st.just("node-7"), **extra)
     events = data.draw(st.lists(model, min_size=1, max_size=4))
     key, value, headers = encode_batch(events)
@@ -85,7 +110,7 @@ def test_encode_refuses_mixed_batches() -> None:
     with pytest.raises(ValueError, match="mixed nodes"):
         encode_batch([_link("a"), _link("b")])
     flow = FlowSample(node="a", ts_ns=NOW, interface="eth0", direction="tx", src_ip="x", dst_ip="y", src_port=1,
-                      dst_port=2, proto="tcp", seq=1, bytes=1, packets=1)
+                      dst_port=2, proto="tcp", seq=1, bytes=1, packets=1, retransmits=0, priority=0)
     with pytest.raises(ValueError, match="mixed schemas"):
         encode_batch([_link("a"), flow])
     with pytest.raises(ValueError, match="empty"):

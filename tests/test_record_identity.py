@@ -11,13 +11,15 @@ from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
 from pydantic import ValidationError
 
+from tests.event_samples import GPU_READINGS
+
 T0 = 1_780_000_000 * 10**9
 PRODUCER_KEY = b"p" * 32
 TOPIC = "telemetry.gpu"
 
 
 def _xid79(node: str) -> tuple[bytes, bytes, list]:
-    return encode_batch([GpuHealth(node=node, ts_ns=T0, gpu=0, uuid="GPU-0", xid=79)])
+    return encode_batch([GpuHealth(node=node, ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79})])
 
 
 def _handler() -> RecordHandler:
@@ -59,7 +61,8 @@ def test_a_node_cannot_speak_for_another() -> None:
 def test_an_altered_record_is_refused() -> None:
     pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
     key, value, headers = pub.signed(TOPIC, *_xid79("node-1"))
-    _, other_value, _ = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=3, uuid="GPU-3", xid=79)])
+    _, other_value, _ = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=3, uuid="GPU-3",
+                                                **{**GPU_READINGS, "xid": 79})])
     assert "does not match" in _reason(_handler().handle(TOPIC, 0, 1, key, other_value, headers))
 
 

@@ -147,10 +147,24 @@ def test_events_pass_the_codec(demo: tuple[FleetSimulator, list[Event]]) -> None
 
 def test_fast_builder_equals_validated_model() -> None:
     build = EventBuilder(LinkState)
-    fields = dict(node="node-0.demo", ts_ns=START, interface="eth0", kind="ethernet", up=True, carrier_changes=1)
+    fields = dict(node="node-0.demo", ts_ns=START, interface="eth0", kind="ethernet", up=True, carrier_changes=1,
+                  speed_mbps=400_000, operstate="up", carrier=True)
     assert build(**fields) == LinkState(**fields)
-    assert build(**fields, speed_mbps=400_000) == LinkState(**fields, speed_mbps=400_000)
-    assert EventBuilder(GpuHealth).missing({"node": "n"}) >= {"ts_ns", "gpu", "uuid", "nvlink_errors"}
+    assert build(**fields, port_rcv_data=8) == LinkState(**fields, port_rcv_data=8)
+    assert EventBuilder(GpuHealth).missing({"node": "n"}) >= {"ts_ns", "gpu", "uuid", "nvlink_errors", "power_w"}
+
+
+def test_fast_builder_refuses_what_validation_refuses() -> None:
+    """A required field left out is an error, not a default: the builder must not fake a reading."""
+    build = EventBuilder(LinkState)
+    fields = dict(node="node-0.demo", ts_ns=START, interface="eth0", kind="ethernet", up=True, carrier_changes=1,
+                  operstate="up", carrier=True)
+    with pytest.raises(TypeError, match="speed_mbps"):
+        build(**fields)
+    with pytest.raises(TypeError, match="port_rcv_data"):   # an IB port's counters apply: required
+        build(**{**fields, "speed_mbps": 200_000, "kind": "infiniband"})
+    with pytest.raises(TypeError, match="bogus"):
+        build(**fields, speed_mbps=1, bogus=1)
 
 
 # --- faults --------------------------------------------------------------------------------------
@@ -244,8 +258,8 @@ def test_xid_79_then_lost(demo: tuple[FleetSimulator, list[Event]]) -> None:
     assert len(after) > 20
     for e in after:
         assert e.lost and e.uuid == "GPU-node-3.demo-5"
-        assert e.temperature_c == e.power_w == e.sm_clock_mhz == e.gpu_util_pct == 0
-        assert e.mem_used_bytes == e.xid == e.throttle_reasons == 0
+        assert e.temperature_c is e.power_w is e.sm_clock_mhz is e.gpu_util_pct is None   # no reading, not 0
+        assert e.mem_used_bytes is e.throttle_reasons is None and e.xid == 0
 
 
 def test_ecc_uncorrected(demo: tuple[FleetSimulator, list[Event]]) -> None:

@@ -36,7 +36,9 @@ def _publish(bootstrap: str, records: int, per_record: int) -> None:
     pub = KafkaPublisher(bootstrap)
     for r in range(records):
         pub.publish_batch([LinkState(node=f"node-{r % 3}", ts_ns=T0 + r * 1000 + i, interface="eth0",
-                                     kind="ethernet", up=True, carrier_changes=i) for i in range(per_record)])
+                                     kind="ethernet", up=True, carrier_changes=i,
+                                     speed_mbps=0, operstate="up", carrier=True)
+                           for i in range(per_record)])
     assert pub.flush(30) == 0 and not pub.failed
 
 
@@ -95,7 +97,7 @@ def test_retried_insert_with_the_same_token_is_stored_once(services) -> None:
     writer.ensure_schema()
     batch = PartitionBatch(BY_NAME["telemetry.links"], 0)
     batch.add(5, [LinkState(node="n", ts_ns=T0 + i, interface="eth0", kind="ethernet", up=True,
-                            carrier_changes=i) for i in range(25)])
+                            carrier_changes=i, speed_mbps=0, operstate="up", carrier=True) for i in range(25)])
     writer.insert(batch)
     writer.insert(batch)   # e.g. the first reply was lost and the sink retried
     assert services.client.query("SELECT count() FROM link_states").result_rows[0][0] == 25

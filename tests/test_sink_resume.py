@@ -27,7 +27,7 @@ GROUP = "test-resume"
 
 def _links(r: int, n: int = 10) -> list[LinkState]:
     return [LinkState(node=f"node-{r % 3}", ts_ns=T0 + r * 1000 + i, interface="eth0", kind="ethernet", up=True,
-                      carrier_changes=i) for i in range(n)]
+                      carrier_changes=i, speed_mbps=0, operstate="up", carrier=True) for i in range(n)]
 
 
 def _kept_prefix(first_new: int, asked: list[int] | None = None):  # noqa: ANN202 - a probe

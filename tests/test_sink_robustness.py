@@ -13,16 +13,18 @@ from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
+from tests.event_samples import GPU_READINGS
+
 T0 = time.time_ns()
 
 
 def _links(node: str, n: int, base: int) -> list[LinkState]:
     return [LinkState(node=node, ts_ns=T0 + base + i, interface="eth0", kind="ethernet", up=True,
-                      carrier_changes=i) for i in range(n)]
+                      carrier_changes=i, speed_mbps=0, operstate="up", carrier=True) for i in range(n)]
 
 
 def _gpus(node: str, n: int, base: int) -> list[GpuHealth]:
-    return [GpuHealth(node=node, ts_ns=T0 + base + i, gpu=0, uuid="GPU-0") for i in range(n)]
+    return [GpuHealth(node=node, ts_ns=T0 + base + i, gpu=0, uuid="GPU-0", **GPU_READINGS) for i in range(n)]
 
 
 def test_dead_letter_of_a_huge_key_and_reason_fits_the_model() -> None:

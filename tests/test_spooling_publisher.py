@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from clocktower.ports import free_port, wait_open
 from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
+from tests.event_samples import GPU_READINGS
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = time.time_ns()
@@ -77,8 +78,8 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 
 def gpu_batch(node: str, first: int, n: int) -> list[GpuHealth]:
     """n readings from `node` with per-node sequence numbers first..first+n-1 (in ecc_corrected)."""
-    return [GpuHealth(node=node, ts_ns=T0 + (first + i) * 1000, gpu=0, uuid=f"GPU-{node}", temperature_c=60.0,
-                      ecc_corrected=first + i) for i in range(n)]
+    return [GpuHealth(node=node, ts_ns=T0 + (first + i) * 1000, gpu=0, uuid=f"GPU-{node}",
+                      **{**GPU_READINGS, "temperature_c": 60.0, "ecc_corrected": first + i}) for i in range(n)]
 
 
 def consume_all(bootstrap: str, topic: str, timeout: float = 20.0) -> list[tuple[int, str, int]]:
@@ -240,7 +241,7 @@ def test_records_acked_then_lost_by_a_killed_broker_are_resent(tmp_path: Path, h
 # --- spool full --------------------------------------------------------------------------------------------
 def link_batch(r: int, n: int = 10) -> list[LinkState]:
     return [LinkState(node="node-a", ts_ns=T0 + r * 1000 + i, interface="eth0", kind="ethernet", up=True,
-                      carrier_changes=r * n + i) for i in range(n)]
+                      carrier_changes=r * n + i, speed_mbps=0, operstate="up", carrier=True) for i in range(n)]
 
 
 def test_full_spool_drops_oldest_segments_and_counts_them(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ S = 10**9
 def flow(node: str, direction: str, ts: int, seq: int = 1) -> FlowSample:
     return FlowSample(node=node, ts_ns=ts, interface="eth0", direction=direction, src_ip="198.18.0.1",
                       dst_ip="198.18.1.1", src_port=40000, dst_port=4791, proto="roce", seq=seq, bytes=4096,
-                      packets=1)
+                      packets=1, retransmits=0, priority=3)
 
 
 def test_join_pairs_tx_and_rx_in_either_order() -> None:

@@ -16,6 +16,8 @@ from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
 from prometheus_client import REGISTRY
 
+from tests.event_samples import GPU_READINGS
+
 T0 = 1_780_000_000 * 10**9
 KEY = b"k" * 32
 S = 10**9
@@ -31,7 +33,7 @@ def _revalidate(events: list) -> None:
 
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
     d = GpuFaultDetector(CommandIssuer(KEY))
-    out = d.on_gpu_health(GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", xid=79))
+    out = d.on_gpu_health(GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79}))
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
     cmds = [e for e in out if isinstance(e, ControlCommand)]
@@ -45,9 +47,9 @@ def test_link_flaps_on_256_char_names_open_and_resolve() -> None:
     out = []
     for i, up in enumerate([True, False, True, False, True]):
         out += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
-                                         carrier_changes=i))
+                                         carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
     out += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
-                                     carrier_changes=4))
+                                     carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
     _revalidate(out)
     states = [(type(e).__name__, getattr(e, "state", getattr(e, "action", ""))) for e in out]
     assert states == [("Incident", "open"), ("ControlCommand", "failover"),
@@ -65,7 +67,7 @@ def test_ids_are_bounded_deterministic_and_distinct() -> None:
 
 
 def _xid79(node: str, ts: int) -> GpuHealth:
-    return GpuHealth(node=node, ts_ns=ts, gpu=0, uuid="GPU-0", xid=79)
+    return GpuHealth(node=node, ts_ns=ts, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79})
 
 
 class _Clock:
@@ -183,9 +185,10 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
     processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
-    batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", xid=79),
-             GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=1, uuid="GPU-1", xid=79),
-             GpuHealth(node="node-1", ts_ns=T0 + 2, gpu=2, uuid="GPU-2", throttle_reasons=0x40, temperature_c=95)]
+    batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
+             GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=1, uuid="GPU-1", **{**GPU_READINGS, "xid": 79}),
+             GpuHealth(node="node-1", ts_ns=T0 + 2, gpu=2, uuid="GPU-2",
+                       **{**GPU_READINGS, "throttle_reasons": 0x40, "temperature_c": 95})]
     k, v, h = encode_batch(batch)
     out = handler.handle("telemetry.gpu", 3, 77, k, v, h)
     events = _published(out)
@@ -200,7 +203,8 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
     after = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"})
     assert after == before + 1
     # The thermal incident opened in that batch resolves later: its open was published, so the resolve refers to it.
-    k, v, h = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + S, gpu=2, uuid="GPU-2", temperature_c=60)])
+    k, v, h = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + S, gpu=2, uuid="GPU-2",
+                                       **{**GPU_READINGS, "temperature_c": 60})])
     resolved = [e for e in _published(handler.handle("telemetry.gpu", 3, 78, k, v, h)) if isinstance(e, Incident)]
     opened = next(e for e in events if isinstance(e, Incident) and e.kind == "gpu_thermal")
     assert [(e.state, e.incident_id) for e in resolved] == [("resolve", opened.incident_id)]
@@ -210,7 +214,7 @@ def test_without_a_failures_list_the_first_error_propagates() -> None:
     processors = Processors(KEY)
     processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
     try:
-        processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1")])
+        processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1", **GPU_READINGS)])
     except ValueError as exc:
         assert "detector bug" in str(exc)
     else:
