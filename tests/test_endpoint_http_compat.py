@@ -144,6 +144,9 @@ def test_compression_follows_clickhouse_preference(endpoint: ClickHouseHttpEndpo
     assert headers["Content-Encoding"] == "gzip" and gzip.decompress(body) == NUMBERS
     status, _, _ = request(endpoint, "GET", "/?enable_http_compression=1&http_zlib_compression_level=99&query=SELECT+1")
     assert status == 400
+    # Also allowed in a SETTINGS clause, as clients may write it there (it changes nothing in the engine).
+    sql = "SELECT+1+SETTINGS+enable_http_compression=1,http_zlib_compression_level=5"
+    assert request(endpoint, "GET", f"/?query={sql}")[::2] == (200, b"1\n")
 
 
 def test_curl_compressed(endpoint: ClickHouseHttpEndpoint) -> None:

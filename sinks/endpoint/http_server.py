@@ -7,8 +7,9 @@ HTTP/1.1 with exact Content-Length matches urllib3's connection pooling.
 
 Every query needs a user and password (sinks/endpoint/auth.py); /ping answers
 anyone, and so do ``HEAD /ping`` and ``HEAD /`` (health checks; no query runs).
-Responses are compressed as ClickHouse does (sinks/endpoint/response_encoding.py). At most ``max_connections`` connections are served at once, each by
-one thread, and each takes its slot when accepted (sinks/endpoint/connection_slots.py).
+Responses are compressed as ClickHouse does (sinks/endpoint/response_encoding.py).
+At most ``max_connections`` connections are served at once, each by one thread,
+and each takes its slot when accepted (sinks/endpoint/connection_slots.py).
 When all are taken, one gives way to a newcomer: first one that has sent nothing,
 then one still sending headers that never authenticated, then an idle keep-alive
 one; a connection that has authenticated is never closed mid-request. Request

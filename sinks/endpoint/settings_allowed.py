@@ -48,5 +48,6 @@ SETTINGS_ALLOWED = _names(
     allow_suspicious_low_cardinality_types enable_json_type allow_experimental_json_type
     enable_time_time64_type allow_experimental_time_time64_type data_type_default_nullable flatten_nested
     optimize_move_to_prewhere optimize_read_in_order optimize_aggregation_in_order
+    enable_http_compression http_zlib_compression_level
     """
 )
