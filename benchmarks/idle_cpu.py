@@ -4,8 +4,7 @@ The embedded broker answers every fetch at once, whatever `fetch.wait.max.ms` as
 does not back off on empty fetches spins; this measures what the idle stack costs. Each service's figure
 is the utime+stime (from /proc/<pid>/stat) of every process in its process group (the child leads its
 own session), over `--seconds` once the workers are up (the sink's and the streams' consumer groups are
-stable with partitions assigned)
-and `--settle` more seconds have passed. In percent of one core. Linux only.
+stable with partitions assigned) and `--settle` more seconds have passed. In percent of one core. Linux only.
 
 Usage: python benchmarks/idle_cpu.py [--seconds 30] [--settle 10]
 """

@@ -15,8 +15,8 @@ import contextlib
 import aiokafka.consumer.consumer as aiokafka_consumer
 from aiokafka.consumer.fetcher import Fetcher
 
-# Bounded so end-to-end latency stays low: an idle worker fetches about 10 times a second per broker.
-IDLE_FETCH_BACKOFF_S = 0.1
+# Bounded so end-to-end latency stays low: an idle worker fetches about 4 times a second per broker.
+IDLE_FETCH_BACKOFF_S = 0.25
 
 
 class IdleBackoffFetcher(Fetcher):

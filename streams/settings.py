@@ -17,7 +17,7 @@ class StreamsPolicy(BaseSettings):
                                       "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
                                       "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")
     streams_idle_fetch_backoff_ms: int = Field(
-        default=100, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
+        default=250, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
         "next fetch to that broker (the embedded broker answers empty fetches at once, so an idle worker would spin); "
         "the most an idle worker adds to a record's latency. 0 disables it.")
     metrics_host: str = "127.0.0.1"
