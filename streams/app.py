@@ -12,6 +12,7 @@ import socket
 import faust
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
+from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processors import Processors
@@ -44,6 +45,7 @@ app = faust.App(
     producer_acks=-1,
     stream_wait_empty=False,
     producer_compression_type="lz4",
+    producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
 )
 processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
                         clock_update_ns=round(settings.clock_update_ms * 1e6),

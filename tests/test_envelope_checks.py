@@ -176,3 +176,15 @@ def test_streams_handler_decodes_with_its_configured_skew() -> None:
     assert RecordHandler(Processors(b"k" * 32), max_future_skew_ns=60 * 10**9).handle(
         "telemetry.links", 0, 2, k, v, h) == []
     assert failures() == before + 1
+
+
+def test_streams_outputs_are_cut_to_the_record_limit() -> None:
+    from clocktower.schemas.analytics import Incident, IncidentKind
+    from clocktower.streams.emit import records
+
+    kind = get_args(IncidentKind)[0]
+    incidents = [Incident(node="n", ts_ns=NOW + i, incident_id=f"i{i}", kind=kind, state="open", severity="info",
+                          target="t", opened_ns=NOW, detail="d" * 60_000) for i in range(40)]   # 2.3 MiB
+    out = list(records(incidents))
+    assert len(out) >= 3 and all(len(v) <= MAX_RECORD_BYTES for _, _, v, _ in out)
+    assert [e for t, k, v, h in out for e in _decode(k, v, h, topic=t).events] == incidents
