@@ -45,7 +45,7 @@ bench-agent: setup setup-ebpf
 	$(PY) benchmarks/agent_overhead.py $(ARGS)
 
 docs: setup
-	$(PY) -m clocktower.schemas.docs > docs/SCHEMA.md
+	$(PY) -m clocktower.schemas.docs > docs/SCHEMA.md && $(PY) -m clocktower.schemas.json_schema docs/schemas
 
 clean:
 	rm -rf $(VENV) .clocktower .clocktower-agent .cache .pytest_cache .ruff_cache
