@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from clocktower.schemas.column_types import Name, TimestampNs
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Event(BaseModel):
@@ -33,8 +33,8 @@ class Event(BaseModel):
     REPLACING: ClassVar[bool] = False
     REQUIRED_WHEN: ClassVar[dict[tuple[str, Any], tuple[str, ...]]] = {}
 
-    node: Name
-    ts_ns: TimestampNs
+    node: Name = Field(description="the node the event is from or about; every event's node is its record's key")
+    ts_ns: TimestampNs = Field(description="when, in ns since the epoch on that node's clock")
 
 
 def missing_when_required(event: Event) -> None:
