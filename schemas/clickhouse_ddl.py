@@ -58,6 +58,13 @@ def add_missing_columns_sql(spec: TopicSpec, existing: set[str]) -> list[str]:
     return out
 
 
+def nullable_upgrade_sql(spec: TopicSpec, types: dict[str, str]) -> list[str]:
+    """ALTERs that make nullable the columns of an older table whose model field became nullable (GpuHealth's
+    readings: null = not read). Without them ClickHouse would store a null as 0, the fake reading they replace."""
+    return [f"ALTER TABLE `{spec.table}` MODIFY COLUMN `{c.name}` {c.ch_type}" for c in model_columns(spec.model)
+            if c.name in types and c.ch_type == f"Nullable({types[c.name]})"]
+
+
 def all_ddl(database: str = "default") -> list[str]:
     """Every CREATE statement, in registry order."""
     return [create_table_sql(t, database) for t in TOPICS]

@@ -7,7 +7,7 @@ import time
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql, all_ddl
+from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql, all_ddl, nullable_upgrade_sql
 from clocktower.schemas.topics import TOPICS, TopicSpec
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 
@@ -29,13 +29,14 @@ class TableWriter:
             self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_topic` "
                                 f"LowCardinality(String) DEFAULT {_quote(spec.name)} AFTER `_offset`")
         # tables made by an older version: add the model's newer columns (e.g. collectives.source)
-        rows = self.client.query("SELECT table, name FROM system.columns WHERE database = currentDatabase()"
+        rows = self.client.query("SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"
                                  ).result_rows
-        existing: dict[str, set[str]] = {}
-        for table, name in rows:
-            existing.setdefault(table, set()).add(name)
+        existing: dict[str, dict[str, str]] = {}
+        for table, name, typ in rows:
+            existing.setdefault(table, {})[name] = typ
         for spec in TOPICS:
-            for alter in add_missing_columns_sql(spec, existing.get(spec.table, set())):
+            types = existing.get(spec.table, {})
+            for alter in add_missing_columns_sql(spec, set(types)) + nullable_upgrade_sql(spec, types):
                 log.info("schema upgrade: %s", alter)
                 self.client.command(alter)
 
