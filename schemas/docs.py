@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 
 from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS
@@ -69,7 +70,8 @@ def _allowed_one(p: dict[str, Any]) -> str:
         n = f", at most {p['maxItems']}" if "maxItems" in p else ""
         return f"list of ({_allowed(p['items'])}){n}"
     if kind == "object":
-        return f"map of string to ({_allowed(p['additionalProperties'])})" if "additionalProperties" in p else "map"
+        n = f", at most {p['maxProperties']}" if "maxProperties" in p else ""
+        return f"map of string to ({_allowed(p.get('additionalProperties', {}))}){n}"
     if kind == "string":
         lo, hi = p.get("minLength", 0), p.get("maxLength")
         return f"string, {lo}..{hi} chars" if hi is not None else "string"
@@ -88,8 +90,7 @@ def _required(model: type[Event], name: str) -> str:
     if field.is_required():
         return "yes"
     when = [f"`{k}` = `{v}`" for (k, v), fields in model.REQUIRED_WHEN.items() if name in fields]
-    default = "{}" if field.default_factory is dict else ("[]" if field.default_factory is list else
-                                                          repr(field.default).replace("'", '"'))
+    default = "{}" if field.default_factory is dict else json.dumps(field.default)
     return (f"when {' or '.join(when)}; else " if when else "no, ") + f"`{default}`"
 
 

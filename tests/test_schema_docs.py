@@ -20,7 +20,7 @@ def test_field_tables_say_required_allowed_values_and_units() -> None:
     assert _row(doc, "link_states", "port_rcv_data")[2] == "when `kind` = `infiniband`; else `0`"
     assert _row(doc, "flow_counters", "packets")[2] == "when `source` = `tc`; else `0`"
     assert _row(doc, "incidents", "detail")[2] == 'no, `""`'
-    assert _row(doc, "control_commands", "params")[2:4] == ["no, `{}`", "map of string to (string)"]
+    assert _row(doc, "control_commands", "params")[2:4] == ["no, `{}`", "map of string to (string), at most 64"]
     assert _row(doc, "flow_samples", "ts_ns")[3] == "ns since the epoch, 2000-01-01..2100-01-01"
 
 
