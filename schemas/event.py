@@ -39,8 +39,8 @@ class Event(BaseModel):
 
 def missing_when_required(event: Event) -> None:
     """Raise if a field that `REQUIRED_WHEN` requires for this record was not given (its default was used)."""
+    given = event.model_fields_set
     for (name, value), fields in event.REQUIRED_WHEN.items():
-        if getattr(event, name) == value:
-            missing = [f for f in fields if f not in event.model_fields_set]
-            if missing:
-                raise ValueError(f"{', '.join(missing)} required when {name} is {value!r}")
+        if getattr(event, name) == value and not given.issuperset(fields):
+            missing = [f for f in fields if f not in given]
+            raise ValueError(f"{', '.join(missing)} required when {name} is {value!r}")
