@@ -8,6 +8,8 @@ import orjson
 import pytest
 from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, DecodeError, dead_letter, decode_batch
 from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.command_signing import CommandIssuer
+from clocktower.streams.gpu_fault_detector import GpuFaultDetector
 
 from tests.event_samples import SAMPLES
 
@@ -71,3 +73,18 @@ def test_fields_that_do_not_apply_keep_their_default() -> None:
     sock = decode_batch("telemetry.flowcounters", *_record(SAMPLES["flow_counters"], schema="flow_counters"))
     tc = decode_batch("telemetry.flowcounters", *_record(SAMPLES["flow_counters/tc"], schema="flow_counters"))
     assert (sock.events[0].packets, sock.events[0].interface, tc.events[0].retransmits) == (0, "", 0)
+
+
+def test_gpu_detector_reads_null_as_unknown() -> None:
+    """Null ECC and throttle readings open nothing and close nothing; a lost GPU (all null) still drains."""
+    det = GpuFaultDetector(CommandIssuer(b"k" * 32))
+    hot = GpuHealth(**{**SAMPLES["gpu_health"], "throttle_reasons": 0x40, "temperature_c": None})
+    [opened] = det.on_gpu_health(hot)
+    assert (opened.kind, opened.state, opened.detail) == ("gpu_thermal", "open",
+                                                         "throttle reasons 0x40, temperature unknown")
+    unread = GpuHealth(**{**SAMPLES["gpu_health"], "ts_ns": hot.ts_ns + 1, "throttle_reasons": None,
+                          "ecc_uncorrected": None})
+    assert det.on_gpu_health(unread) == []      # throttling not known to have cleared: still open
+    lost = det.on_gpu_health(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
+    kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "action", ""))) for e in lost)
+    assert kinds == [("ControlCommand", "drain"), ("ControlCommand", "spare"), ("Incident", "gpu_xid")]
