@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from clock_sync_scenarios import SCENARIOS, ProbeTrace  # noqa: E402
+
 from clocktower.schemas.telemetry import ClockProbe  # noqa: E402
 from clocktower.streams.clocksync import ClockSynchronizer  # noqa: E402
 

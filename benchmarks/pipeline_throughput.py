@@ -25,14 +25,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clocktower.producers.kafka_publisher import KafkaPublisher  # noqa: E402
-from clocktower.producers.simulator import FleetSimulator, SimConfig  # noqa: E402
-from clocktower.streams.emit import records  # noqa: E402
-
 from clocktower.clickhouse_client import http_client  # noqa: E402
 from clocktower.config import Settings  # noqa: E402
 from clocktower.ports import free_port  # noqa: E402
+from clocktower.producers.kafka_publisher import KafkaPublisher  # noqa: E402
+from clocktower.producers.simulator import FleetSimulator, SimConfig  # noqa: E402
 from clocktower.stack import Stack  # noqa: E402
+from clocktower.streams.emit import records  # noqa: E402
 from clocktower.summary import table_rows  # noqa: E402
 
 

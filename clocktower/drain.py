@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from clocktower.streams.inputs import INPUT_TOPICS
 from clocktower.topic_admin import topic_offsets
 
-STREAM_INPUTS = {"telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
-                 "telemetry.gpu"}
+STREAM_INPUTS = frozenset(INPUT_TOPICS)
 
 
 def lag(bootstrap: str, with_streams: bool = True) -> int:

@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from clocktower import topic_config
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import TOPICS
+from clocktower.streams.inputs import INPUT_TOPICS
 
 
 def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None,
@@ -61,11 +62,10 @@ def topic_offsets(bootstrap: str, groups: tuple[str, ...] = ("clocktower-sink", 
     return out
 
 
-# Who reads what: the sink stores every topic; the streams read the telemetry they analyse (streams/app.py).
+# Who reads what: the sink stores every topic; the streams read the telemetry they analyse (streams/inputs.py).
 READERS: dict[str, tuple[str, ...]] = {
     "clocktower-sink": tuple(t.name for t in TOPICS),
-    "clocktower-streams": ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations",
-                           "telemetry.links", "telemetry.gpu"),
+    "clocktower-streams": INPUT_TOPICS,
 }
 
 

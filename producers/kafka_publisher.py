@@ -15,12 +15,13 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import groupby
 
+from confluent_kafka import KafkaError, KafkaException, Producer
+
 from clocktower.schemas.batch_split import EncodedRecord, encode_records
 from clocktower.schemas.event import Event
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning, sign
 from clocktower.schemas.topics import BY_NAME, MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, topic_for
-from confluent_kafka import KafkaError, KafkaException, Producer
 
 log = logging.getLogger(__name__)
 

@@ -55,12 +55,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
 from clocktower.producers.ack_hold import AckHold
 from clocktower.producers.kafka_publisher import KafkaPublisher, check_topic
 from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
 from clocktower.schemas.batch_split import EncodedRecord
 from clocktower.schemas.kafka_security import KafkaSecurity
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 log = logging.getLogger(__name__)
 

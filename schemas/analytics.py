@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from clocktower.schemas.column_types import (
     Bool,
     DurationNs,
@@ -18,7 +20,6 @@ from clocktower.schemas.column_types import (
 )
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import Protocol
-from pydantic import Field
 
 
 class FlowLatency(Event):

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from clocktower.schemas.envelope_checks import (
     DEFAULT_MAX_FUTURE_SKEW_S,
     count_problem,
@@ -29,7 +31,6 @@ from clocktower.schemas.envelope_checks import (
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.topics import BY_NAME, BY_SCHEMA, MAX_RECORD_BYTES, TELEMETRY  # the limit: defined there
-from pydantic import TypeAdapter, ValidationError
 
 H_SCHEMA = "ct-schema"
 H_VERSION = "ct-version"

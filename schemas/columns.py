@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any, Literal
 
 import pyarrow as pa
+
 from clocktower.schemas.column_types import CH
 from clocktower.schemas.event import Event
 

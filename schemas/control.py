@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from clocktower.schemas.column_types import Name, Text, TimestampNs
 from clocktower.schemas.event import Event
-from pydantic import Field
 
 Action = Literal["failover", "restore", "qos", "rate_limit", "pause", "resume", "drain", "spare"]
 

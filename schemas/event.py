@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from clocktower.schemas.column_types import Name, TimestampNs
 from pydantic import BaseModel, ConfigDict, Field
+
+from clocktower.schemas.column_types import Name, TimestampNs
 
 
 class Event(BaseModel):

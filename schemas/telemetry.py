@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
+from pydantic import Field, model_validator
+
 from clocktower.schemas.column_types import CH, Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
 from clocktower.schemas.event import Event, missing_when_required
-from pydantic import Field, model_validator
 
 Protocol = Literal["tcp", "udp", "roce"]
 Percent = Annotated[int, Field(ge=0, le=100), CH("UInt8")]

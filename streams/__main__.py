@@ -6,8 +6,9 @@ Faust's web server is off: it would bind 0.0.0.0:6066 even with web_enabled=Fals
 import logging
 import sys
 
-from clocktower.streams.app import app, policy
 from prometheus_client import start_http_server
+
+from clocktower.streams.app import app, policy
 
 if __name__ == "__main__":
     if policy.streams_metrics_port:

@@ -10,17 +10,18 @@ import logging
 import socket
 
 import faust
+
+from clocktower.config import Settings
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
+from clocktower.streams.inputs import INPUT_TOPICS
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.settings import StreamsPolicy
-
-from clocktower.config import Settings
 
 log = logging.getLogger(__name__)
 settings = Settings()
@@ -53,8 +54,7 @@ processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=se
 handler = RecordHandler(processors, identity=identity_check(NodeSigning()),
                         max_future_skew_ns=settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 
-_INPUTS = ("telemetry.clock", "telemetry.flows", "telemetry.collectives", "telemetry.iterations", "telemetry.links",
-           "telemetry.gpu")
+_INPUTS = INPUT_TOPICS
 _topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
            for name in _INPUTS}
 _outputs = {}

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 
 import orjson
+
 from clocktower.schemas.control import Action, ControlCommand
 from clocktower.streams.ids import stable_id
 

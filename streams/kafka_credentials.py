@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from clocktower.schemas.kafka_security import KafkaSecurity
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT
+
+from clocktower.schemas.kafka_security import KafkaSecurity
 
 
 def faust_credentials(sec: KafkaSecurity) -> CredentialsT | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.agent.ebpf._bcc import (
     SlotAggregator,
     WallClock,
@@ -33,7 +34,6 @@ from clocktower.producers.agent.ebpf._bcc import (
 from clocktower.producers.agent.ebpf.flow_source import TRACEPOINTS, FlowSource
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import ConnectionState, FlowCounters
-
 from tests.netns import joined_namespaces
 
 CLIENT_IP, SERVER_IP = "10.214.0.1", "10.214.0.2"

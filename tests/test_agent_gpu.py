@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+
 from clocktower.producers.agent.gpu_source import GpuSource
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import GpuHealth

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.agent.ib_sysfs import IbPortSource, parse_enum, parse_rate_mbps, read_ports
 from clocktower.producers.agent.link_source import LinkSource, link_up, read_speed_mbps
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import LinkState
-
 from tests.netns import namespace_with_veth
 
 
@@ -209,8 +209,9 @@ def test_link_source_sees_down_and_up_in_netns(veth_netns: tuple[str, str, str])
 def test_link_source_resyncs_after_overflow(veth_netns: tuple[str, str, str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A stalled source whose socket overflows (ENOBUFS) dumps again and ends with the true state."""
-    import clocktower.producers.agent.link_source as link_source
     from pyroute2 import IPRoute
+
+    import clocktower.producers.agent.link_source as link_source
 
     ns, a, b = veth_netns
     monkeypatch.setattr(link_source, "RCVBUF", 1024)    # the kernel's minimum: a few messages overflow it

@@ -8,14 +8,13 @@ import threading
 import time
 from collections import Counter
 
+from clocktower.ports import free_port
 from clocktower.producers.agent.factory import UnavailableSource
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.producers.spool import Spool
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import LinkState
-
-from clocktower.ports import free_port
 from tests.test_cli import _env, assert_one_error_line, clocktower
 
 T0 = time.time_ns()

@@ -10,12 +10,12 @@ import time
 from collections import Counter
 
 import pytest
+
+from clocktower import agent_cli, cli
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import LinkState
-
-from clocktower import agent_cli, cli
 
 
 class TickingSource:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
-
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from clocktower.producers.kafka_publisher import KafkaPublisher
-from clocktower.schemas.telemetry import LinkState
-from clocktower.schemas.topics import TOPICS
 
 from clocktower import stack as stack_module
 from clocktower.errors import UserError
 from clocktower.ports import free_port
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.schemas.telemetry import LinkState
+from clocktower.schemas.topics import TOPICS
 
 HOST = "127.0.0.1"
 CLI_TIMEOUT = 60.0

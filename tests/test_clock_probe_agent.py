@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.clock import timestamping, wire
 from clocktower.producers.clock.probe_agent import PairIds, ProbeAgent, ProbeAgentConfig, ProbeAgentError
 from clocktower.producers.clock.timestamping import TimestampedSocket, nic_timestamping
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.telemetry import ClockProbe
-
 from tests.netns import joined_namespaces
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.telemetry import ClockProbe
 from clocktower.streams.clocksync import ClockSynchronizer

@@ -7,11 +7,12 @@ import typing
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from clocktower.schemas.codec import MAX_RECORD_BYTES, DecodeError, dead_letter, decode_batch, encode_batch
 from clocktower.schemas.telemetry import FlowSample, LinkState
 from clocktower.schemas.topics import TOPICS, topic_for
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 NOW = 1_780_000_000 * 10**9
 TS_MAX = 4_102_444_800 * 10**9   # TimestampNs's upper bound

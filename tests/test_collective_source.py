@@ -11,13 +11,13 @@ import json
 import time
 
 import pytest
+
 from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS, create_table_sql
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 from clocktower.schemas.topics import BY_MODEL
 from clocktower.sinks.clickhouse.batch_set import BatchSet
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-
 from tests.test_ddl_and_grafana import DASHBOARDS, _grafana_to_sql
 
 BUCKET = 1_048_576

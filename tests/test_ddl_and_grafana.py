@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.simulator import FleetSimulator, SimConfig
 from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS
 from clocktower.schemas.columns import model_columns

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clocktower.producers.kafka_publisher import KafkaPublisher
-from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
-from clocktower.schemas.topics import BY_SCHEMA
 from confluent_kafka import Consumer, TopicPartition
 
 from clocktower import cli
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.schemas.topics import BY_SCHEMA
 from clocktower.topic_admin import ensure_topics
 from tests.conftest import start_services
 

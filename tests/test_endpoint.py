@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
+
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
 from clocktower.sinks.endpoint.auth import User
 from clocktower.sinks.endpoint.sql_scan import NEED_MORE, InsertSplit, split_insert

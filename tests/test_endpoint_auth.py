@@ -22,14 +22,14 @@ from typing import Any
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
+
+from clocktower.generated_secrets import ADMIN_USER, DASHBOARDS_USER, credentials_path, ensure_secrets, read_users
+from clocktower.ports import free_port
 from clocktower.sinks.endpoint import ClickHouseHttpEndpoint
 from clocktower.sinks.endpoint.auth import User
 from clocktower.sinks.endpoint.protocol import Reply
 from clocktower.sinks.endpoint.request_body import RequestBody
 from clocktower.sinks.endpoint.request_params import RequestParams
-
-from clocktower.generated_secrets import ADMIN_USER, DASHBOARDS_USER, credentials_path, ensure_secrets, read_users
-from clocktower.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN, ADMIN_PW = "writer", "writer-password-1"

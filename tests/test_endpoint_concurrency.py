@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint
 from clocktower.sinks.endpoint.auth import User
 from clocktower.sinks.endpoint.engine_session import EngineSession

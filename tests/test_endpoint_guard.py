@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from clocktower.sinks.endpoint.errors import ClickHouseError
 from clocktower.sinks.endpoint.protocol import readonly_level
 from clocktower.sinks.endpoint.session_pool import SessionPool

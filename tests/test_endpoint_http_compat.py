@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.compression import available_compression
+
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, response_encoding
 from clocktower.sinks.endpoint.auth import User
 from clocktower.sinks.endpoint.limits import EndpointLimits

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from clocktower.sinks.endpoint import engine as engine_module
 from clocktower.sinks.endpoint import session_pool
 from clocktower.sinks.endpoint.engine import ChdbEngine

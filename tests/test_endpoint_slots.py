@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from clocktower.sinks.endpoint.connection_slots import ConnectionSlots
 
 

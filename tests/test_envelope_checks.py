@@ -6,14 +6,14 @@ from typing import get_args
 
 import orjson
 import pytest
+
+from clocktower.config import Settings
 from clocktower.schemas.batch_split import encode_records
 from clocktower.schemas.codec import H_COUNT, DecodeError, decode_batch, encode_batch
 from clocktower.schemas.control import Action, ControlCommand
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import ClockProbe, LinkState
 from clocktower.schemas.topics import MAX_RECORD_BYTES, topic_for
-
-from clocktower.config import Settings
 
 NOW = 1_780_000_000 * 10**9
 HOUR = 3600 * 10**9
@@ -162,9 +162,10 @@ def test_2_45_mib_of_events_make_several_records_within_the_limit() -> None:
 def test_streams_handler_decodes_with_its_configured_skew() -> None:
     import time
 
+    from prometheus_client import REGISTRY
+
     from clocktower.streams.processors import Processors
     from clocktower.streams.record_handler import RecordHandler
-    from prometheus_client import REGISTRY
 
     def failures() -> float:
         return REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.links"}) or 0

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import H_COUNT, encode_batch
 from clocktower.schemas.telemetry import LinkState

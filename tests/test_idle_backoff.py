@@ -21,11 +21,11 @@ import aiokafka
 import aiokafka.consumer.consumer as aiokafka_consumer
 import pytest
 from aiokafka.consumer.fetcher import Fetcher
+from confluent_kafka import Consumer
+
 from clocktower.sinks.clickhouse import kafka_sink
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 from clocktower.streams import idle_fetch
-from confluent_kafka import Consumer
-
 from tests.conftest import Pipeline
 
 WINDOW_S = 2.0

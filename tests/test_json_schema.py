@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from clocktower.producers.spooling_publisher import RID_HEADER
 from clocktower.schemas.json_schema import write_all
 from clocktower.schemas.topics import BY_SCHEMA
-from pydantic import ValidationError
-
 from tests.event_samples import SAMPLES
 
 COMMITTED = Path(__file__).resolve().parent.parent / "docs" / "schemas"

@@ -11,11 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clocktower.schemas.kafka_security import KafkaSecurity
-from clocktower.streams.kafka_credentials import faust_credentials
 from confluent_kafka import Consumer, Producer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
+
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.streams.kafka_credentials import faust_credentials
 
 
 def _pem_pair(tmp: Path, name: str) -> tuple[Path, Path]:
@@ -82,10 +83,9 @@ def test_inconsistent_settings_are_refused(bad) -> None:
 
 def test_every_client_takes_the_login(monkeypatch) -> None:
     """The publisher, the sink and topic admin build their clients with the login (a wrong key would raise)."""
+    from clocktower import topic_admin
     from clocktower.producers.kafka_publisher import KafkaPublisher
     from clocktower.sinks.clickhouse import kafka_sink
-
-    from clocktower import topic_admin
 
     seen: list[dict] = []
 

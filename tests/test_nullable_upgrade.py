@@ -14,7 +14,6 @@ from clocktower.schemas.telemetry import GpuHealth
 from clocktower.schemas.topics import BY_MODEL
 from clocktower.sinks.clickhouse.batch_set import BatchSet
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-
 from tests.event_samples import SAMPLES
 
 

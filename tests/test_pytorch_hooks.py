@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.pytorch.event_buffer import EventBuffer
 from clocktower.producers.pytorch.flight_recorder import FlightRecorderReader, buffer_size_from_env, entry_bytes, map_op
 from clocktower.producers.pytorch.iterations import IterationClock
@@ -55,8 +56,9 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
     import torch
     import torch.distributed as dist
-    from clocktower.producers.pytorch import Telemetry
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from clocktower.producers.pytorch import Telemetry
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -102,6 +104,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 def _spool_rank_main(rank: int, port: int, out_dir: str, run: int) -> None:
     """One rank of an mp.spawn job whose broker is away: what it records stays in its spool."""
     import torch.distributed as dist
+
     from clocktower.producers.pytorch import Telemetry
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -143,8 +146,9 @@ def test_mp_spawn_ranks_spool_per_rank_and_find_it_again(tmp_path: Path, monkeyp
 
 
 def _consume(bootstrap: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, list]:
-    from clocktower.schemas.codec import decode_batch
     from confluent_kafka import Consumer
+
+    from clocktower.schemas.codec import decode_batch
 
     topics = {"telemetry.collectives": CollectiveEvent.SCHEMA, "telemetry.iterations": IterationEvent.SCHEMA}
     got: dict[str, list] = {schema: [] for schema in topics.values()}
@@ -411,9 +415,8 @@ def test_iteration_clock_counts_the_collectives_launched_in_each_iteration() -> 
 @needs_torch
 def test_a_taken_spool_falls_back_to_one_of_this_process(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Two Telemetry publishers for the same job, node and rank never stop training: the second gets its own."""
-    from clocktower.producers.pytorch.telemetry import default_publisher, default_spool_dir
-
     from clocktower.ports import free_port
+    from clocktower.producers.pytorch.telemetry import default_publisher, default_spool_dir
 
     monkeypatch.setenv("CLOCKTOWER_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")
     monkeypatch.setenv("CLOCKTOWER_SPOOL_DIR", str(tmp_path / "spool"))

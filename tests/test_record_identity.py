@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
-from pydantic import ValidationError
-
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9

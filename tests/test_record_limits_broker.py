@@ -17,16 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from clocktower.ports import free_port, wait_open
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import LinkState
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, TOPICS
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-
-from clocktower.ports import free_port, wait_open
 from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
 

@@ -6,11 +6,11 @@ import base64
 
 import orjson
 import pytest
+
 from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, DecodeError, dead_letter, decode_batch
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.command_signing import CommandIssuer
 from clocktower.streams.gpu_fault_detector import GpuFaultDetector
-
 from tests.event_samples import SAMPLES
 
 GPU = "telemetry.gpu"

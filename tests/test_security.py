@@ -37,6 +37,9 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from clocktower.producers.clock import wire
 from clocktower.producers.clock.admission import Admission
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file, load_key
@@ -61,8 +64,6 @@ from clocktower.sinks.endpoint.sql_guard import (
     check_table_setting,
 )
 from clocktower.sinks.endpoint.sql_scan import describe
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ADMIN, VIEWER = ("admin", "admin-pass"), ("viewer", "viewer-pass")
 LIMITS = EndpointLimits(

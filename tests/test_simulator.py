@@ -11,6 +11,7 @@ from itertools import groupby
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.event_builder import EventBuilder
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.producers.simulator.fault_schedule import KINDS, THERMAL_THROTTLE

@@ -8,11 +8,11 @@ import threading
 import time
 
 import pytest
+
+from clocktower.drain import wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig
 from clocktower.schemas.topics import BY_SCHEMA
-
-from clocktower.drain import wait_drained
 from clocktower.summary import table_rows
 
 pytestmark = pytest.mark.e2e

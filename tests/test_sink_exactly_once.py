@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.telemetry import LinkState
 from clocktower.schemas.topics import BY_NAME
@@ -13,7 +15,6 @@ from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-from confluent_kafka import Consumer, TopicPartition
 
 pytestmark = pytest.mark.e2e
 T0 = time.time_ns()  # recent: older rows would fall outside the tables' TTL and be dropped on insert

@@ -7,6 +7,9 @@ import time
 
 import confluent_kafka
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import dead_letter, encode_batch
 from clocktower.schemas.telemetry import LinkState
@@ -17,8 +20,6 @@ from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, first_reused_offset
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 T0 = time.time_ns()
 TOPIC = "telemetry.links"

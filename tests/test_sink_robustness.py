@@ -6,13 +6,13 @@ import threading
 import time
 
 import pytest
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import REASON_LIMIT, dead_letter, encode_batch
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-
 from tests.event_samples import GPU_READINGS
 
 T0 = time.time_ns()

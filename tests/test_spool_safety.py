@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from clocktower.producers.spool import Spool, SpoolDirUnsafe, SpoolInUse, SpoolRecord, encode_frame
 
 

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from clocktower.ports import free_port, wait_open
 from clocktower.producers.spool import Spool, SpoolRecord, encode_frame
 from clocktower.producers.spooling_publisher import RID_HEADER, SpoolingPublisher
 from clocktower.schemas.codec import decode_batch
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from confluent_kafka import Consumer, Producer, TopicPartition
-
-from clocktower.ports import free_port, wait_open
 from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
 from tests.event_samples import GPU_READINGS

@@ -10,7 +10,6 @@ from clocktower.streams.flow_latency_join import FlowLatencyJoin
 from clocktower.streams.gpu_fault_detector import GpuFaultDetector
 from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
 from clocktower.streams.link_flap_detector import LinkFlapDetector
-
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
+
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.control import ControlCommand
@@ -14,8 +16,6 @@ from clocktower.streams.link_flap_detector import LinkFlapDetector
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
-from prometheus_client import REGISTRY
-
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9

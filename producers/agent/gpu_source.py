@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pynvml
+
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.producers.gpu_throttle import decode_throttle
 from clocktower.schemas.telemetry import GpuHealth

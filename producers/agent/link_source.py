@@ -69,10 +69,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clocktower.producers.agent.source import Availability, Emit
-from clocktower.schemas.telemetry import LinkState
 from pyroute2 import netns as pr_netns
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+from clocktower.producers.agent.source import Availability, Emit
+from clocktower.schemas.telemetry import LinkState
 
 log = logging.getLogger(__name__)
 

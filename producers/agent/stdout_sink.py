@@ -7,6 +7,7 @@ from itertools import groupby
 from typing import TextIO
 
 import orjson
+
 from clocktower.schemas.event import Event
 from clocktower.schemas.topics import topic_for
 

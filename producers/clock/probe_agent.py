@@ -73,6 +73,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from clocktower.producers.clock.admission import Admission
 from clocktower.producers.clock.config import ProbeAgentConfig
 from clocktower.producers.clock.endpoints import DEFAULT_PORT, format_endpoint, parse_endpoint
@@ -90,7 +92,6 @@ from clocktower.producers.clock.wire import (
     encode_warm_up,
 )
 from clocktower.schemas.telemetry import ClockProbe
-from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 

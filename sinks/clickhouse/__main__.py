@@ -10,13 +10,13 @@ import logging
 import signal
 import threading
 
-from clocktower.sinks.clickhouse.batch_set import FlushPolicy
-from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
-from clocktower.sinks.clickhouse.table_writer import TableWriter
 from prometheus_client import start_http_server
 
 from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
+from clocktower.sinks.clickhouse.batch_set import FlushPolicy
+from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 
 def main() -> None:

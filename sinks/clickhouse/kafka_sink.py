@@ -24,6 +24,8 @@ import socket
 import threading
 import time
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
 from clocktower.schemas.codec import (
     DEFAULT_MAX_FUTURE_SKEW_NS,
     DecodeError,
@@ -40,7 +42,6 @@ from clocktower.sinks.clickhouse.idle_pacer import CONSUMER_SETTINGS as IDLE_CON
 from clocktower.sinks.clickhouse.idle_pacer import IdlePacer
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 log = logging.getLogger(__name__)
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging

@@ -8,6 +8,7 @@ from hashlib import blake2b
 from operator import attrgetter
 
 import pyarrow as pa
+
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.event import Event
 from clocktower.schemas.topics import TopicSpec

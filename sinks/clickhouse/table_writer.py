@@ -7,6 +7,7 @@ import time
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
+
 from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql, all_ddl, nullable_upgrade_sql
 from clocktower.schemas.topics import TOPICS, TopicSpec
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch

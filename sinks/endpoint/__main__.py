@@ -14,11 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
-from clocktower.sinks.endpoint.auth import User
-
 from clocktower.errors import UserError
 from clocktower.generated_secrets import read_users
+from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
+from clocktower.sinks.endpoint.auth import User
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import chdb
+
 from clocktower.sinks.endpoint import engine_config, sql_guard
 from clocktower.sinks.endpoint.engine_session import EngineSession
 from clocktower.sinks.endpoint.errors import ACCESS_DENIED, BAD_ARGUMENTS, ClickHouseError

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chdb.state.sqlitelike import Connection
+
 from clocktower.sinks.endpoint.errors import ClickHouseError
 
 logger = logging.getLogger(__name__)

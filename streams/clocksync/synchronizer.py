@@ -50,6 +50,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.telemetry import ClockProbe
 from clocktower.streams.clocksync.network_effect import NetworkSolution, solve_network
