@@ -356,7 +356,7 @@ def _free_udp_port(host: str = "127.0.0.1") -> int:
 
 
 _IN_NETNS = ("import sys; from pyroute2 import netns; netns.setns(sys.argv[1]); "
-             "from producers.clock.probe_agent import main; sys.exit(main(sys.argv[2:]))")
+             "from clocktower.producers.clock.probe_agent import main; sys.exit(main(sys.argv[2:]))")
 
 
 def _run_two_agents(tmp_path: Path, addr_a: str, addr_b: str, netns: tuple[str, str] | None = None,
