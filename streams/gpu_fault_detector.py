@@ -3,7 +3,9 @@
 A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the
 detector asks for the node to be drained and a spare brought in. Thermal
 throttling opens an incident that resolves when the throttle bits clear.
-A null reading (not supported, or GPU lost) is unknown: it neither opens nor resolves anything.
+A null reading (not supported, or GPU lost) is unknown: it neither opens nor resolves anything, and
+is no baseline: the ECC count is compared only with an earlier known count (a counter that goes down was
+reset by a driver reload, and becomes the new baseline).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ FATAL_XIDS = {48, 63, 64, 74, 79, 94, 95}
 
 @dataclass
 class _Gpu:
-    ecc_uncorrected: int = 0
+    ecc_uncorrected: int | None = None   # last known uncorrectable ECC count; None until one is read
     lost: bool = False
     thermal_incident: str | None = None
     thermal_opened: int = 0
@@ -55,7 +57,7 @@ class GpuFaultDetector:
                                   {"replace": ev.node})]
 
     def on_gpu_health(self, ev: GpuHealth) -> list[Event]:
-        gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu(ecc_uncorrected=ev.ecc_uncorrected or 0))
+        gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu())
         out: list[Event] = []
         if ev.xid:
             fatal = ev.xid in FATAL_XIDS
@@ -65,9 +67,10 @@ class GpuFaultDetector:
         if ev.lost and not gpu.lost:
             gpu.lost = True
             out += self._replace_node(ev, self._incident(ev, "gpu_lost", "open", "critical", "GPU is lost"))
-        if ev.ecc_uncorrected is not None and ev.ecc_uncorrected > gpu.ecc_uncorrected:
-            out.append(self._incident(ev, "gpu_ecc", "open", "critical",
-                                      f"uncorrectable ECC errors {gpu.ecc_uncorrected} -> {ev.ecc_uncorrected}"))
+        if ev.ecc_uncorrected is not None:
+            if gpu.ecc_uncorrected is not None and ev.ecc_uncorrected > gpu.ecc_uncorrected:
+                out.append(self._incident(ev, "gpu_ecc", "open", "critical",
+                                          f"uncorrectable ECC errors {gpu.ecc_uncorrected} -> {ev.ecc_uncorrected}"))
             gpu.ecc_uncorrected = ev.ecc_uncorrected
         if ev.throttle_reasons is None:
             return out

@@ -88,3 +88,22 @@ def test_gpu_detector_reads_null_as_unknown() -> None:
     lost = det.on_gpu_health(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
     kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "action", ""))) for e in lost)
     assert kinds == [("ControlCommand", "drain"), ("ControlCommand", "spare"), ("Incident", "gpu_xid")]
+
+
+def test_a_null_first_ecc_reading_is_no_baseline() -> None:
+    """The first known ECC count is the baseline (no incident); only a rise from a known count opens one."""
+    det = GpuFaultDetector(CommandIssuer(b"k" * 32))
+    base = SAMPLES["gpu_health"]
+
+    def read(dt: int, ecc: int | None) -> list:
+        return det.on_gpu_health(GpuHealth(**{**base, "ts_ns": base["ts_ns"] + dt, "ecc_uncorrected": ecc,
+                                              "throttle_reasons": 0, "xid": 0, "lost": False}))
+
+    assert read(0, None) == []
+    assert read(1, 7) == []                   # first known count: errors since driver load, not new ones
+    assert read(2, None) == []
+    [ecc] = read(3, 9)
+    assert (ecc.kind, ecc.detail) == ("gpu_ecc", "uncorrectable ECC errors 7 -> 9")
+    assert read(4, 0) == []                   # driver reloaded: the counter restarts, a new baseline
+    [again] = read(5, 1)
+    assert again.detail == "uncorrectable ECC errors 0 -> 1"
