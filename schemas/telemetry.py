@@ -158,7 +158,8 @@ class LinkState(Event):
     """State of one network port, sent on every change and periodically.
 
     The InfiniBand/RoCE port state and counters (sysfs `ports/N/state`, `ports/N/counters/*`) are required
-    for `kind` "infiniband" and default to "none"/0 for Ethernet ports, where they do not apply.
+    for `kind` "infiniband" and default to "none"/0 for Ethernet ports, where they do not apply. An IB counter
+    is null (NULL in ClickHouse) where it could not be read (file missing or unreadable), never a fake 0.
     port_*_data are bytes (sysfs counts 4-byte words). For IB ports `operstate` is the physical state
     (e.g. "LinkUp") and `carrier_changes` is the `link_downed` counter (one per flap, not two).
     """
@@ -177,15 +178,15 @@ class LinkState(Event):
     operstate: Name = Field(description="kernel operstate (Ethernet) or IB physical state")
     carrier: Bool
     ib_state: Name = "none"
-    port_xmit_data: UInt64 = Field(default=0, description="bytes sent")
-    port_rcv_data: UInt64 = Field(default=0, description="bytes received")
-    port_xmit_packets: UInt64 = 0
-    port_rcv_packets: UInt64 = 0
-    port_rcv_errors: UInt64 = 0
-    port_xmit_discards: UInt64 = 0
-    symbol_error: UInt64 = 0
-    link_downed: UInt64 = 0
-    link_error_recovery: UInt64 = 0
+    port_xmit_data: UInt64 | None = Field(default=0, description="bytes sent; null = not read")
+    port_rcv_data: UInt64 | None = Field(default=0, description="bytes received; null = not read")
+    port_xmit_packets: UInt64 | None = 0
+    port_rcv_packets: UInt64 | None = 0
+    port_rcv_errors: UInt64 | None = 0
+    port_xmit_discards: UInt64 | None = 0
+    symbol_error: UInt64 | None = 0
+    link_downed: UInt64 | None = 0
+    link_error_recovery: UInt64 | None = 0
 
     @model_validator(mode="after")
     def _ib_counters_given(self) -> LinkState:

@@ -291,8 +291,8 @@ def test_ib_ports_values_and_missing_counters(ib_root: Path) -> None:
     assert p0.counters == {**FULL, "port_xmit_data": 4000, "port_rcv_data": 8000}
     assert (p1.name, p1.state, p1.up, p1.link_layer) == ("mlx5_1/1", "DOWN", False, "Ethernet")
     assert p1.counters["port_xmit_data"] == 28 and p1.counters["port_rcv_packets"] == 9
-    assert p1.counters["port_rcv_data"] == 0 and p1.counters["link_downed"] == 0      # missing file
-    assert p1.counters["symbol_error"] == 0                                            # unparsable file
+    assert p1.counters["port_rcv_data"] is None and p1.counters["link_downed"] is None  # missing file: not read
+    assert p1.counters["symbol_error"] is None                                           # unparsable file
 
     e0, e1 = (p.to_event("node-3", 10**18) for p in (p0, p1))
     assert (e0.interface, e0.kind, e0.up, e0.carrier, e0.ib_state, e0.operstate) == (
@@ -300,6 +300,8 @@ def test_ib_ports_values_and_missing_counters(ib_root: Path) -> None:
     assert e0.speed_mbps == 100_000 and e0.port_xmit_data == 4000 and e0.port_rcv_data == 8000
     assert e0.carrier_changes == 4 and e0.link_error_recovery == 5 and e0.symbol_error == 3
     assert not e1.up and not e1.carrier and e1.speed_mbps == 0 and e1.operstate == "Disabled"
+    assert (e1.port_xmit_data, e1.port_rcv_data, e1.symbol_error, e1.link_downed) == (28, None, None, None)
+    assert e1.carrier_changes == 0                    # link_downed never read: no change seen, not null
 
 
 def test_ib_poll_reports_periodically_and_state_changes_at_once(ib_root: Path) -> None:

@@ -13,13 +13,17 @@ Layout read (root defaults to /sys/class/infiniband; tests point it at a fake tr
 Units: `port_xmit_data` and `port_rcv_data` are counted in 4-byte words by the IB spec (and by every
 driver's sysfs file). They are reported in BYTES here (sysfs value x 4, wrapped to 64 bits), so they can be
 added to and compared with every other byte counter in the pipeline. The other counters are packet/event
-counts, reported as read. A counter file that is missing or unreadable reads 0 (older HCAs lack some; a
-32-bit counter that saturated is reported as read).
+counts, reported as read (a 32-bit counter that saturated is reported as read). A counter file that is
+missing, unreadable or unparsable is reported as null, never as 0: a 0 is a real reading (no errors), so a
+counter that could not be read must not look like one. Older HCAs lack some counters; why each counter of each
+port could not be read is logged once (at WARNING), not at every poll.
 
 Each port is one LinkState with kind "infiniband" and interface "DEV/N" (e.g. "mlx5_0/1"), for RoCE ports
 too (it is the RDMA port's view; the netdev over it is the LinkSource's). IB has no carrier-change count,
 so `carrier_changes` is the port's `link_downed` counter (times the link went down, by the hardware): a
-flap adds 1 here, where an Ethernet flap adds 2 (a down and an up).
+flap adds 1 here, where an Ethernet flap adds 2 (a down and an up). `carrier_changes` is shared with Ethernet
+and cannot be null: while `link_downed` cannot be read it keeps the port's last value read (0 if none yet), so
+an unreadable poll is not taken for a counter reset (which the flap detector would count as a flap).
 
 `IbPortSource` (name "ib") is kept apart from the netlink `LinkSource` ("links") because it has a different
 mechanism (sysfs has no change events, so it polls) and a different availability (most machines have no
@@ -79,15 +83,28 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _read_counter(path: Path) -> int:
-    text = _read(path)
-    if text is None:
-        return 0
+_warned: set[Path] = set()     # counter files whose failure was logged: once per file, not every poll
+
+
+def _read_counter(path: Path) -> int | None:
+    """The counter's value, or None (logged once per file) if the file is missing, unreadable or not a count."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({e})"
+        return _unread(path, why)
     try:
         value = int(text.strip(), 0)
     except ValueError:
-        return 0
-    return value if value >= 0 else 0
+        return _unread(path, f"not a count ({text.strip()[:40]!r})")
+    return value if value >= 0 else _unread(path, f"negative ({value})")
+
+
+def _unread(path: Path, why: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("ib: counter %s %s: reported as null", path, why)
+    return None
 
 
 @dataclass(frozen=True)
@@ -100,7 +117,7 @@ class IbPort:
     phys_state: str
     link_layer: str
     rate_mbps: int
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int | None] = field(default_factory=dict)     # None: could not be read
 
     @property
     def name(self) -> str:
@@ -115,12 +132,16 @@ class IbPort:
         """What a state change is: any of these differing between two polls."""
         return (self.state, self.phys_state, self.rate_mbps)
 
-    def to_event(self, node: str, ts_ns: int) -> LinkState:
+    def to_event(self, node: str, ts_ns: int, last_link_downed: int = 0) -> LinkState:
+        """The port's LinkState; an unread counter is None. `last_link_downed` is `carrier_changes` while
+        `link_downed` is unread (see the module doc)."""
         c = self.counters
+        downed = c.get("link_downed")
         return LinkState(node=node, ts_ns=ts_ns, interface=self.name, kind="infiniband", up=self.up,
-                         carrier_changes=c.get("link_downed", 0), speed_mbps=self.rate_mbps if self.up else 0,
+                         carrier_changes=last_link_downed if downed is None else downed,
+                         speed_mbps=self.rate_mbps if self.up else 0,
                          operstate=self.phys_state, carrier=self.phys_state.lower() == "linkup",
-                         ib_state=self.state, **{k: c.get(k, 0) for k in COUNTERS})
+                         ib_state=self.state, **{k: c.get(k) for k in COUNTERS})
 
 
 def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
@@ -143,11 +164,13 @@ def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
 
 
 def read_port(device: str, port: int, path: Path) -> IbPort:
-    """Read one port directory. Missing files read as "unknown" / 0, never raise."""
-    counters = {}
+    """Read one port directory, never raising. Missing state files read as "unknown", missing counters as None."""
+    counters: dict[str, int | None] = {}
     for name in COUNTERS:
         value = _read_counter(path / "counters" / name)
-        counters[name] = (value * 4) & U64 if name in WORD_COUNTERS else value & U64
+        if value is not None:
+            value = (value * 4) & U64 if name in WORD_COUNTERS else value & U64
+        counters[name] = value
     return IbPort(device=device, port=port, state=parse_enum(_read(path / "state") or ""),
                   phys_state=parse_enum(_read(path / "phys_state") or ""),
                   link_layer=(_read(path / "link_layer") or "unknown").strip() or "unknown",
@@ -175,6 +198,7 @@ class IbPortSource:
         self.counts: Counter[str] = Counter()
         self.state_changes = 0
         self._last: dict[str, IbPort] = {}
+        self._link_downed: dict[str, int] = {}     # last link_downed read per port: carrier_changes while unread
         self._last_report: float | None = None     # monotonic time of the last full report
         self._emit: Emit | None = None
         self._stop = threading.Event()
@@ -217,12 +241,15 @@ class IbPortSource:
             changed = before is None or before.state_key != port.state_key
             if changed and before is not None:
                 self.state_changes += 1
+            downed = port.counters.get("link_downed")
+            if downed is not None:
+                self._link_downed[port.name] = downed
             if full or changed:
-                out.append(port.to_event(self.node, ts))
+                out.append(port.to_event(self.node, ts, self._link_downed.get(port.name, 0)))
         for name, gone in self._last.items():
             if name not in current:
                 self.state_changes += 1
-                out.append(gone.to_event(self.node, time.time_ns()).model_copy(
+                out.append(gone.to_event(self.node, time.time_ns(), self._link_downed.pop(name, 0)).model_copy(
                     update={"up": False, "carrier": False, "speed_mbps": 0, "operstate": "deleted"}))
         self._last = current
         return out
