@@ -15,11 +15,25 @@ iteration is emitted as soon as one of these holds, oldest first per rank:
 Only comm-hook collectives count (source "hook"): the flight recorder reports
 the same all-reduces again. A redelivered collective (same communicator and
 seq) replaces itself instead of counting twice.
+
+One row per iteration: an emitted iteration's collectives are pruned, so an
+iteration ending at or before the rank's last emitted one (a redelivery, a spool
+replay, or one that arrived out of order) would come out again with none and,
+the table being a ReplacingMergeTree, replace the right row. It is dropped and
+counted in `late_iterations`; a copy of one still pending in
+`duplicate_iterations`.
+
+Bounded: a rank holds at most `max_collectives` collectives (a script that
+instruments DDP but never marks iterations; the oldest, by end, are dropped and
+counted in `dropped_collectives`), and at most `max_ranks` ranks are tracked
+(the least recently active one is evicted: its pending iterations are emitted
+with what is at hand, counted in `evicted_ranks`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from clocktower.schemas.analytics import IterationBreakdown
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
@@ -42,57 +56,100 @@ def _busy_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
     return total
 
 
+@dataclass
+class _Rank:
+    """One rank's state."""
+
+    # its hook collectives not yet behind an emitted iteration, by (communicator, seq)
+    collectives: dict[tuple[str, int], CollectiveEvent] = field(default_factory=dict)
+    watermark: int = 0                 # latest end of its hook collectives
+    pending: list[IterationEvent] = field(default_factory=list)
+    emitted_end_ns: int | None = None  # end of its last emitted iteration
+
+
 class IterationBreakdownAggregator:
-    def __init__(self, grace: int = 2, max_pending: int = 256) -> None:
+    def __init__(self, grace: int = 2, max_pending: int = 256, max_collectives: int = 65_536,
+                 max_ranks: int = 65_536) -> None:
         self.grace = grace
         self.max_pending = max_pending
-        # per rank, its hook collectives not yet behind an emitted iteration, by (communicator, seq)
-        self.collectives: dict[RankKey, dict[tuple[str, int], CollectiveEvent]] = defaultdict(dict)
-        self.watermark: dict[RankKey, int] = {}
-        self.pending: dict[RankKey, list[IterationEvent]] = defaultdict(list)
+        self.max_collectives = max_collectives
+        self.max_ranks = max_ranks
+        self.ranks: OrderedDict[RankKey, _Rank] = OrderedDict()   # least recently active first
+        self.late_iterations = 0       # dropped: at or before the rank's last emitted iteration
+        self.duplicate_iterations = 0  # dropped: a copy of one still pending
+        self.dropped_collectives = 0   # dropped: over max_collectives for their rank
+        self.evicted_ranks = 0         # ranks evicted over max_ranks
 
     def add_collective(self, c: CollectiveEvent) -> list[IterationBreakdown]:
         if c.source != "hook":
             return []
-        key = (c.job, c.rank)
-        self.collectives[key][(c.communicator, c.seq)] = c
-        self.watermark[key] = max(self.watermark.get(key, 0), c.end_ns)
-        return self._release(key)
+        out, r = self._rank((c.job, c.rank))
+        r.collectives[(c.communicator, c.seq)] = c
+        r.watermark = max(r.watermark, c.end_ns)
+        if len(r.collectives) > self.max_collectives:
+            self._trim(r)
+        return out + self._release(r)
 
     def add_iteration(self, it: IterationEvent) -> list[IterationBreakdown]:
-        key = (it.job, it.rank)
-        self.pending[key].append(it)
-        return self._release(key)
+        out, r = self._rank((it.job, it.rank))
+        if r.emitted_end_ns is not None and it.end_ns <= r.emitted_end_ns:
+            self.late_iterations += 1
+            return out
+        if any(p.iteration == it.iteration and p.start_ns == it.start_ns for p in r.pending):
+            self.duplicate_iterations += 1
+            return out
+        r.pending.append(it)
+        return out + self._release(r)
 
-    def _release(self, key: RankKey) -> list[IterationBreakdown]:
-        pend = self.pending.get(key)
+    def _rank(self, key: RankKey) -> tuple[list[IterationBreakdown], _Rank]:
+        """The rank's state, marked most recently active; and what evicting the least active one emitted."""
+        r = self.ranks.get(key)
+        if r is not None:
+            self.ranks.move_to_end(key)
+            return [], r
+        out: list[IterationBreakdown] = []
+        while len(self.ranks) >= self.max_ranks:
+            _, old = self.ranks.popitem(last=False)
+            self.evicted_ranks += 1
+            out += [self._breakdown(old, i) for i in sorted(old.pending, key=lambda i: i.end_ns)]
+        r = self.ranks[key] = _Rank()
+        return out, r
+
+    def _trim(self, r: _Rank) -> None:
+        """Drop the oldest collectives (by end) down to 7/8 of the cap: one sort per cap/8 additions."""
+        keep = self.max_collectives - self.max_collectives // 8
+        by_end = sorted(r.collectives.items(), key=lambda kv: kv[1].end_ns)
+        self.dropped_collectives += len(by_end) - keep
+        r.collectives = dict(by_end[len(by_end) - keep:])
+
+    def _release(self, r: _Rank) -> list[IterationBreakdown]:
+        pend = r.pending
         if not pend:
             return []
         pend.sort(key=lambda i: i.end_ns)
-        mark = self.watermark.get(key, 0)
         out = []
-        while pend and (len(pend) > self._patience(pend[0]) or pend[0].end_ns <= mark or self._has_all(pend[0])):
-            out.append(self._breakdown(pend.pop(0)))
+        while pend and (len(pend) > self._patience(pend[0]) or pend[0].end_ns <= r.watermark
+                        or self._has_all(r, pend[0])):
+            out.append(self._breakdown(r, pend.pop(0)))
         if out:
-            done = out[-1].end_ns
-            cols = self.collectives[key]
-            self.collectives[key] = {k: c for k, c in cols.items() if c.end_ns > done}
+            done = r.emitted_end_ns = out[-1].end_ns
+            r.collectives = {k: c for k, c in r.collectives.items() if c.end_ns > done}
         return out
 
-    def _overlapping(self, it: IterationEvent) -> list[CollectiveEvent]:
-        cols = self.collectives.get((it.job, it.rank), {})
-        return [c for c in cols.values() if c.end_ns > it.start_ns and c.start_ns < it.end_ns]
+    @staticmethod
+    def _overlapping(r: _Rank, it: IterationEvent) -> list[CollectiveEvent]:
+        return [c for c in r.collectives.values() if c.end_ns > it.start_ns and c.start_ns < it.end_ns]
 
     def _patience(self, it: IterationEvent) -> int:
         """How many later iterations of its rank may wait behind `it` before it is emitted anyway."""
         return self.grace if it.collectives is None else self.max_pending
 
-    def _has_all(self, it: IterationEvent) -> bool:
+    def _has_all(self, r: _Rank, it: IterationEvent) -> bool:
         """Whether every collective the iteration says it launched is in."""
-        return it.collectives is not None and len(self._overlapping(it)) >= it.collectives
+        return it.collectives is not None and len(self._overlapping(r, it)) >= it.collectives
 
-    def _breakdown(self, it: IterationEvent) -> IterationBreakdown:
-        cols = self._overlapping(it)
+    def _breakdown(self, r: _Rank, it: IterationEvent) -> IterationBreakdown:
+        cols = self._overlapping(r, it)
         duration = it.end_ns - it.start_ns
         comm = _busy_ns([(c.start_ns, c.end_ns) for c in cols], it.start_ns, it.end_ns)
         return IterationBreakdown.model_construct(

@@ -125,6 +125,58 @@ def test_breakdown_counts_each_collective_once_with_the_flight_recorder_on() -> 
     assert [(b.iteration, b.collectives, b.comm_bytes, b.comm_ns) for b in out] == [(0, 1, 100, 20)]
 
 
+def test_a_redelivered_iteration_never_replaces_its_row() -> None:
+    """A redelivered iteration came out again as (0, 0, 0) after its collectives were pruned: dropped and counted."""
+    agg = IterationBreakdownAggregator()
+    agg.add_collective(coll(T0 + 100, T0 + 150, 0))
+    out = agg.add_iteration(it(0, T0, T0 + 200, collectives=1))
+    assert [(b.iteration, b.collectives, b.comm_ns) for b in out] == [(0, 1, 50)]
+    assert agg.add_iteration(it(0, T0, T0 + 200, collectives=1)) == []          # Kafka redelivery, spool replay
+    assert agg.add_collective(coll(T0 + 250, T0 + 260, 1)) == []                 # the next iteration's collective
+    assert agg.late_iterations == 1
+
+
+def test_a_duplicate_of_a_pending_iteration_gives_one_row() -> None:
+    agg = IterationBreakdownAggregator()
+    assert agg.add_iteration(it(0, T0, T0 + 200, collectives=1)) == []
+    assert agg.add_iteration(it(0, T0, T0 + 200, collectives=1)) == []
+    out = agg.add_collective(coll(T0 + 100, T0 + 150, 0))
+    assert [(b.iteration, b.collectives, b.comm_ns) for b in out] == [(0, 1, 50)]
+    assert agg.duplicate_iterations == 1
+
+
+def test_an_iteration_arriving_after_a_later_one_is_dropped_not_emitted_empty() -> None:
+    agg = IterationBreakdownAggregator()
+    agg.add_collective(coll(T0 + 100, T0 + 150, 0))                             # iteration 0's collective
+    agg.add_collective(coll(T0 + 300, T0 + 350, 1))
+    out = agg.add_iteration(it(1, T0 + 200, T0 + 400, collectives=1))          # 1 before 0
+    assert [(b.iteration, b.collectives) for b in out] == [(1, 1)]
+    assert agg.add_iteration(it(0, T0, T0 + 200, collectives=1)) == []          # its collective is gone
+    assert agg.late_iterations == 1
+
+
+def test_collectives_without_iterations_are_bounded() -> None:
+    """A script that instruments DDP but never marks iterations: a rank holds at most max_collectives."""
+    agg = IterationBreakdownAggregator(max_collectives=64)
+    for s in range(1000):
+        agg.add_collective(coll(T0 + 10 * s, T0 + 10 * s + 5, s))
+    held = agg.ranks[("j", 0)].collectives
+    assert len(held) <= 64 and agg.dropped_collectives == 1000 - len(held)
+    assert min(c.seq for c in held.values()) == 1000 - len(held)                # the oldest were dropped
+    out = agg.add_iteration(it(999, T0 + 9990, T0 + 9996, collectives=1))
+    assert [(b.iteration, b.collectives) for b in out] == [(999, 1)]
+
+
+def test_ranks_are_bounded_and_an_evicted_rank_emits_what_it_held() -> None:
+    agg = IterationBreakdownAggregator(max_ranks=2)
+    assert agg.add_iteration(it(0, T0, T0 + 100, rank=0, collectives=1)) == []
+    agg.add_collective(coll(T0 + 10, T0 + 20, 0, rank=1))
+    agg.add_collective(coll(T0 + 10, T0 + 20, 0, rank=1))                      # rank 1 most recently active
+    out = agg.add_collective(coll(T0 + 10, T0 + 20, 0, rank=2))                # evicts rank 0
+    assert [(b.rank, b.iteration, b.collectives) for b in out] == [(0, 0, 0)]
+    assert sorted(agg.ranks) == [("j", 1), ("j", 2)] and agg.evicted_ranks == 1
+
+
 def test_every_simulated_iteration_gets_a_breakdown_in_either_topic_order() -> None:
     """The demo lost each rank's last iteration: N iterations must give N breakdowns."""
     from clocktower.producers.simulator import FleetSimulator, SimConfig
