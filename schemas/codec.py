@@ -8,6 +8,9 @@ One Kafka record = one batch of events of one schema from one node:
 
 Decoding validates everything (schemas/envelope_checks.py: count, key, event time) and raises
 `DecodeError` with a reason that ends up in `deadletter`; it never raises anything else.
+`envelope_checks=False` decodes as before those checks existed (no key, count or event-time rule, values up
+to LEGACY_MAX_RECORD_BYTES): for telling whether a record already stored is the one at its offset, never for
+accepting new records.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ H_SCHEMA = "ct-schema"
 H_VERSION = "ct-version"
 H_COUNT = "ct-count"
 DEFAULT_MAX_FUTURE_SKEW_NS = round(DEFAULT_MAX_FUTURE_SKEW_S * 1e9)
+# The value limit before MAX_RECORD_BYTES (1 MiB): records up to it were stored, and may still sit in logs and spools.
+LEGACY_MAX_RECORD_BYTES = 4 * 1024 * 1024
 MAX_BATCH_EVENTS = 100_000
 DEADLETTER_RAW_LIMIT = 64 * 1024
 # The DeadLetter model's own limits (schemas/column_types.py: Name 256, Text 65536 characters).
@@ -87,20 +92,23 @@ def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> st
 
 def decode_batch(topic: str, key: bytes | None, value: bytes | None,
                  headers: Sequence[tuple[str, bytes | None]] | None, *,
-                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None) -> DecodedBatch:
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None,
+                 envelope_checks: bool = True) -> DecodedBatch:
     """Validate one record of `topic`; raise DecodeError with the reason on any defect.
 
     An event stamped more than `max_future_skew_ns` after `now_ns` (default: this clock) is refused.
+    With `envelope_checks` False, the rules records were stored under before them apply (see the module doc).
     """
     spec = BY_NAME.get(topic)
     if spec is None:
         raise DecodeError(f"unknown topic {topic!r}")
     if value is None:
         raise DecodeError("empty record value")
-    if (problem := key_problem(key)) is not None:
+    if envelope_checks and (problem := key_problem(key)) is not None:
         raise DecodeError(problem)
-    if len(value) > MAX_RECORD_BYTES:
-        raise DecodeError(f"oversized record: {len(value)} bytes > {MAX_RECORD_BYTES}")
+    limit = MAX_RECORD_BYTES if envelope_checks else LEGACY_MAX_RECORD_BYTES
+    if len(value) > limit:
+        raise DecodeError(f"oversized record: {len(value)} bytes > {limit}")
     schema = _header(headers, H_SCHEMA)
     if schema is None:
         raise DecodeError(f"missing header {H_SCHEMA}")
@@ -120,12 +128,14 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
         raise DecodeError("empty batch")
     if len(events) > MAX_BATCH_EVENTS:
         raise DecodeError(f"batch of {len(events)} events exceeds {MAX_BATCH_EVENTS}")
-    if (problem := count_problem(_header(headers, H_COUNT), len(events))) is not None:
+    if envelope_checks and (problem := count_problem(_header(headers, H_COUNT), len(events))) is not None:
         raise DecodeError(problem)
-    node = (key or b"").decode("utf-8", "replace")
+    node = key.decode("utf-8", "replace") if key else events[0].node   # keyless: only without envelope_checks
     for e in events:
         if e.node != node:
             raise DecodeError(f"event from node {e.node!r} in a batch keyed {bounded(node, 300)!r}")
+    if not envelope_checks:
+        return DecodedBatch(schema=schema, node=node, events=events)
     fields = timestamp_fields(model, spec in TELEMETRY)
     problem = future_problem(events, fields, time.time_ns() if now_ns is None else now_ns, max_future_skew_ns)
     if problem is not None:
