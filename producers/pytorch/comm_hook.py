@@ -9,6 +9,9 @@ same averaging DDP does without a hook, so training is unchanged). Per bucket it
 - seq: a per-rank counter shared by every model instrumented by one Telemetry, taken at launch, so
   seq order is launch order.
 
+A bucket whose all-reduce fails is not recorded, and no longer counts as launched (`issued`): an
+iteration's `collectives` is what the stream can receive, else it waits in vain for the missing ones.
+
 Under gloo the future completes when the collective has finished. Under NCCL the `then` callback
 runs once the work is enqueued on the CUDA stream, so end_ns is host-side and can be early; the
 flight recorder (with TORCH_NCCL_ENABLE_TIMING) is the better source of NCCL durations.
@@ -32,12 +35,17 @@ class SequenceCounter:
     def __init__(self, start: int = 0) -> None:
         self._count = itertools.count(start)
         self._lock = threading.Lock()
-        self.issued = 0      # numbers handed out so far: collectives launched
+        self.issued = 0      # collectives launched so far, less those that failed: what will be recorded
 
     def next(self) -> int:
         with self._lock:
             self.issued += 1
             return next(self._count)
+
+    def withdraw(self) -> None:
+        """A collective numbered by next() failed: it is not recorded, so it no longer counts as issued."""
+        with self._lock:
+            self.issued -= 1
 
 
 class BucketTimingHook:
@@ -76,6 +84,7 @@ class BucketTimingHook:
                 value = f.value()       # re-raises the collective's error into DDP: never swallow it
             except Exception:
                 self.failed += 1
+                self.seq.withdraw()   # DDP waits on this future in backward: before the iteration's count is read
                 raise
             self.record(seq, nbytes, start_ns, end_ns)
             return value
