@@ -184,11 +184,19 @@ def test_clickhouse_connect_gets_compressed_responses(
 
 
 def test_query_log_keeps_client_queries_only(endpoint: ClickHouseHttpEndpoint) -> None:
-    """Grafana's plugin and users read system.query_log; the endpoint's own queries stay out of it."""
+    """Grafana's plugin and users read system.query_log; the endpoint's own statements and secrets stay out of it.
+
+    Each role leaves its traces: the guard's parse (logged at readonly=1), SET/reset of per-request settings,
+    and the sink's INSERT with its spool path and insert_deduplication_token.
+    """
     admin = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=USER, password=PASSWORD)
     viewer = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=VIEWER, password=PASSWORD)
-    assert admin.command("SELECT 'marker-admin-1'") == "marker-admin-1"
+    assert admin.command("SELECT 'marker-admin-1'", settings={"max_execution_time": 7}) == "marker-admin-1"
     assert viewer.command("SELECT 'marker-viewer-1'") == "marker-viewer-1"
+    with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError):  # a failed query flushes its session
+        viewer.query("SELECT throwIf(1, 'marker-viewer-failed')")
+    admin.command("CREATE TABLE IF NOT EXISTS log_probe (x UInt8) ENGINE = MergeTree ORDER BY x")
+    admin.insert("log_probe", [[1]], column_names=["x"], settings={"insert_deduplication_token": "secret-salt-1"})
     query = ("SELECT query, type FROM system.query_log WHERE query LIKE '%marker-%-1%' AND query NOT LIKE '%query_log%'"
              " ORDER BY event_time_microseconds")
     rows: list[tuple[str, str]] = []
@@ -198,7 +206,21 @@ def test_query_log_keeps_client_queries_only(endpoint: ClickHouseHttpEndpoint) -
         rows = [tuple(row) for row in viewer.query(query).result_rows]  # the read-only role may read it
     finished = {q for q, kind in rows if kind == "QueryFinish"}
     assert any("marker-admin-1" in q for q in finished) and any("marker-viewer-1" in q for q in finished), rows
-    assert all("parseQueryToJSON" not in q for q, _ in rows if "marker-admin-1" in q)
-    internal = admin.query("SELECT count() FROM system.query_log WHERE query LIKE '%clocktower-session-flush%' "
-                           "OR query LIKE 'SET log_queries%' OR query LIKE 'SELECT name, value FROM system.settings%'")
-    assert internal.result_rows == [(0,)]
+    assert all("parseQueryToJSON" not in q for q, _ in rows), rows
+    inserts: list[tuple[str, str]] = []
+    while not inserts and time.monotonic() < deadline:
+        inserts = [tuple(r) for r in viewer.query("SELECT query, toString(Settings) FROM system.query_log "
+                                                  "WHERE query LIKE 'INSERT INTO%log_probe%'").result_rows]
+        time.sleep(0.2)
+    assert inserts and all("<request body>" in q for q, _ in inserts), inserts
+    everything = "\n".join(str(row) for row in viewer.query("SELECT * FROM system.query_log").result_rows)
+    for leak in ("clocktower-insert-", "/dev/shm", "secret-salt-1", "parseQueryToJSON", "formatQuery({q",
+                 "clocktower-session-flush", "= DEFAULT", "SET max_execution_time", "SET log_queries",
+                 "SELECT name, value FROM system.settings"):
+        assert leak not in everything, leak
+    assert viewer.query("SELECT count() FROM system.query_log WHERE query_kind = 'Set'").result_rows == [(0,)]
+    for client in (admin, viewer):  # the raw log, with all of the above, stays out of reach
+        for sql in ("SELECT count() FROM system.query_log_raw", "SELECT count() FROM merge('system', '^query_log')",
+                    "SELECT count() FROM view(SELECT * FROM system.QUERY_LOG_RAW)"):
+            with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="ACCESS_DENIED|not allowed"):
+                client.query(sql)

@@ -102,6 +102,27 @@ def _as_bytes(sql: str | bytes) -> bytes:
     return sql.encode() if isinstance(sql, str) else sql
 
 
+def _expose_query_log(conn: Any) -> None:
+    """Make system.query_log the filtered view of the raw log (engine_config), on a connection that logs nothing.
+
+    A data dir from before the view keeps its log: its table becomes the raw one.
+    """
+    raw = engine_config.RAW_LOG_TABLE
+    try:
+        engine = conn.query(
+            "SELECT engine FROM system.tables WHERE database = 'system' AND name = 'query_log'", "TSVRaw"
+        ).bytes().strip()
+        if engine and engine != b"View":
+            if conn.query(f"EXISTS TABLE system.{raw}", "TSVRaw").bytes().strip() == b"1":
+                conn.query("DROP TABLE system.query_log SYNC")
+            else:
+                conn.query(f"RENAME TABLE system.query_log TO system.{raw}")
+        conn.query("SYSTEM FLUSH LOGS")  # creates the raw table if there is none
+        conn.query(engine_config.VIEW_SQL)
+    except Exception as ex:  # the endpoint still serves; the warning after start says so
+        logger.warning("could not set up system.query_log: %s", ex)
+
+
 class ChdbEngine:
     """Owns the chdb engine for ``path`` and its pools of sessions."""
 
@@ -121,8 +142,10 @@ class ChdbEngine:
                 raise RuntimeError(f"cannot open {self.path}: one chdb data dir per process; {other} is open")
             if _dir_is_locked(self.path):
                 raise DataDirLocked(_locked_message(self.path))
+            if "?" in self.path:
+                raise ValueError(f"chdb data dir {self.path!r} contains '?': chdb would read what follows as options")
             try:
-                with engine_config.config_file(self.limits.query_log_flush_ms) as config:
+                with engine_config.config_file(self.limits.query_log_flush_ms, self.path) as config:
                     first = chdb.connect(f"{self.path}?config-file={config}&{_QUIET_START}")
             except RuntimeError as ex:
                 if _dir_is_locked(self.path):
@@ -130,6 +153,7 @@ class ChdbEngine:
                 raise RuntimeError(f"cannot open chdb engine at {self.path}: {ex}") from ex
             _open_paths.add(self.path)
         try:
+            _expose_query_log(first)
             limits = self.limits
             writers = [self._session(0, limits.write_timeout_s, first)]
             writers += [self._session(0, limits.write_timeout_s) for _ in range(limits.write_sessions - 1)]
@@ -145,12 +169,19 @@ class ChdbEngine:
         except BaseException:
             self.close()
             raise
+        self._check_query_log()
         self.version: str = version
         self.timezone: str = timezone
         # What system.settings shows clients (chdb: on): clickhouse-connect sends only Accept-Encoding then.
         self.http_compression: bool = compression in ("1", "true")
         # chdb aborts or complains at interpreter exit if its engine is still open then.
         atexit.register(self.close)
+
+    def _check_query_log(self) -> None:
+        try:
+            self.execute("SELECT count() FROM system.query_log LIMIT 0 SETTINGS log_queries = 0", kind="write")
+        except ClickHouseError as ex:
+            logger.warning("system.query_log does not work on the chdb engine at %s: %s", self.path, ex.message)
 
     def execute(
         self,

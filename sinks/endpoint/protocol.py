@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from clocktower.sinks.endpoint.engine import ChdbEngine, QueryResult
+from clocktower.sinks.endpoint.engine_config import SPOOL_PREFIX, SPOOL_SHOWN
 from clocktower.sinks.endpoint.errors import QUERY_IS_TOO_LARGE, SYNTAX_ERROR, UNKNOWN_TYPE_OF_QUERY, ClickHouseError
 from clocktower.sinks.endpoint.request_body import RequestBody
 from clocktower.sinks.endpoint.request_params import RequestParams, add_form_fields
@@ -38,7 +39,7 @@ _CONTENT_TYPES = {
 }
 
 
-SPOOL_PLACEHOLDER = "<request body>"
+SPOOL_PLACEHOLDER = SPOOL_SHOWN
 
 
 def header_safe(value: str | None) -> str | None:
@@ -229,7 +230,7 @@ class ClickHouseProtocol:
         limit = self.engine.limits.max_insert_bytes
         # The suffix must not be .gz/.zst/...: ClickHouse picks INFILE decompression by extension.
         spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed before the engine reads it
-            dir=self.spool_dir, prefix="clocktower-insert-", suffix=".data", delete=False
+            dir=self.spool_dir, prefix=SPOOL_PREFIX, suffix=".data", delete=False
         )
         try:
             with spool:

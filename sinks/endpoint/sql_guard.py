@@ -5,8 +5,8 @@ second statement) and this module walks the tree. Nothing a client sends may
 reach files, the network or other processes: table functions and storage
 engines are allow-listed (everything else, ``file``, ``url``, ``s3``,
 ``remote``, ``executable``, chdb's ``python`` ..., is refused), the scalar
-``file()`` and ``disk()`` are refused, and so are ``INTO OUTFILE``, ``FROM
-INFILE``, ``INSERT INTO FUNCTION``, dictionaries with an external source,
+``file()`` and ``disk()`` are refused, and so are naming the raw query log
+(see engine_config), ``INTO OUTFILE``, ``FROM INFILE``, ``INSERT INTO FUNCTION``, dictionaries with an external source,
 ``BACKUP``/``RESTORE``, ``SYSTEM``, ``ATTACH ... FROM path``, and session state
 (temporary tables, transactions, ``SET ROLE``). Settings, in the URL or in a
 ``SETTINGS`` clause anywhere in the tree, must be on settings_allowed's list;
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clocktower.sinks.endpoint.engine_config import RAW_LOG_TABLE
 from clocktower.sinks.endpoint.errors import (
     ACCESS_DENIED,
     READONLY,
@@ -40,13 +41,15 @@ def _names(text: str) -> frozenset[str]:
 TABLE_FUNCTIONS_ALLOWED = _names(
     """
     numbers numbers_mt zeros zeros_mt generaterandom generate_series generateseries primes values
-    sqlstandardvalues null view viewifpermitted viewexplain merge dictionary format input loop
+    sqlstandardvalues null view viewifpermitted viewexplain dictionary format input loop
     mergetreeindex mergetreeprojection
     """
 )
 # Local-only table functions nobody here needs: refused in FROM like any table function not allowed above.
+# merge() picks tables by a regexp, so it could read the raw query log.
 TABLE_FUNCTIONS_NOT_NEEDED = _names(
     """
+    merge
     fuzzjson fuzzquery mergetreeanalyzeindexes mergetreeanalyzeindexesuuid mergetreecodecblockcounts
     mergetreetextindex timeseriesdata timeseriesmetricfamilies timeseriesmetrics timeseriessamples
     timeseriesselector timeseriestags
@@ -152,6 +155,8 @@ def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], 
         raise _denied("INSERT INTO FUNCTION is not allowed on the embedded endpoint")
     if kind == "CreateQuery":
         _check_create(tree)
+    if _mentions(tree, RAW_LOG_TABLE):
+        raise _denied(f"system.{RAW_LOG_TABLE} holds the endpoint's own statements: read system.query_log")
     verdict = Verdict("insert" if kind == "InsertQuery" else "read" if kind in _READS else "write")
     cap_s = cap_for(verdict.kind)
     for key, node, parent in _walk(tree, ""):
@@ -239,6 +244,21 @@ def _check_node(key: str, node: Mapping[str, Any], cap_s: float, table_level: bo
         raise _denied("BACKUP and RESTORE are not allowed on the embedded endpoint")
     elif key in ("table_function", "as_table_function") and folded not in TABLE_FUNCTIONS_ALLOWED:
         raise _denied(f"Table function {name} is not allowed on the embedded endpoint")
+
+
+def _mentions(node: Any, name: str) -> bool:
+    """True when any string in the tree (a table's name, a literal) contains ``name``, ASCII case folded."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if name in _fold(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _walk(node: Any, key: str) -> Iterator[tuple[str, Mapping[str, Any], str]]:
