@@ -15,12 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiokafka
 import aiokafka.consumer.consumer as aiokafka_consumer
 import pytest
 from aiokafka.consumer.fetcher import Fetcher
+from aiokafka.structs import TopicPartition
 from confluent_kafka import Consumer
 
 from clocktower.sinks.clickhouse import kafka_sink
@@ -133,3 +135,83 @@ def test_the_stream_worker_installs_the_backoff(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["IdleBackoffFetcher", "0.3"]
+
+
+# A busy partition next to an idle one on the same (single) node: aiokafka fetches the idle one alone while the busy
+# one's records are buffered past its prefetch_backoff (0.1 s), and that empty fetch must not hold the busy one's next.
+BUSY_ROUNDS = 3
+RECORDS_PER_ROUND = 3
+PROCESS_S = 0.3          # per record: longer than aiokafka's prefetch_backoff, so the idle partition is fetched alone
+STALL_BACKOFF_S = 600.0  # a back-off that held the busy partition would outlast the test's timeout by far
+BUSY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _FetchLog:
+    """Each fetch request aiokafka sent: its partitions, and which partitions were still buffered then."""
+
+    requests: list[tuple[frozenset[TopicPartition], frozenset[TopicPartition]]] = field(default_factory=list)
+
+
+@pytest.fixture
+def fetch_log(monkeypatch) -> _FetchLog:  # noqa: ANN001
+    log = _FetchLog()
+    proc = Fetcher._proc_fetch_request
+
+    async def logging(self, assignment, node_id, request):  # noqa: ANN001, ANN202
+        sent = frozenset(TopicPartition(topic, p) for topic, parts in request.topics for p, *_ in parts)
+        log.requests.append((sent, frozenset(self._records)))
+        return await proc(self, assignment, node_id, request)
+
+    monkeypatch.setattr(Fetcher, "_proc_fetch_request", logging)
+    monkeypatch.setattr(aiokafka_consumer, "Fetcher", idle_fetch.IdleBackoffFetcher)
+    monkeypatch.setattr(idle_fetch.IdleBackoffFetcher, "idle_backoff_s", STALL_BACKOFF_S)
+    return log
+
+
+async def _produce_round(producer: aiokafka.AIOKafkaProducer, busy: TopicPartition) -> int:
+    sent = [await producer.send(busy.topic, b"busy", partition=busy.partition) for _ in range(RECORDS_PER_ROUND)]
+    await producer.flush()
+    return (await sent[0]).offset
+
+
+async def _consume_busy_next_to_idle(bootstrap: str, topic: str) -> int:
+    """Consume BUSY_ROUNDS rounds from partition 0, slowly, while partition 1 stays idle; the next round is
+    produced while the current one is still buffered, so every fetch of partition 0 finds records at once."""
+    busy, idle = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap)
+    consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await producer.start()
+    await consumer.start()
+    try:
+        first = await _produce_round(producer, busy)
+        consumer.assign([busy, idle])
+        consumer.seek(busy, first)
+        await consumer.seek_to_end(idle)
+        consumed = 0
+        for round_no in range(BUSY_ROUNDS):
+            got = 0
+            while got < RECORDS_PER_ROUND:
+                records = (await consumer.getmany(busy, timeout_ms=1000, max_records=1)).get(busy, [])
+                if records and got == 0 and round_no + 1 < BUSY_ROUNDS:
+                    await _produce_round(producer, busy)
+                got += len(records)
+                await asyncio.sleep(PROCESS_S)   # the worker's processing
+            consumed += got
+        return consumed
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def test_an_idle_partition_does_not_stall_a_busy_one(services: Pipeline, fetch_log: _FetchLog) -> None:
+    """Without the early end, the busy partition's next fetch waits out the idle fetch's back-off (600 s here)."""
+    topic = "telemetry.clock"   # 2 partitions
+    run = _consume_busy_next_to_idle(services.settings.bootstrap, topic)
+    consumed = asyncio.run(asyncio.wait_for(run, BUSY_TIMEOUT_S))
+    assert consumed == BUSY_ROUNDS * RECORDS_PER_ROUND
+    busy, idle = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    idle_alone = [sent for sent, buffered in fetch_log.requests if sent == {idle} and busy in buffered]
+    assert idle_alone, f"the idle partition was never fetched alone: {fetch_log.requests}"
+    # Backed off, not spinning: a few fetches per round (an unpaced consumer sends hundreds meanwhile).
+    assert len(fetch_log.requests) <= 10 * BUSY_ROUNDS, f"{len(fetch_log.requests)} fetches"
