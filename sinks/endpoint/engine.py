@@ -102,22 +102,22 @@ def _as_bytes(sql: str | bytes) -> bytes:
     return sql.encode() if isinstance(sql, str) else sql
 
 
-def _expose_query_log(conn: Any) -> None:
-    """Make system.query_log the filtered view of the raw log (engine_config), on a connection that logs nothing.
+def _adopt_old_log(path: str) -> None:
+    """A data dir from before the view keeps its log: the old table's data becomes the raw log's.
 
-    A data dir from before the view keeps its log: its table becomes the raw one.
+    chdb keeps no metadata for the system database, only the tables' data (``data/system/<table>``), and
+    a view cannot be created where a table's data lies.
     """
-    raw = engine_config.RAW_LOG_TABLE
+    system = os.path.join(path, "data", "system")
+    old, raw = os.path.join(system, "query_log"), os.path.join(system, engine_config.RAW_LOG_TABLE)
+    if os.path.isdir(old):
+        os.rename(old, raw if not os.path.exists(raw) else f"{old}_before_view_{os.getpid()}")
+
+
+def _expose_query_log(conn: Any) -> None:
+    """Make system.query_log the filtered view of the raw log (engine_config), on a connection that logs nothing."""
     try:
-        engine = conn.query(
-            "SELECT engine FROM system.tables WHERE database = 'system' AND name = 'query_log'", "TSVRaw"
-        ).bytes().strip()
-        if engine and engine != b"View":
-            if conn.query(f"EXISTS TABLE system.{raw}", "TSVRaw").bytes().strip() == b"1":
-                conn.query("DROP TABLE system.query_log SYNC")
-            else:
-                conn.query(f"RENAME TABLE system.query_log TO system.{raw}")
-        conn.query("SYSTEM FLUSH LOGS")  # creates the raw table if there is none
+        conn.query("SYSTEM FLUSH LOGS")  # creates the raw table
         conn.query(engine_config.VIEW_SQL)
     except Exception as ex:  # the endpoint still serves; the warning after start says so
         logger.warning("could not set up system.query_log: %s", ex)
@@ -145,6 +145,7 @@ class ChdbEngine:
             if "?" in self.path:
                 raise ValueError(f"chdb data dir {self.path!r} contains '?': chdb would read what follows as options")
             try:
+                _adopt_old_log(self.path)
                 with engine_config.config_file(self.limits.query_log_flush_ms, self.path) as config:
                     first = chdb.connect(f"{self.path}?config-file={config}&{_QUIET_START}")
             except RuntimeError as ex:
