@@ -18,7 +18,8 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
     """Create every missing registry topic, raise existing ones' record size limit; returns the names created.
 
     `disable_auto_create` (the embedded broker only) turns the broker's topic auto-creation off first."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or KafkaSecurity()).librdkafka()})
+    # log_level 4: warnings and errors only (librdkafka's info lines, e.g. BGQUEUE on close, are not for users)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4, **(security or KafkaSecurity()).librdkafka()})
     if disable_auto_create:
         topic_config.disable_auto_create(admin, timeout)
     existing = set(admin.list_topics(timeout=timeout).topics)
