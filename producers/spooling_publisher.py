@@ -50,7 +50,9 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from clocktower.producers.ack_hold import AckHold
 from clocktower.producers.kafka_publisher import KafkaPublisher, check_topic
 from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
+from clocktower.producers.spool_resplit import part_rid, resplit
 from clocktower.schemas.batch_split import EncodedRecord
+from clocktower.schemas.codec import DecodeError
 from clocktower.schemas.kafka_security import KafkaSecurity
 
 log = logging.getLogger(__name__)
@@ -77,13 +81,28 @@ DeliveryCallback = Callable[[KafkaError | None, Any], None]
 class _Pending:
     """A record handed to librdkafka and not yet resolved."""
 
-    __slots__ = ("rec", "on_disk", "replay", "orphan")
+    __slots__ = ("rec", "on_disk", "replay", "orphan", "part")
 
-    def __init__(self, rec: SpoolRecord, on_disk: bool, replay: bool) -> None:
+    def __init__(self, rec: SpoolRecord, on_disk: bool, replay: bool, part: tuple[int, int] | None = None) -> None:
         self.rec = rec
         self.on_disk = on_disk        # also in the spool (sent from it, or written there while in flight)
         self.replay = replay          # sent from the spool by the replayer
         self.orphan = False           # its spool segment was dropped (spool full) while it was in flight
+        self.part = part              # (seq of the spooled record it was cut from, part index): see _Split
+
+
+@dataclass
+class _Split:
+    """A spooled record over today's record limit, sent as parts (producers/spool_resplit.py).
+
+    It stays in the spool until every part is resolved (acknowledged, found in Kafka, or refused for good), so
+    a crash or an outage meanwhile replays it: it is cut again and only the unresolved parts are sent."""
+
+    parent: SpoolRecord
+    total: int
+    resolved: set[int] = field(default_factory=set)
+    waiting: deque[tuple[int, SpoolRecord]] = field(default_factory=deque)   # this round's parts not yet handed over
+    seqs: dict[int, int] = field(default_factory=dict)                       # part index -> its seq this round
 
 
 class SpoolingPublisher(KafkaPublisher):
@@ -155,6 +174,9 @@ class SpoolingPublisher(KafkaPublisher):
         self.dropped_events = 0
         self.rejected_records = 0
         self.respooled_records = 0                 # acked, then back to the spool when the broker went away
+        self.resplit_records = 0                   # spooled over today's record limit, sent cut into parts
+        self._splits: dict[int, _Split] = {}       # by the spooled record's seq
+        self._feeding: _Split | None = None        # the split whose parts the replayer is handing over
 
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name="spool-pump", daemon=True)
@@ -187,7 +209,8 @@ class SpoolingPublisher(KafkaPublisher):
                 return
             self._to_spool(rec)
 
-    def _produce(self, rec: SpoolRecord, on_disk: bool, replay: bool = False) -> bool:
+    def _produce(self, rec: SpoolRecord, on_disk: bool, replay: bool = False,
+                 part: tuple[int, int] | None = None) -> bool:
         """Hand `rec` to librdkafka; False when its queue is full (the caller spools or waits instead)."""
         try:
             self.producer.produce(rec.topic, key=rec.key, value=rec.value, headers=rec.headers,
@@ -197,12 +220,12 @@ class SpoolingPublisher(KafkaPublisher):
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() in _PERMANENT:   # e.g. over message.max.bytes: it would
-                self._inflight[rec.seq] = _Pending(rec, on_disk, replay)     # block the spool; rejected for good,
+                self._inflight[rec.seq] = _Pending(rec, on_disk, replay, part)   # block the spool; rejected for good,
                 self._on_delivery(rec.seq, err, None)                        # as a broker refusal is
                 return True
             log.warning("cannot hand record %d for %s to librdkafka: %s", rec.seq, rec.topic, exc)
             return False
-        self._inflight[rec.seq] = _Pending(rec, on_disk, replay)
+        self._inflight[rec.seq] = _Pending(rec, on_disk, replay, part)
         return True
 
     def _to_spool(self, rec: SpoolRecord) -> None:
@@ -238,6 +261,13 @@ class SpoolingPublisher(KafkaPublisher):
     def _count_dropped(self, entries: list[SpoolEntry]) -> None:
         records = events = 0
         for e in entries:
+            if e.seq in self._splits:  # its parts in flight count when they resolve; the others are lost now
+                lost = self._drop_split(e.seq)
+                records += lost > 0
+                events += lost
+                self.failed[e.schema] += lost
+                self._callbacks.pop(e.seq, None)
+                continue
             p = self._inflight.get(e.seq)
             if p is not None:          # on its way: it counts as dropped only if its delivery fails
                 p.on_disk, p.orphan = False, True
@@ -274,7 +304,9 @@ class SpoolingPublisher(KafkaPublisher):
                     self.acked[rec.schema] += rec.events
                     self.acked_records += 1
                 self._hold.hold(rec, time.monotonic())
-                if p.on_disk:
+                if p.part is not None:
+                    self._part_resolved(*p.part)
+                elif p.on_disk:
                     self.spool.ack(seq)
                 if p.replay:
                     self.replayed_records += 1
@@ -289,7 +321,9 @@ class SpoolingPublisher(KafkaPublisher):
                 self.errors.append(str(err))
                 log.error("broker rejected a record of %d %s events for %s: %s", rec.events, rec.schema,
                           rec.topic, err)
-                if p.on_disk:
+                if p.part is not None:
+                    self._part_resolved(*p.part)
+                elif p.on_disk:
                     self.spool.ack(seq)
                 self._final(seq, rec.schema, rec.events, err)
                 return
@@ -326,6 +360,7 @@ class SpoolingPublisher(KafkaPublisher):
             log.warning("Kafka broker unreachable (%s): spooling to %s", reason, self.spool.dir)
         self._broker_up = False
         self._replay_after = None
+        self._feeding = None                 # the next round cuts it again and sends the parts not resolved
         self._next_probe = time.monotonic() + self.probe_interval_s
         if not self._closing:
             self._spill_memory()
@@ -447,6 +482,11 @@ class SpoolingPublisher(KafkaPublisher):
                 return
             budget = self.replay_window - len(self._inflight)
             while budget > 0:
+                if self._feeding is not None:            # parts of a cut record go before anything spooled later
+                    budget -= self._feed_parts(budget)
+                    if self._feeding is not None:
+                        break
+                    continue
                 rec = self.spool.read_next(self._replay_after, skip=self._inflight)
                 if rec is None:
                     break
@@ -462,10 +502,109 @@ class SpoolingPublisher(KafkaPublisher):
                         self.acked[rec.schema] += rec.events
                         self.acked_records += 1
                     continue
+                if len(rec.value) > self.max_record_bytes:   # spooled under the old, larger limit: cut it
+                    self._replay_after = rec.seq
+                    self._start_split(rec)
+                    continue
                 if not self._produce(rec, on_disk=True, replay=True):
                     break
                 self._replay_after = rec.seq
                 budget -= 1
+
+    # --- records spooled over today's record limit (called with the lock held) ---------------------------
+    def _start_split(self, rec: SpoolRecord) -> None:
+        """Queue the parts of `rec` not yet resolved (self._feeding); reject it if it is not a record of ours."""
+        split = self._splits.get(rec.seq)
+        try:
+            cut = resplit(rec, self.max_record_bytes)
+        except DecodeError as exc:
+            self.rejected_records += 1
+            msg = (f"spooled record {rec.seq} for {rec.topic} ({len(rec.value)} bytes, over the record limit of "
+                   f"{self.max_record_bytes}) does not decode, so it cannot be cut into parts: rejected ({exc})")
+            self.errors.append(msg)
+            log.error("%s", msg)
+            self.spool.ack(rec.seq)
+            self._final(rec.seq, rec.schema, rec.events, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, msg))
+            return
+        if split is None:                       # first cut: count and log what no record can hold
+            split = self._splits[rec.seq] = _Split(rec, len(cut.parts))
+            self.resplit_records += 1
+            for event, size in cut.refused:
+                self.refused[cut.schema] += 1
+                msg = (f"refused a {cut.schema} event of node {event.node!r} at ts_ns {event.ts_ns} from the spool: "
+                       f"{size} bytes encoded, more than a record holds ({self.max_record_bytes})")
+                self.errors.append(msg)
+                log.error("%s", msg)
+            log.warning("spooled record %d for %s holds %d bytes, over the record limit of %d: sent as %d records",
+                        rec.seq, rec.topic, len(rec.value), self.max_record_bytes, len(cut.parts))
+        parent_rid = rec.header(RID_HEADER) or f"{self._instance}-{rec.seq}".encode()
+        split.waiting.clear()
+        for i, part in enumerate(cut.parts):
+            if i in split.resolved:
+                continue
+            rid = part_rid(parent_rid, i)
+            if rid in self._present:                 # it reached Kafka before: not resent
+                self._present.discard(rid)
+                self.deduplicated_records += 1
+                self.acked[cut.schema] += part.events
+                self.acked_records += 1
+                split.resolved.add(i)
+                continue
+            key, value, headers = self.signed(rec.topic, part.key, part.value, part.headers)
+            seq, self._seq = self._seq, self._seq + 1
+            split.seqs[i] = seq
+            split.waiting.append((i, SpoolRecord(seq, rec.topic, key, value, [*headers, (RID_HEADER, rid)],
+                                                 rec.ts_ms)))
+        self._feeding = split
+        self._check_split_done(split)
+
+    def _feed_parts(self, budget: int) -> int:
+        """Hand up to `budget` waiting parts to librdkafka, in order; returns how many."""
+        split, sent = self._feeding, 0
+        assert split is not None
+        while split.waiting and sent < budget:
+            i, part = split.waiting[0]
+            if not self._produce(part, on_disk=True, replay=True, part=(split.parent.seq, i)):
+                return sent
+            split.waiting.popleft()
+            sent += 1
+        if not split.waiting:
+            self._feeding = None
+        return sent
+
+    def _part_resolved(self, parent: int, index: int) -> None:
+        split = self._splits.get(parent)
+        if split is not None:
+            split.resolved.add(index)
+            self._check_split_done(split)
+
+    def _check_split_done(self, split: _Split) -> None:
+        """Every part resolved: the spooled record is done."""
+        if len(split.resolved) < split.total:
+            return
+        del self._splits[split.parent.seq]
+        if self._feeding is split:
+            self._feeding = None
+        self.spool.ack(split.parent.seq)
+        self._recounted.discard(split.parent.seq)
+        self._callbacks.pop(split.parent.seq, None)
+
+    def _drop_split(self, parent: int) -> int:
+        """The spool dropped a record being sent as parts: events lost now (parts neither resolved nor in flight).
+
+        Parts in flight become orphans: acked, they count as acked; failed, as dropped."""
+        split = self._splits.pop(parent)
+        if self._feeding is split:
+            self._feeding = None
+        lost = 0
+        cut = resplit(split.parent, self.max_record_bytes)
+        for i, part in enumerate(cut.parts):
+            p = self._inflight.get(split.seqs.get(i, -1))
+            if p is not None and p.part == (parent, i):
+                p.part, p.on_disk, p.orphan = None, False, True
+            elif i not in split.resolved:
+                lost += part.events
+        return lost
 
     def _find_present(self, topics: Iterable[str], since_ms: int) -> set[bytes]:
         """The ct-rids in `topics` from `since_ms` (less a second) on: what already reached Kafka."""
@@ -578,7 +717,9 @@ class SpoolingPublisher(KafkaPublisher):
         held: acked records held for ack_hold_s; respooled: acked records spooled again because the broker
         went away within ack_hold_s (resent only if Kafka lost them; acked counts them once).
         dropped_events / dropped_records: lost to a full spool. rejected_records: refused by the broker for
-        good (too large, invalid). corrupt_records: spool frames that failed their checksum and were skipped.
+        good (too large, invalid). resplit_records: spooled records over today's record limit (from before it),
+        sent cut into parts. refused: events too big for a record on their own, never sent (KafkaPublisher).
+        corrupt_records: spool frames that failed their checksum and were skipped.
         spool_bytes / spool_records / spool_events: what the spool holds now. broker_up: the current verdict.
         """
         with self._lock:
@@ -599,6 +740,8 @@ class SpoolingPublisher(KafkaPublisher):
                 "in_flight": len(self._inflight),
                 "held": len(self._hold),
                 "respooled": self.respooled_records,
+                "resplit_records": self.resplit_records,
+                "refused": sum(self.refused.values()),
                 "broker_up": self._broker_up,
             }
 

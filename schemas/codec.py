@@ -9,8 +9,8 @@ One Kafka record = one batch of events of one schema from one node:
 Decoding validates everything (schemas/envelope_checks.py: count, key, event time) and raises
 `DecodeError` with a reason that ends up in `deadletter`; it never raises anything else.
 `envelope_checks=False` decodes as before those checks existed (no key, count or event-time rule, values up
-to LEGACY_MAX_RECORD_BYTES): for telling whether a record already stored is the one at its offset, never for
-accepting new records.
+to LEGACY_MAX_RECORD_BYTES): for telling whether a record already stored is the one at its offset, or for cutting
+an old spooled record into parts that pass them; never for accepting records.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ H_SCHEMA = "ct-schema"
 H_VERSION = "ct-version"
 H_COUNT = "ct-count"
 DEFAULT_MAX_FUTURE_SKEW_NS = round(DEFAULT_MAX_FUTURE_SKEW_S * 1e9)
-# The value limit before MAX_RECORD_BYTES (1 MiB): records up to it were stored, and may still sit in logs and spools.
-LEGACY_MAX_RECORD_BYTES = 4 * 1024 * 1024
+# Before MAX_RECORD_BYTES (1 MiB), decoders took values up to 4 MiB and producers sent messages up to 8 MiB: such
+# records may still sit in logs and spools. Without the envelope checks, values up to this size decode.
+LEGACY_MAX_RECORD_BYTES = 8 * 1024 * 1024
 MAX_BATCH_EVENTS = 100_000
 DEADLETTER_RAW_LIMIT = 64 * 1024
 # The DeadLetter model's own limits (schemas/column_types.py: Name 256, Text 65536 characters).

@@ -1,0 +1,164 @@
+"""Records spooled under the old, larger record limit are cut into parts on replay, not rejected.
+
+A spool written before the upgrade holds records up to 4 MiB of value; the producer now refuses anything over
+MAX_MESSAGE_BYTES for good. A fake librdkafka producer stands in for the broker (it refuses oversized records at
+produce() as librdkafka does), so the replay path runs without one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+
+from clocktower.producers.spool import Spool, SpoolRecord
+from clocktower.producers.spool_resplit import part_rid
+from clocktower.producers.spooling_publisher import RID_HEADER, SpoolingPublisher
+from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.record_mac import check, node_key, sign
+from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES
+from tests.event_samples import gpu_health
+
+GPU = "telemetry.gpu"
+PRODUCER_KEY = b"p" * 40
+NODE = "node-0"
+PARENT_RID = b"oldinstance-0"
+
+
+class FakeProducer:
+    """librdkafka's produce/poll/purge: acks the first `ack_limit` records at poll, holds the rest."""
+
+    def __init__(self, ack_limit: int = 10**9) -> None:
+        self.ack_limit = ack_limit
+        self.acked: list[tuple[str, bytes, bytes, list]] = []
+        self.produced = 0
+        self._waiting: list = []
+        self._lock = threading.Lock()
+
+    def produce(self, topic: str, key: bytes, value: bytes, headers: list, timestamp: int, on_delivery) -> None:  # noqa: ANN001
+        if len(value) > MAX_MESSAGE_BYTES:   # message.max.bytes: librdkafka refuses it at once
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+        with self._lock:
+            self.produced += 1
+            self._waiting.append(((topic, key, value, headers), on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        with self._lock:
+            room = max(0, self.ack_limit - len(self.acked))
+            done, self._waiting = self._waiting[:room], self._waiting[room:]
+            self.acked += [rec for rec, _ in done]
+        for _, cb in done:
+            cb(None, None)
+        time.sleep(min(timeout, 0.01))
+        return len(done)
+
+    def list_topics(self, timeout: float | None = None) -> None:
+        return None
+
+    def flush(self, timeout: float | None = None) -> int:
+        self.poll(0)
+        return len(self._waiting)
+
+    def purge(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for _, cb in waiting:
+            cb(KafkaError(KafkaError._PURGE_QUEUE, "purged"), None)
+
+
+def _old_spool(spool_dir: Path, n: int = 5500) -> list:
+    """A spool as the old publisher left it: one signed gpu_health record of about 2.8 MB, then a small one."""
+    events = [gpu_health(node=NODE, ts_ns=time.time_ns() + i, gpu=i % 8, uuid=f"GPU-{i % 8}-" + "u" * 40)
+              for i in range(n)]
+    key, value, headers = encode_batch(events)
+    assert MAX_RECORD_BYTES < len(value) < 4 * 1024 * 1024
+    signed = sign(node_key(PRODUCER_KEY, NODE), GPU, key, value, headers)
+    tail = [gpu_health(node=NODE, ts_ns=time.time_ns() + n)]
+    k2, v2, h2 = encode_batch(tail)
+    spool = Spool(spool_dir)
+    spool.append(SpoolRecord(1, GPU, key, value, [*signed, (RID_HEADER, PARENT_RID)], int(time.time() * 1000)))
+    spool.append(SpoolRecord(2, GPU, k2, v2, [*h2, (RID_HEADER, b"oldinstance-1")], int(time.time() * 1000)))
+    spool.close()
+    return events + tail
+
+
+def _open(spool_dir: Path, fake: FakeProducer, present: set[bytes] = frozenset()) -> SpoolingPublisher:  # type: ignore[assignment]
+    """A publisher on `spool_dir` whose broker is `fake` (the real one points at a closed port: never up)."""
+    pub = SpoolingPublisher("127.0.0.1:9", spool_dir, probe_interval_s=0.05, probe_timeout_s=0.05)
+    with pub._lock:
+        pub.producer = fake  # type: ignore[assignment]
+        pub.node_key = node_key(PRODUCER_KEY, NODE)
+        pub._find_present = lambda topics, since_ms: set(present)  # type: ignore[method-assign]
+    return pub
+
+
+def _wait(cond, timeout: float = 20) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _events(records: list) -> list:
+    """The events of records as the streams and the sink decode them: every envelope rule applies."""
+    return [e for topic, k, v, h in records for e in decode_batch(topic, k, v, h).events]
+
+
+def test_an_old_oversized_spooled_record_is_sent_as_signed_parts_in_order(tmp_path: Path) -> None:
+    events = _old_spool(tmp_path / "spool")
+    fake = FakeProducer()
+    pub = _open(tmp_path / "spool", fake)
+    try:
+        _wait(lambda: pub.spool.pending_records == 0)
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert stats["rejected_records"] == 0 and stats["resplit_records"] == 1 and stats["refused"] == 0
+    assert stats["acked"] == len(events)
+    parts = fake.acked[:-1]
+    assert len(parts) >= 3 and all(len(v) <= MAX_RECORD_BYTES for _, _, v, _ in fake.acked)
+    assert _events(fake.acked) == events, "every event once, in the spooled order, the small record after the parts"
+    for topic, k, v, h in parts:
+        assert check(PRODUCER_KEY, topic, k, v, h) is None, "each part is signed afresh (the old MAC covers the whole)"
+    rids = [dict(h)[RID_HEADER] for *_, h in fake.acked]
+    assert rids == [part_rid(PARENT_RID, i) for i in range(len(rids) - 1)] + [b"oldinstance-1"]
+
+
+def test_parts_acked_before_a_restart_are_not_sent_again(tmp_path: Path) -> None:
+    """Stopped mid-way: the record stays spooled; the next run cuts it the same way and sends only what Kafka lacks."""
+    events = _old_spool(tmp_path / "spool")
+    first = FakeProducer(ack_limit=2)
+    pub = _open(tmp_path / "spool", first)
+    try:
+        _wait(lambda: len(first.acked) == 2 and first.produced > 2)
+        assert pub.spool.pending_records == 2, "the cut record leaves the spool only once every part is resolved"
+    finally:
+        pub.close(timeout=0)
+    in_kafka = {dict(h)[RID_HEADER] for *_, h in first.acked}
+    second = FakeProducer()
+    pub = _open(tmp_path / "spool", second, present=in_kafka)
+    try:
+        _wait(lambda: pub.spool.pending_records == 0)
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert stats["deduplicated"] == 2 and stats["rejected_records"] == 0
+    assert _events(first.acked + second.acked) == events, "each part once: none lost, none doubled"
+
+
+def test_a_spooled_record_over_the_limit_that_does_not_decode_is_rejected(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    spool.append(SpoolRecord(1, GPU, b"n", b"[" + b" " * (2 * MAX_RECORD_BYTES) + b"]",
+                             [("ct-schema", b"gpu_health"), ("ct-version", b"1"), ("ct-count", b"3")], 0))
+    spool.close()
+    fake = FakeProducer()
+    pub = _open(tmp_path / "spool", fake)
+    try:
+        _wait(lambda: pub.spool.pending_records == 0)
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert stats["rejected_records"] == 1 and stats["resplit_records"] == 0 and fake.acked == []
+    assert pub.failed["gpu_health"] == 3
