@@ -13,6 +13,7 @@ import gzip
 import http.client
 import json
 import lzma
+import os
 import shutil
 import subprocess
 import time
@@ -224,3 +225,35 @@ def test_query_log_keeps_client_queries_only(endpoint: ClickHouseHttpEndpoint) -
                     "SELECT count() FROM view(SELECT * FROM system.QUERY_LOG_RAW)"):
             with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="ACCESS_DENIED|not allowed"):
                 client.query(sql)
+
+
+def test_slow_encodings_stay_at_a_low_level() -> None:
+    """Any reader may pick xz or bz2 and level 9: 4 MiB then took 100 MiB more memory and seconds of CPU."""
+    data = NUMBERS * 50
+    assert response_encoding.compress(data, "xz", 9) == lzma.compress(data, preset=response_encoding.SLOW_MAX_LEVEL)
+    assert response_encoding.compress(data, "bz2", 9)[:4] == b"BZh%d" % response_encoding.SLOW_MAX_LEVEL
+    for encoding in ("xz", "bz2"):
+        assert DECODERS[encoding](response_encoding.compress(data, encoding, 9)) == data
+
+
+def test_sessions_start_with_resource_caps_that_clients_cannot_raise(endpoint: ClickHouseHttpEndpoint) -> None:
+    """Three pools of a dozen sessions share the machine: none may take every core or all memory."""
+    limits = endpoint.protocol.engine.limits
+    assert limits.max_threads <= max(1, (os.cpu_count() or 1) // 4) and limits.max_memory_usage > 0
+    caps = "SELECT getSetting('max_threads'), getSetting('max_memory_usage')"
+    for user in (USER, VIEWER):
+        client = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=user, password=PASSWORD)
+        assert client.query(caps).result_rows == [(limits.max_threads, limits.max_memory_usage)]
+    admin = clickhouse_connect.get_client(host="127.0.0.1", port=endpoint.port, username=USER, password=PASSWORD)
+    for settings in ({"max_threads": limits.max_threads + 1}, {"max_threads": 0}, {"max_memory_usage": 0}):
+        with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="SETTING_CONSTRAINT"):
+            admin.query("SELECT 1", settings=settings)
+    with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="SETTING_CONSTRAINT"):
+        admin.query(f"SELECT 1 SETTINGS max_threads = {limits.max_threads + 1}")
+    assert admin.query("SELECT getSetting('max_threads')", settings={"max_threads": 1}).result_rows == [(1,)]
+
+
+def test_resource_caps_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOCKTOWER_ENDPOINT_MAX_THREADS", "3")
+    monkeypatch.setenv("CLOCKTOWER_ENDPOINT_MAX_MEMORY_USAGE", "1000000")
+    assert EndpointLimits().session_baseline() == {"max_threads": "3", "max_memory_usage": "1000000"}

@@ -217,7 +217,7 @@ class ChdbEngine:
                     raise ClickHouseError(ACCESS_DENIED, "The statement is not an INSERT", "ACCESS_DENIED")
                 kind = verdict.kind
             cap = self.limits.timeout_for(kind)
-            sql_guard.check_settings(settings, cap)
+            sql_guard.check_settings(settings, cap, self.limits.ceilings())
             if readonly == 1:
                 # The engine lets no setting change at readonly=1, but Grafana sends max_execution_time with
                 # every query (ClickHouse servers allow it with changeable_in_readonly): within the cap it is
@@ -268,7 +268,7 @@ class ChdbEngine:
     def _session(self, readonly: int, timeout_s: float, conn: Any = None) -> EngineSession:
         conn = conn if conn is not None else chdb.connect(f"{self.path}?{_QUIET_START}")
         try:
-            session = EngineSession(conn, readonly, timeout_s)
+            session = EngineSession(conn, readonly, timeout_s, self.limits.session_baseline())
         except BaseException:
             conn.close()
             raise
@@ -327,4 +327,4 @@ class ChdbEngine:
             calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
             has_settings = any(t.text == "SETTINGS" for t in toks)
             return sql_guard.check_treeless(found.group(1), calls, readonly, has_settings)
-        return sql_guard.check_tree(json.loads(parsed), readonly, self.limits.timeout_for)
+        return sql_guard.check_tree(json.loads(parsed), readonly, self.limits.timeout_for, self.limits.ceilings())

@@ -44,9 +44,11 @@ def quote(value: str) -> str:
 
 
 class EngineSession:
-    """A chdb connection at ``readonly`` (0, 1 or 2), with its timeout cap as a baseline setting."""
+    """A chdb connection at ``readonly`` (0, 1 or 2), with its timeout cap and ``baseline`` (resource caps) set."""
 
-    def __init__(self, conn: Connection, readonly: int, timeout_s: float) -> None:
+    def __init__(
+        self, conn: Connection, readonly: int, timeout_s: float, baseline: Mapping[str, str] | None = None
+    ) -> None:
         self.conn = conn
         self.readonly = readonly
         self.timeout_s = timeout_s
@@ -56,7 +58,8 @@ class EngineSession:
         self.quiet = ""
         # The engine opens the connection with log_queries=0, so this set-up stays out of system.query_log; the
         # last SET turns logging on (unlogged itself) and, after readonly, no setting can change (at 1) or lower.
-        for name, value in {**BASELINE_SETTINGS, "max_execution_time": f"{timeout_s:g}"}.items():
+        self.baseline = dict(baseline or {})
+        for name, value in {**BASELINE_SETTINGS, **self.baseline, "max_execution_time": f"{timeout_s:g}"}.items():
             self.query(f"SET {name} = {quote(value)}")
         self.use("default")
         self._baseline = self._changed_settings()

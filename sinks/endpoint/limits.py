@@ -6,8 +6,15 @@ inserts (Kafka evicts a sink that stalls), and a huge body must not fill memory.
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_threads() -> int:
+    """A quarter of the cores (at least 1): a dashboard's dozen panels must not each take every core."""
+    return max(1, (os.cpu_count() or 1) // 4)
 
 
 class EndpointLimits(BaseSettings):
@@ -32,12 +39,29 @@ class EndpointLimits(BaseSettings):
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a request waits for a free session, else 503"
     )
+    # Up to write_sessions + get_sessions + reader_sessions queries run at once: each gets these as its baseline.
+    max_threads: int = Field(
+        default_factory=_default_threads,
+        ge=1,
+        description="max_threads of every engine session (default: a quarter of the cores)",
+    )
+    max_memory_usage: int = Field(
+        default=2 << 30, ge=0, description="max_memory_usage of every engine session, bytes per query (0: no limit)"
+    )
     query_log_flush_ms: int = Field(
         default=7500, ge=100, description="how soon queries appear in system.query_log (ClickHouse's default)"
     )
     header_timeout_s: float = Field(
         default=5.0, gt=0, description="request line and headers must arrive within this of the first byte, else closed"
     )
+
+    def session_baseline(self) -> dict[str, str]:
+        """Settings every engine session starts with, besides its time cap."""
+        return {"max_threads": str(self.max_threads), "max_memory_usage": str(self.max_memory_usage)}
+
+    def ceilings(self) -> dict[str, int]:
+        """Settings clients may lower but not raise (0: no ceiling)."""
+        return {"max_threads": self.max_threads, "max_memory_usage": self.max_memory_usage}
 
     def timeout_for(self, kind: str) -> float:
         """The max_execution_time cap of a statement kind (insert, write or read)."""

@@ -5,7 +5,7 @@ sends only ``Accept-Encoding`` (it adds ``enable_http_compression=1`` only where
 request's ``enable_http_compression=0`` turns it off. The client lists what it accepts in
 ``Accept-Encoding``; the server picks in ClickHouse's own order of preference (zstd, br, lz4, gzip,
 deflate, xz, bz2), skipping what this Python cannot write, at ``http_zlib_compression_level`` (1-9,
-ClickHouse's default 3). Pure functions: the HTTP server decides when to call them.
+ClickHouse's default 3; xz and bz2 at 1 at most). Pure functions: the HTTP server decides when to call them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from clocktower.sinks.endpoint.request_body import _lz4_frame, _zstd
 
 DEFAULT_LEVEL = 3
+# xz and bz2 are slow and xz's high presets take hundreds of MiB: any reader may ask for them, so level 1 at most.
+SLOW_MAX_LEVEL = 1
 
 
 def _gzip(data: bytes, level: int) -> bytes:
@@ -33,8 +35,8 @@ def _encoders() -> dict[str, Callable[[bytes, int], bytes]]:
         found["lz4"] = lambda data, level: _lz4_frame.compress(data)
     found["gzip"] = _gzip
     found["deflate"] = lambda data, level: zlib.compress(data, level)
-    found["xz"] = lambda data, level: lzma.compress(data, preset=min(level, 9))
-    found["bz2"] = lambda data, level: bz2.compress(data, max(level, 1))
+    found["xz"] = lambda data, level: lzma.compress(data, preset=min(max(level, 0), SLOW_MAX_LEVEL))
+    found["bz2"] = lambda data, level: bz2.compress(data, SLOW_MAX_LEVEL)
     return found
 
 

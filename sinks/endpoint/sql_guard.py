@@ -111,8 +111,9 @@ def _fold(name: str) -> str:
     return name.lower() if name.isascii() else name
 
 
-def check_setting(name: str, value: object, cap_s: float) -> None:
-    """Refuse a setting off the allow-list, and a ``max_execution_time`` above the cap (or unlimited).
+def check_setting(name: str, value: object, cap_s: float, ceilings: Mapping[str, int] | None = None) -> None:
+    """Refuse a setting off the allow-list, a ``max_execution_time`` above the cap (or unlimited), and a
+    setting in ``ceilings`` (max_threads, max_memory_usage: the sessions' baseline) above its ceiling or 0.
 
     ``readonly`` may only be raised: the engine refuses it where readonly is already set.
     """
@@ -120,6 +121,9 @@ def check_setting(name: str, value: object, cap_s: float) -> None:
         return
     if _fold(name) not in SETTINGS_ALLOWED:
         raise _denied(f"Setting {name} cannot be changed on the embedded endpoint (not on its allow-list)")
+    ceiling = (ceilings or {}).get(_fold(name), 0)
+    if ceiling:
+        _check_ceiling(name, value, ceiling)
     if _fold(name) == "max_execution_time":
         try:
             seconds = float(str(value).strip().strip("'"))
@@ -133,15 +137,34 @@ def check_setting(name: str, value: object, cap_s: float) -> None:
             )
 
 
-def check_settings(settings: Mapping[str, str], cap_s: float) -> None:
+def _check_ceiling(name: str, value: object, ceiling: int) -> None:
+    try:
+        number = float(str(value).strip().strip("'"))
+    except ValueError:  # 'auto' (every core), '10G', ...: refused rather than judged
+        number = 0
+    if number <= 0 or number > ceiling:
+        raise ClickHouseError(
+            SETTING_CONSTRAINT_VIOLATION,
+            f"Setting {name} shouldn't be 0 or greater than {ceiling} on the embedded endpoint",
+            "SETTING_CONSTRAINT_VIOLATION",
+        )
+
+
+def check_settings(settings: Mapping[str, str], cap_s: float, ceilings: Mapping[str, int] | None = None) -> None:
     for name, value in settings.items():
-        check_setting(name, value, cap_s)
+        check_setting(name, value, cap_s, ceilings)
 
 
-def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], float]) -> Verdict:
+def check_tree(
+    tree: Mapping[str, Any],
+    readonly: int,
+    cap_for: Callable[[str], float],
+    ceilings: Mapping[str, int] | None = None,
+) -> Verdict:
     """Judge one parsed statement; raises ClickHouseError when it is refused.
 
-    ``cap_for`` gives the max_execution_time cap of a statement kind (read, write, insert).
+    ``cap_for`` gives the max_execution_time cap of a statement kind (read, write, insert); ``ceilings``
+    the most a client may set some settings to (see check_setting).
     """
     kind = str(tree.get("type", ""))
     if kind in _SESSION_STATEMENTS and (kind != "SetQuery" or tree.get("is_standalone")):
@@ -160,7 +183,7 @@ def check_tree(tree: Mapping[str, Any], readonly: int, cap_for: Callable[[str], 
     verdict = Verdict("insert" if kind == "InsertQuery" else "read" if kind in _READS else "write")
     cap_s = cap_for(verdict.kind)
     for key, node, parent in _walk(tree, ""):
-        _check_node(key, node, cap_s, table_level=parent == "Storage" or key == "settings_changes")
+        _check_node(key, node, cap_s, ceilings, table_level=parent == "Storage" or key == "settings_changes")
     return verdict
 
 
@@ -211,7 +234,9 @@ def check_table_setting(name: str) -> None:
         raise _denied(f"Table setting {name} is not allowed on the embedded endpoint")
 
 
-def _check_node(key: str, node: Mapping[str, Any], cap_s: float, table_level: bool = False) -> None:
+def _check_node(
+    key: str, node: Mapping[str, Any], cap_s: float, ceilings: Mapping[str, int] | None, table_level: bool = False
+) -> None:
     node_type = node.get("type")
     if key in ("out_file", "infile"):
         raise _denied("INTO OUTFILE and FROM INFILE are not allowed on the embedded endpoint")
@@ -224,7 +249,7 @@ def _check_node(key: str, node: Mapping[str, Any], cap_s: float, table_level: bo
             if table_level:
                 check_table_setting(str(change.get("name", "")))
             else:
-                check_setting(str(change.get("name", "")), value if value is not None else "", cap_s)
+                check_setting(str(change.get("name", "")), value if value is not None else "", cap_s, ceilings)
         return
     if node_type not in ("Function", "FunctionWithKeyValueArguments"):
         return
