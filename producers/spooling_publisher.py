@@ -50,7 +50,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -175,6 +175,8 @@ class SpoolingPublisher(KafkaPublisher):
         self.rejected_records = 0
         self.respooled_records = 0                 # acked, then back to the spool when the broker went away
         self.resplit_records = 0                   # spooled over today's record limit, sent cut into parts
+        self.refused_spooled: Counter[str] = Counter()   # their events too big for a record alone (apart from
+        # `refused`, which counts what publish() refuses: the agent subtracts that from what it delivered)
         self._splits: dict[int, _Split] = {}       # by the spooled record's seq
         self._feeding: _Split | None = None        # the split whose parts the replayer is handing over
 
@@ -530,7 +532,7 @@ class SpoolingPublisher(KafkaPublisher):
             split = self._splits[rec.seq] = _Split(rec, len(cut.parts))
             self.resplit_records += 1
             for event, size in cut.refused:
-                self.refused[cut.schema] += 1
+                self.refused_spooled[cut.schema] += 1
                 msg = (f"refused a {cut.schema} event of node {event.node!r} at ts_ns {event.ts_ns} from the spool: "
                        f"{size} bytes encoded, more than a record holds ({self.max_record_bytes})")
                 self.errors.append(msg)
@@ -718,7 +720,8 @@ class SpoolingPublisher(KafkaPublisher):
         went away within ack_hold_s (resent only if Kafka lost them; acked counts them once).
         dropped_events / dropped_records: lost to a full spool. rejected_records: refused by the broker for
         good (too large, invalid). resplit_records: spooled records over today's record limit (from before it),
-        sent cut into parts. refused: events too big for a record on their own, never sent (KafkaPublisher).
+        sent cut into parts. refused: events too big for a record on their own, never sent (by publish, as
+        KafkaPublisher.refused, or cut from the spool).
         corrupt_records: spool frames that failed their checksum and were skipped.
         spool_bytes / spool_records / spool_events: what the spool holds now. broker_up: the current verdict.
         """
@@ -741,7 +744,7 @@ class SpoolingPublisher(KafkaPublisher):
                 "held": len(self._hold),
                 "respooled": self.respooled_records,
                 "resplit_records": self.resplit_records,
-                "refused": sum(self.refused.values()),
+                "refused": sum(self.refused.values()) + sum(self.refused_spooled.values()),
                 "broker_up": self._broker_up,
             }
 

@@ -84,10 +84,12 @@ def _old_spool(spool_dir: Path, n: int = 5500) -> list:
     return events + tail
 
 
-def _open(spool_dir: Path, fake: FakeProducer, present: set[bytes] = frozenset()) -> SpoolingPublisher:  # type: ignore[assignment]
+def _open(spool_dir: Path, fake: FakeProducer, present: set[bytes] = frozenset(),  # type: ignore[assignment]
+          max_record_bytes: int = MAX_RECORD_BYTES) -> SpoolingPublisher:
     """A publisher on `spool_dir` whose broker is `fake` (the real one points at a closed port: never up)."""
     pub = SpoolingPublisher("127.0.0.1:9", spool_dir, probe_interval_s=0.05, probe_timeout_s=0.05)
     with pub._lock:
+        pub.max_record_bytes = max_record_bytes
         pub.producer = fake  # type: ignore[assignment]
         pub.node_key = node_key(PRODUCER_KEY, NODE)
         pub._find_present = lambda topics, since_ms: set(present)  # type: ignore[method-assign]
@@ -162,3 +164,26 @@ def test_a_spooled_record_over_the_limit_that_does_not_decode_is_rejected(tmp_pa
         pub.close(timeout=0)
     assert stats["rejected_records"] == 1 and stats["resplit_records"] == 0 and fake.acked == []
     assert pub.failed["gpu_health"] == 3
+
+
+def test_an_event_too_big_for_any_record_is_refused_and_counted_the_rest_sent(tmp_path: Path) -> None:
+    """A spooled batch with one event bigger than a record holds; scaled down: a 700-byte limit, the big event
+    encodes to 868 bytes, the others to 465."""
+    events = [gpu_health(node=NODE, ts_ns=time.time_ns() + i, gpu=i) for i in range(6)]
+    events[3] = gpu_health(node=NODE, ts_ns=events[3].ts_ns, gpu=3, uuid="GPU-" + "x" * 250,
+                           nvlink_errors=list(range(18)), throttle=["hw_slowdown"] * 8)
+    key, value, headers = encode_batch(events)
+    spool = Spool(tmp_path / "spool")
+    spool.append(SpoolRecord(1, GPU, key, value, [*headers, (RID_HEADER, PARENT_RID)], int(time.time() * 1000)))
+    spool.close()
+    fake = FakeProducer()
+    pub = _open(tmp_path / "spool", fake, max_record_bytes=700)
+    try:
+        _wait(lambda: pub.spool.pending_records == 0)
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert _events(fake.acked) == events[:3] + events[4:]
+    assert stats["refused"] == 1 and pub.refused_spooled["gpu_health"] == 1 and not pub.refused
+    assert stats["acked"] == 5 and stats["rejected_records"] == 0
+    assert any("more than a record holds" in e for e in pub.errors)
