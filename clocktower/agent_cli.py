@@ -122,7 +122,8 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s)
+    runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
+                         refused=None if publisher is None else lambda: publisher.refused)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):      # a closed terminal stops the agent cleanly too (not nohup)
         if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):

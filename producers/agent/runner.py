@@ -8,7 +8,9 @@ start-up is bounded. `wait_started()` tells when every source is running, off or
 Sources call `emit` from their own threads; events go through a bounded in-memory queue to a single
 delivery thread that calls the sink every `flush_interval_s` (or sooner when a batch is large). So a
 slow sink (a broker away, a spool being written) never stalls a source, and the sink is only ever called
-from one thread. If the queue is full the oldest batches are dropped and counted, never silently.
+from one thread. If the queue is full the oldest batches are dropped and counted, never silently; so are
+batches still queued when a stuck sink outlives `stop()`. Events the sink refuses (`refused`: the publisher's
+per-schema count of events too big for a record) are reported as refused, not delivered.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,14 +53,17 @@ class AgentRunner:
 
     def __init__(self, sources: Sequence[Source], sink: Sink, *, flush_interval_s: float = 0.1,
                  max_batch_events: int = 5000, max_queued_batches: int = 10_000,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 refused: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.sources = list(sources)
         self.sink = sink
+        self._sink_refused = refused     # the sink's running count of refused events per schema
         self.flush_interval_s = flush_interval_s
         self.max_batch_events = max_batch_events
         self.start_timeout_s = start_timeout_s
         self.status: dict[str, SourceStatus] = {s.name: SourceStatus(s.name) for s in self.sources}
         self.delivered: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()   # handed to the sink, which refused them (never sent)
         self.dropped_events = 0
         self.sink_errors = 0
         self.startup_s: float | None = None     # until every source was running, off or failed
@@ -196,6 +201,7 @@ class AgentRunner:
                 self._send(batch)
 
     def _send(self, batch: list[Event]) -> None:
+        before = Counter(self._sink_refused()) if self._sink_refused is not None else Counter()
         try:
             self.sink(batch)
         except Exception as exc:   # the sink (spooling publisher) owns durability; count and go on
@@ -204,7 +210,12 @@ class AgentRunner:
                 self.dropped_events += len(batch)
             log.error("sink failed for %d events (dropped): %s", len(batch), exc)
             return
-        self.delivered.update(type(e).SCHEMA for e in batch)
+        sent = Counter(type(e).SCHEMA for e in batch)
+        refused = Counter(self._sink_refused()) - before if self._sink_refused is not None else Counter()
+        refused &= sent                # only this batch's (the sink is called from this thread only)
+        with self._lock:
+            self.refused.update(refused)
+            self.delivered.update(sent - refused)
 
     # -- stopping --------------------------------------------------------------------------------------
 
@@ -231,12 +242,26 @@ class AgentRunner:
         if self._thread is None or not self._thread.is_alive():   # the sink is only ever called from one thread
             while not self._queue.empty():   # raced in after the delivery thread's last look
                 self._send(self._queue.get_nowait())
+        else:                                # the sink is stuck: what is still queued is never sent
+            self._drop_queued()
         for src in self.sources:
             self.status[src.name].counts = Counter(src.counts)
 
+    def _drop_queued(self) -> None:
+        left = 0
+        while True:
+            try:
+                left += len(self._queue.get_nowait())   # taken: the stuck thread cannot send it later
+            except queue.Empty:
+                break
+        if left:
+            with self._lock:
+                self.dropped_events += left
+            log.warning("the sink did not return within the stop timeout: dropped the %d events still queued", left)
+
     def report(self) -> dict:
         """Per source: state, enabled (running), why, seconds to start, events emitted per schema; plus what
-        reached the sink."""
+        the sink took (delivered) and refused, per schema, and the events dropped."""
         with self._lock:
             sources = {n: {"enabled": s.enabled, "state": s.state, "reason": s.reason,
                            **({"error": s.error} if s.error else {}), "start_s": s.start_s,
@@ -245,6 +270,7 @@ class AgentRunner:
             "sources": sources,
             "startup_s": self.startup_s,
             "delivered": dict(sorted(self.delivered.items())),
+            "refused": dict(sorted(self.refused.items())),
             "dropped_events": self.dropped_events,
             "sink_errors": self.sink_errors,
         }
