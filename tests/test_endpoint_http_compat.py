@@ -15,6 +15,7 @@ import json
 import lzma
 import os
 import shutil
+import socket
 import subprocess
 import time
 import zlib
@@ -26,8 +27,9 @@ from clickhouse_connect.driver.compression import available_compression
 
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, response_encoding
 from clocktower.sinks.endpoint.auth import User
+from clocktower.sinks.endpoint.http_server import UNAUTHENTICATED_DRAIN_LIMIT
 from clocktower.sinks.endpoint.limits import EndpointLimits
-from clocktower.sinks.endpoint.request_body import _lz4_frame, _zstd
+from clocktower.sinks.endpoint.request_body import _READ_SIZE, _lz4_frame, _zstd
 
 USER, PASSWORD = "compat", "a-compat-password"
 VIEWER = "viewer"
@@ -257,3 +259,16 @@ def test_resource_caps_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CLOCKTOWER_ENDPOINT_MAX_THREADS", "3")
     monkeypatch.setenv("CLOCKTOWER_ENDPOINT_MAX_MEMORY_USAGE", "1000000")
     assert EndpointLimits().session_baseline() == {"max_threads": "3", "max_memory_usage": "1000000"}
+
+
+@pytest.mark.parametrize("method, path", [("HEAD", "/ping"), ("HEAD", "/"), ("GET", "/ping"), ("POST", "/nowhere")])
+def test_requests_without_login_drain_little(endpoint: ClickHouseHttpEndpoint, method: str, path: str) -> None:
+    """Paths that need no login read at most UNAUTHENTICATED_DRAIN_LIMIT of a body, then close: not 256 MiB."""
+    sent = UNAUTHENTICATED_DRAIN_LIMIT + _READ_SIZE  # all of it read: no reset that would drop the answer
+    with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as sock:
+        host = f"127.0.0.1:{endpoint.port}"
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {200 << 20}\r\n\r\n".encode())
+        sock.sendall(b"x" * sent)  # far less than announced: a server that drains it all never answers
+        head = sock.recv(4096).decode(errors="replace")
+    assert head.startswith("HTTP/1.1 "), head
+    assert "Connection: close" in head and " 403 " not in head, head

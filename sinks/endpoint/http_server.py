@@ -153,7 +153,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ClickHouseError as ex:
             self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
             return
-        self._drain_and_send(None, self._static_reply(urlsplit(self.path).path, ok_paths=("/",)))
+        reply = self._static_reply(urlsplit(self.path).path, ok_paths=("/",))
+        self._drain_and_send(None, reply, UNAUTHENTICATED_DRAIN_LIMIT)  # no login: the body is nobody's
 
     def do_POST(self) -> None:
         self._dispatch()
@@ -172,8 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ClickHouseError as ex:
             self._drain_and_send(None, self._error_reply(ex, None), UNAUTHENTICATED_DRAIN_LIMIT)
             return
-        if url.path != "/":
-            self._drain_and_send(None, self._static_reply(url.path))
+        if url.path != "/":  # /ping and 404s need no login, so their body is nobody's
+            self._drain_and_send(None, self._static_reply(url.path), UNAUTHENTICATED_DRAIN_LIMIT)
             return
         pairs = parse_qsl(url.query, keep_blank_values=True)
         try:
