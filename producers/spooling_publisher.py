@@ -99,7 +99,8 @@ class _Split:
     a crash or an outage meanwhile replays it: it is cut again and only the unresolved parts are sent."""
 
     parent: SpoolRecord
-    total: int
+    part_events: list[int]                                                   # events per part, in order
+    ok: bool = True                                                          # no part rejected, no event refused
     resolved: set[int] = field(default_factory=set)
     waiting: deque[tuple[int, SpoolRecord]] = field(default_factory=deque)   # this round's parts not yet handed over
     seqs: dict[int, int] = field(default_factory=dict)                       # part index -> its seq this round
@@ -307,7 +308,7 @@ class SpoolingPublisher(KafkaPublisher):
                     self.acked_records += 1
                 self._hold.hold(rec, time.monotonic())
                 if p.part is not None:
-                    self._part_resolved(*p.part)
+                    self._part_resolved(*p.part, ok=True)
                 elif p.on_disk:
                     self.spool.ack(seq)
                 if p.replay:
@@ -324,7 +325,7 @@ class SpoolingPublisher(KafkaPublisher):
                 log.error("broker rejected a record of %d %s events for %s: %s", rec.events, rec.schema,
                           rec.topic, err)
                 if p.part is not None:
-                    self._part_resolved(*p.part)
+                    self._part_resolved(*p.part, ok=False)
                 elif p.on_disk:
                     self.spool.ack(seq)
                 self._final(seq, rec.schema, rec.events, err)
@@ -529,7 +530,7 @@ class SpoolingPublisher(KafkaPublisher):
             self._final(rec.seq, rec.schema, rec.events, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, msg))
             return
         if split is None:                       # first cut: count and log what no record can hold
-            split = self._splits[rec.seq] = _Split(rec, len(cut.parts))
+            split = self._splits[rec.seq] = _Split(rec, [part.events for part in cut.parts], ok=not cut.refused)
             self.resplit_records += 1
             for event, size in cut.refused:
                 self.refused_spooled[cut.schema] += 1
@@ -574,22 +575,27 @@ class SpoolingPublisher(KafkaPublisher):
             self._feeding = None
         return sent
 
-    def _part_resolved(self, parent: int, index: int) -> None:
+    def _part_resolved(self, parent: int, index: int, ok: bool) -> None:
         split = self._splits.get(parent)
         if split is not None:
             split.resolved.add(index)
+            split.ok = split.ok and ok
             self._check_split_done(split)
 
     def _check_split_done(self, split: _Split) -> None:
-        """Every part resolved: the spooled record is done."""
-        if len(split.resolved) < split.total:
+        """Every part resolved: the spooled record is done (its callback, if any, told whether all went)."""
+        if len(split.resolved) < len(split.part_events):
             return
-        del self._splits[split.parent.seq]
+        seq = split.parent.seq
+        del self._splits[seq]
         if self._feeding is split:
             self._feeding = None
-        self.spool.ack(split.parent.seq)
-        self._recounted.discard(split.parent.seq)
-        self._callbacks.pop(split.parent.seq, None)
+        self.spool.ack(seq)
+        self._recounted.discard(seq)
+        cb = self._callbacks.pop(seq, None)
+        if cb is not None:
+            cb(None if split.ok else KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "sent in parts, not all accepted"),
+               None)
 
     def _drop_split(self, parent: int) -> int:
         """The spool dropped a record being sent as parts: events lost now (parts neither resolved nor in flight).
@@ -599,13 +605,12 @@ class SpoolingPublisher(KafkaPublisher):
         if self._feeding is split:
             self._feeding = None
         lost = 0
-        cut = resplit(split.parent, self.max_record_bytes)
-        for i, part in enumerate(cut.parts):
+        for i, events in enumerate(split.part_events):
             p = self._inflight.get(split.seqs.get(i, -1))
             if p is not None and p.part == (parent, i):
                 p.part, p.on_disk, p.orphan = None, False, True
             elif i not in split.resolved:
-                lost += part.events
+                lost += events
         return lost
 
     def _find_present(self, topics: Iterable[str], since_ms: int) -> set[bytes]:

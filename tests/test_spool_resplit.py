@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -61,6 +62,13 @@ class FakeProducer:
         self.poll(0)
         return len(self._waiting)
 
+    def fail_waiting(self) -> None:
+        """Every record not acked times out (the broker went away)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for _, cb in waiting:
+            cb(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out"), None)
+
     def purge(self) -> None:
         with self._lock:
             waiting, self._waiting = self._waiting, []
@@ -85,9 +93,9 @@ def _old_spool(spool_dir: Path, n: int = 5500) -> list:
 
 
 def _open(spool_dir: Path, fake: FakeProducer, present: set[bytes] = frozenset(),  # type: ignore[assignment]
-          max_record_bytes: int = MAX_RECORD_BYTES) -> SpoolingPublisher:
+          max_record_bytes: int = MAX_RECORD_BYTES, **kw: Any) -> SpoolingPublisher:
     """A publisher on `spool_dir` whose broker is `fake` (the real one points at a closed port: never up)."""
-    pub = SpoolingPublisher("127.0.0.1:9", spool_dir, probe_interval_s=0.05, probe_timeout_s=0.05)
+    pub = SpoolingPublisher("127.0.0.1:9", spool_dir, probe_interval_s=0.05, probe_timeout_s=0.05, **kw)
     with pub._lock:
         pub.max_record_bytes = max_record_bytes
         pub.producer = fake  # type: ignore[assignment]
@@ -187,3 +195,25 @@ def test_an_event_too_big_for_any_record_is_refused_and_counted_the_rest_sent(tm
     assert stats["refused"] == 1 and pub.refused_spooled["gpu_health"] == 1 and not pub.refused
     assert stats["acked"] == 5 and stats["rejected_records"] == 0
     assert any("more than a record holds" in e for e in pub.errors)
+
+
+def test_a_record_dropped_from_a_full_spool_mid_way_counts_only_its_parts_not_delivered(tmp_path: Path) -> None:
+    """Acked parts count as acked, parts in flight when the spool dropped it count as dropped once they fail."""
+    events = _old_spool(tmp_path / "spool")
+    fake = FakeProducer(ack_limit=1)
+    pub = _open(tmp_path / "spool", fake, max_spool_bytes=3_000_000, segment_bytes=64 * 1024)
+    try:
+        _wait(lambda: len(fake.acked) == 1 and fake.produced >= 4)        # 3 parts and the small record
+        part0 = pub.acked["gpu_health"]
+        with pub._lock:
+            in_flight = sum(p.rec.events for p in pub._inflight.values())
+        assert part0 + in_flight == len(events)
+        pub.publish([gpu_health(node="node-1", ts_ns=time.time_ns() + i, gpu=i % 8) for i in range(600)])
+        _wait(lambda: pub.spool.pending_records and 1 not in {e.seq for e in pub.spool.entries()})
+        assert pub.stats()["dropped_events"] == 0, "its parts are still on their way"
+        fake.fail_waiting()
+        _wait(lambda: pub.stats()["dropped_events"] == in_flight)
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert stats["dropped_records"] == 3 and stats["acked"] == part0
