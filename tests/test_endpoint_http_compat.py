@@ -227,6 +227,8 @@ def test_query_log_keeps_client_queries_only(endpoint: ClickHouseHttpEndpoint) -
                     "SELECT count() FROM view(SELECT * FROM system.QUERY_LOG_RAW)"):
             with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="ACCESS_DENIED|not allowed"):
                 client.query(sql)
+    with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError, match="ACCESS_DENIED|not allowed"):
+        admin.command("CREATE TABLE log_copy ENGINE = Merge(REGEXP('^sys'), '^query_l')")
 
 
 def test_slow_encodings_stay_at_a_low_level() -> None:

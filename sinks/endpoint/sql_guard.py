@@ -67,12 +67,13 @@ FUNCTIONS_DENIED = _names(
     paimoncluster paimons3cluster paimonazurecluster paimonhdfscluster prometheusquery prometheusqueryrange
     """
 )
-# Storage and database engines that keep data inside the engine's own data directory.
+# Storage and database engines that keep data inside the engine's own data directory (not Merge: it picks tables
+# by a regexp, so it could read the raw query log).
 ENGINES_ALLOWED = _names(
     """
     mergetree replacingmergetree summingmergetree aggregatingmergetree collapsingmergetree
     versionedcollapsingmergetree coalescingmergetree graphitemergetree memory log tinylog stripelog null buffer
-    merge set join view materializedview livewindowview windowview dictionary generaterandom alias
+    set join view materializedview livewindowview windowview dictionary generaterandom alias
     atomic ordinary lazy
     """
 )
