@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from clocktower.ports import free_port, wait_open  # noqa: E402
-from clocktower.stack import _noida_binary  # noqa: E402
+from clocktower.stack import noida_binary  # noqa: E402
 from clocktower.topic_admin import ensure_topics  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -107,7 +107,7 @@ def main() -> int:
     seconds = 5.0 if args.quick else args.seconds
     tmp = Path(tempfile.mkdtemp(prefix="ct-agent-bench-"))
     port = free_port()
-    broker = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1", "--kafka-port",
+    broker = subprocess.Popen([noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1", "--kafka-port",
                                str(port), "--data-dir", str(tmp / "kafka")], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     agent = None

@@ -26,7 +26,7 @@ from clocktower.shutdown_signals import ignoring_stop_signals
 from clocktower.topic_admin import ensure_topics
 
 
-def _noida_binary(configured: Path | None = None) -> str:
+def noida_binary(configured: Path | None = None) -> str:
     """The noida-db executable: CLOCKTOWER_NOIDA_BIN, else the binary inside the noida_db package, else PATH.
 
     The package's binary is preferred to its `noida-db` console script: that script runs the binary
@@ -94,7 +94,7 @@ class Stack:
             on_step(f"starting the embedded Kafka broker on {s.bootstrap}")
             kafka_dir = self.data_dir / "kafka"
             kafka_dir.mkdir(parents=True, exist_ok=True)
-            self._spawn("broker", [_noida_binary(s.noida_bin), "start", "--only", "kafka", "--host", s.host,
+            self._spawn("broker", [noida_binary(s.noida_bin), "start", "--only", "kafka", "--host", s.host,
                                    "--kafka-port", str(s.kafka_port), "--data-dir", str(kafka_dir)],
                         stop_signal=signal.SIGINT)
             self._wait(lambda: wait_open(s.host, s.kafka_port, 0.2), "broker", 30)

@@ -16,9 +16,6 @@ and records acked 3 s before a kill -9 (a small log) are kept.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,47 +24,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clocktower.ports import free_port, wait_open
-from clocktower.stack import _noida_binary
+from tests.standalone_broker import StandaloneBroker
 
 TOPIC = "durability"
 
 
-class Broker:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.data_dir.parent / "broker.log", "ab") as log:
-            self.proc = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
-                                          "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        assert wait_open("127.0.0.1", self.port, 15), "the broker did not open its port"
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def snapshot_id(self) -> tuple[int, int] | None:
-        """Changes every time the broker writes its state file (a new inode, by rename)."""
-        try:
-            st = os.stat(self.data_dir / "kafka.json")
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns
-
-
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "kafka")
+def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path / "kafka")
     b.start()
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(15)
@@ -99,7 +63,7 @@ def end_offset(bootstrap: str) -> int:
         consumer.close()
 
 
-def wait_snapshot(broker: Broker, after: tuple[int, int] | None, timeout: float = 10) -> tuple[int, int]:
+def wait_snapshot(broker: StandaloneBroker, after: tuple[int, int] | None, timeout: float = 10) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = broker.snapshot_id()
@@ -109,7 +73,7 @@ def wait_snapshot(broker: Broker, after: tuple[int, int] | None, timeout: float 
     raise AssertionError(f"the broker wrote no state file within {timeout} s")
 
 
-def test_a_kill_9_right_after_the_ack_loses_acked_records_and_offsets_are_reused(broker: Broker) -> None:
+def test_a_kill_9_right_after_the_ack_loses_acked_records_and_offsets_are_reused(broker: StandaloneBroker) -> None:
     # A snapshot may land in the ~1 s between the ack and the kill (a loaded 2-core machine): then nothing
     # was lost and the try tells nothing, so the scenario runs again on the same broker, up to 5 times.
     took: list[float] = []
@@ -132,7 +96,7 @@ def test_a_kill_9_right_after_the_ack_loses_acked_records_and_offsets_are_reused
     assert produce(broker.bootstrap, 1, b"new") == [base + 1], "offset base + 1 is handed out a second time"
 
 
-def test_records_acked_3_s_before_a_kill_9_are_kept(broker: Broker) -> None:
+def test_records_acked_3_s_before_a_kill_9_are_kept(broker: StandaloneBroker) -> None:
     acked = produce(broker.bootstrap, 100, b"kept")
     time.sleep(3.0)                                   # the snapshot period is about 1 s on a small log
     broker.kill9()

@@ -361,15 +361,15 @@ def test_up_without_the_broker_binary_says_so(tmp_path: Path) -> None:
     assert lock_is_free(tmp_path / "ct") and not listening(kafka_port) and not listening(http_port)
 
 
-def test_noida_binary_not_installed_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def testnoida_binary_not_installed_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stack_module.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(stack_module.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UserError, match="noida-db .* is not installed"):
-        stack_module._noida_binary()
+        stack_module.noida_binary()
 
 
-def test_noida_binary_is_the_packaged_binary_not_its_wrapper_script() -> None:
+def testnoida_binary_is_the_packaged_binary_not_its_wrapper_script() -> None:
     # The console script stops the broker with SIGKILL 0.25 s after a SIGINT, losing its newest records.
-    found = Path(stack_module._noida_binary())
+    found = Path(stack_module.noida_binary())
     assert found.read_bytes()[:4] == b"\x7fELF", f"{found} is not the broker binary itself"

@@ -10,8 +10,6 @@ broker resource, and stays false after a restart (kept in kafka.json).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,47 +18,21 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from clocktower.ports import free_port, wait_open
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import LinkState
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, TOPICS
-from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
+from tests.standalone_broker import StandaloneBroker
 
 TYPO = "telemetry.iteration"   # the registry has telemetry.iterations
 
 
-class Broker:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.data_dir.parent / "broker.log", "ab") as log:
-            self.proc = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
-                                          "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        assert wait_open("127.0.0.1", self.port, 15), "the broker did not open its port"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = Broker(tmp_path_factory.mktemp("limits") / "kafka")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path_factory.mktemp("limits") / "kafka")
     b.start()
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     # An existing topic made with the broker's defaults, as by an earlier version: its limit must be raised.
@@ -93,12 +65,12 @@ def _read_all(bootstrap: str, topic: str, expect_events: int, timeout: float = 2
         c.close()
 
 
-def test_every_topic_accepts_the_record_limit(broker: Broker) -> None:
+def test_every_topic_accepts_the_record_limit(broker: StandaloneBroker) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     assert {t.name: _topic_limit(admin, t.name) for t in TOPICS} == {t.name: MAX_MESSAGE_BYTES for t in TOPICS}
 
 
-def test_2_45_mib_of_events_land_as_several_decodable_records_none_lost(broker: Broker) -> None:
+def test_2_45_mib_of_events_land_as_several_decodable_records_none_lost(broker: StandaloneBroker) -> None:
     t0 = time.time_ns()
     # Hex interface names: little for lz4 to squeeze, so the broker sees records near their real size.
     events = [LinkState(node="node-big", ts_ns=t0 + i, interface=os.urandom(100).hex(), kind="ethernet", up=True,
@@ -118,7 +90,7 @@ def test_2_45_mib_of_events_land_as_several_decodable_records_none_lost(broker: 
     assert sorted(got, key=lambda e: e.ts_ns) == events
 
 
-def test_an_event_too_big_alone_is_refused_and_counted_the_rest_delivered(broker: Broker) -> None:
+def test_an_event_too_big_alone_is_refused_and_counted_the_rest_delivered(broker: StandaloneBroker) -> None:
     now = time.time_ns()
     events = [DeadLetter(node="node-dl", ts_ns=now + i, origin_topic="telemetry.links", origin_partition=0,
                          origin_offset=i, reason="r", detector="test",
@@ -133,7 +105,7 @@ def test_an_event_too_big_alone_is_refused_and_counted_the_rest_delivered(broker
         == [0, 2]
 
 
-def test_a_typo_topic_is_not_created(broker: Broker) -> None:
+def test_a_typo_topic_is_not_created(broker: StandaloneBroker) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     with pytest.raises(ValueError, match="unknown topic"):
         KafkaPublisher(broker.bootstrap, node_key=b"").publish_raw(TYPO, b"n", b"[]", [])
@@ -146,7 +118,7 @@ def test_a_typo_topic_is_not_created(broker: Broker) -> None:
     assert TYPO not in admin.list_topics(timeout=10).topics
 
 
-def test_auto_creation_stays_off_after_a_restart(broker: Broker) -> None:
+def test_auto_creation_stays_off_after_a_restart(broker: StandaloneBroker) -> None:
     broker.stop()
     broker.start()
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -155,7 +127,7 @@ def test_auto_creation_stays_off_after_a_restart(broker: Broker) -> None:
     assert fut.result(10)["auto.create.topics.enable"].value == "false"
 
 
-def test_a_record_over_the_producer_limit_does_not_block_the_spool(broker: Broker, tmp_path: Path) -> None:
+def test_a_record_over_the_producer_limit_does_not_block_the_spool(broker: StandaloneBroker, tmp_path: Path) -> None:
     """librdkafka refuses it at produce(): rejected for good, as a broker refusal is, and the records behind go on."""
     results: list = []
     with SpoolingPublisher(broker.bootstrap, tmp_path / "spool") as pub:

@@ -15,14 +15,15 @@ from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.topics import MAX_RECORD_BYTES
 from clocktower.topic_admin import ensure_topics
 from tests.event_samples import gpu_health
-from tests.test_record_limits_broker import Broker, _read_all
+from tests.standalone_broker import StandaloneBroker
+from tests.test_record_limits_broker import _read_all
 
 GPU = "telemetry.gpu"
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "kafka")
+def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path / "kafka")
     b.start()
     ensure_topics(b.bootstrap, disable_auto_create=True)
     try:
@@ -31,7 +32,8 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         b.stop()
 
 
-def test_an_old_spooled_record_over_the_limit_reaches_the_broker_in_parts(broker: Broker, tmp_path: Path) -> None:
+def test_an_old_spooled_record_over_the_limit_reaches_the_broker_in_parts(broker: StandaloneBroker,
+                                                                         tmp_path: Path) -> None:
     t0 = time.time_ns()
     events = [gpu_health(node="node-old", ts_ns=t0 + i, gpu=i % 8, uuid=f"GPU-{i % 8}-" + "u" * 40)
               for i in range(5500)]

@@ -20,56 +20,23 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from clocktower.ports import free_port, wait_open
+from clocktower.ports import free_port
 from clocktower.producers.spool import Spool, SpoolRecord, encode_frame
 from clocktower.producers.spooling_publisher import RID_HEADER, SpoolingPublisher
 from clocktower.schemas.codec import decode_batch
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from clocktower.stack import _noida_binary
 from clocktower.topic_admin import ensure_topics
 from tests.event_samples import GPU_READINGS
+from tests.standalone_broker import StandaloneBroker
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = time.time_ns()
 TOPIC = "telemetry.gpu"
 
 
-class Broker:
-    """The embedded broker binary on a fixed port and data dir, stopped with SIGINT, restartable."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.data_dir = data_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / "broker.log"
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([_noida_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
-                                          "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        assert wait_open("127.0.0.1", self.port, 15), f"broker did not open its port: {self.log.read_text()[-2000:]}"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "kafka")
+def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path / "kafka")
     try:
         yield b
     finally:
@@ -131,7 +98,7 @@ def wait_for(cond, timeout: float, what: str) -> None:  # noqa: ANN001
 
 
 # --- the real outage ---------------------------------------------------------------------------------------
-def test_broker_outage_mid_stream_loses_nothing_doubles_nothing(broker: Broker, tmp_path: Path) -> None:
+def test_broker_outage_mid_stream_loses_nothing_doubles_nothing(broker: StandaloneBroker, tmp_path: Path) -> None:
     broker.start()
     ensure_topics(broker.bootstrap)
     nodes = [f"node-{i}" for i in range(6)]
@@ -187,7 +154,8 @@ def _snapshot(data_dir: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _ack_then_kill(broker: Broker, spool: Path, hold_s: float) -> tuple[list[tuple[int, str, int]], dict] | None:
+def _ack_then_kill(broker: StandaloneBroker, spool: Path,
+                   hold_s: float) -> tuple[list[tuple[int, str, int]], dict] | None:
     """Publish, kill -9 the broker after the acks, restart it; None if a snapshot saved the acked records."""
     broker.start()
     ensure_topics(broker.bootstrap)
@@ -221,7 +189,7 @@ def test_records_acked_then_lost_by_a_killed_broker_are_resent(tmp_path: Path, h
     # A snapshot may land between the acks and the kill on a loaded machine: then nothing was lost and the
     # try tells nothing, so it runs again on a fresh broker and spool, up to 4 times.
     for attempt in range(4):
-        broker = Broker(tmp_path / f"try{attempt}" / "kafka")
+        broker = StandaloneBroker(tmp_path / f"try{attempt}" / "kafka")
         try:
             result = _ack_then_kill(broker, tmp_path / f"try{attempt}" / "spool", hold_s)
         finally:
@@ -297,7 +265,7 @@ def crash_after_spooling(bootstrap: str, spool_dir: Path, batches: int) -> None:
     assert b"spooled" in proc.stdout
 
 
-def test_crash_while_broker_away_then_restart_replays_everything(broker: Broker, tmp_path: Path) -> None:
+def test_crash_while_broker_away_then_restart_replays_everything(broker: StandaloneBroker, tmp_path: Path) -> None:
     batches = 40
     crash_after_spooling(broker.bootstrap, tmp_path / "spool", batches)   # the broker is not up yet
     broker.start()
@@ -315,7 +283,7 @@ def test_crash_while_broker_away_then_restart_replays_everything(broker: Broker,
     assert_exactly_once_in_order(events, Counter({"node-c": batches * 50}))
 
 
-def test_records_that_reached_kafka_before_a_crash_are_not_sent_again(broker: Broker, tmp_path: Path) -> None:
+def test_records_that_reached_kafka_before_a_crash_are_not_sent_again(broker: StandaloneBroker, tmp_path: Path) -> None:
     """The crash came after the broker stored some records but before the spool noted the acks."""
     batches = 30
     crash_after_spooling(broker.bootstrap, tmp_path / "spool", batches)
