@@ -6,6 +6,7 @@ COPY schemas schemas
 COPY producers producers
 COPY streams streams
 COPY sinks sinks
+COPY control control
 COPY actuators actuators
 COPY clocktower clocktower
 RUN pip install --no-cache-dir .

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident, IncidentKind
-from clocktower.schemas.event import Event
+from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.command_signing import CommandIssuer
-from clocktower.streams.ids import bounded_name, stable_id
 from clocktower.streams.remediation_budget import RemediationBudget
 
 # NVML clocks-event reasons that mean "too hot" or "hardware slowdown".
@@ -33,8 +32,9 @@ class _Gpu:
 
 
 class GpuFaultDetector:
-    def __init__(self, issuer: CommandIssuer, budget: RemediationBudget | None = None) -> None:
-        self.issuer = issuer
+    """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
+
+    def __init__(self, budget: RemediationBudget | None = None) -> None:
         self.budget = budget or RemediationBudget()
         self.gpus: dict[tuple[str, int], _Gpu] = {}
 
@@ -45,20 +45,19 @@ class GpuFaultDetector:
                         kind=kind, state=state, severity=severity, target=bounded_name(f"{ev.node}/gpu{ev.gpu}"),
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
-    def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Event]:
+    def _replace_node(self, ev: GpuHealth, inc: Incident) -> list[Incident | CommandIntent]:
         if not self.budget.allow():
             b = self.budget
             note = (f"; drain and spare withheld, needs human approval: the fleet limit of {b.max_per_window} "
                     f"replacements per {b.window_ns / 1e9:g} s is reached")
             return [inc.model_copy(update={"detail": inc.detail + note})]
-        return [inc, self.issuer.issue(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
-                                       {"reason": inc.kind, "gpu": str(ev.gpu)}),
-                self.issuer.issue(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id,
-                                  {"replace": ev.node})]
+        return [inc, CommandIntent(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
+                                   {"reason": inc.kind, "gpu": str(ev.gpu)}),
+                CommandIntent(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id, {"replace": ev.node})]
 
-    def on_gpu_health(self, ev: GpuHealth) -> list[Event]:
+    def on_gpu_health(self, ev: GpuHealth) -> list[Incident | CommandIntent]:
         gpu = self.gpus.setdefault((ev.node, ev.gpu), _Gpu())
-        out: list[Event] = []
+        out: list[Incident | CommandIntent] = []
         if ev.xid:
             fatal = ev.xid in FATAL_XIDS
             inc = self._incident(ev, "gpu_xid", "open", "critical" if fatal else "warning", f"XID {ev.xid}")

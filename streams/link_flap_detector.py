@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident
-from clocktower.schemas.event import Event
+from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
-from clocktower.streams.command_signing import CommandIssuer
-from clocktower.streams.ids import bounded_name, stable_id
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
 
@@ -32,16 +31,17 @@ class _Port:
 
 
 class LinkFlapDetector:
-    def __init__(self, issuer: CommandIssuer, window_ns: int = 10 * 10**9, min_transitions: int = 3,
+    """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
+
+    def __init__(self, window_ns: int = 10 * 10**9, min_transitions: int = 3,
                  stable_ns: int = 5 * 10**9, backups: dict[str, str] | None = None) -> None:
-        self.issuer = issuer
         self.window_ns = window_ns
         self.min_transitions = min_transitions
         self.stable_ns = stable_ns
         self.backups = backups or DEFAULT_BACKUPS
         self.ports: dict[tuple[str, str], _Port] = {}
 
-    def on_link_state(self, ev: LinkState) -> list[Event]:
+    def on_link_state(self, ev: LinkState) -> list[Incident | CommandIntent]:
         key = (ev.node, ev.interface)
         port = self.ports.get(key)
         if port is None:
@@ -68,7 +68,7 @@ class LinkFlapDetector:
                         state=state, severity=severity, target=bounded_name(f"{ev.node}/{ev.interface}"),
                         opened_ns=port.opened_ns, detail=detail)
 
-    def _open(self, ev: LinkState, port: _Port) -> list[Event]:
+    def _open(self, ev: LinkState, port: _Port) -> list[Incident | CommandIntent]:
         port.incident_id = stable_id("link_flap", ev.node, ev.interface, ev.ts_ns)
         port.opened_ns = ev.ts_ns
         n = len(port.changes)
@@ -76,16 +76,16 @@ class LinkFlapDetector:
         return [
             self._incident(ev, port, "open", "critical",
                            f"{n} carrier changes within {self.window_ns / 1e9:g} s"),
-            self.issuer.issue(ev.node, "failover", ev.interface, ev.ts_ns, port.incident_id,
-                              {"from": ev.interface, "to": backup}),
+            CommandIntent(ev.node, "failover", ev.interface, ev.ts_ns, port.incident_id,
+                          {"from": ev.interface, "to": backup}),
         ]
 
-    def _resolve(self, ev: LinkState, port: _Port) -> list[Event]:
-        out: list[Event] = [
+    def _resolve(self, ev: LinkState, port: _Port) -> list[Incident | CommandIntent]:
+        out: list[Incident | CommandIntent] = [
             self._incident(ev, port, "resolve", "info",
                            f"stable for {(ev.ts_ns - port.last_change_ns) / 1e9:.1f} s"),
-            self.issuer.issue(ev.node, "restore", ev.interface, ev.ts_ns, port.incident_id or "",
-                              {"from": self.backups.get(ev.interface, ""), "to": ev.interface}),
+            CommandIntent(ev.node, "restore", ev.interface, ev.ts_ns, port.incident_id or "",
+                          {"from": self.backups.get(ev.interface, ""), "to": ev.interface}),
         ]
         port.incident_id = None
         port.changes.clear()

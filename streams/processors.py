@@ -6,11 +6,11 @@ which keeps this testable without a broker.
 
 from __future__ import annotations
 
+from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
 from clocktower.streams.clocksync import ClockSynchronizer
 from clocktower.streams.clocksync.probe_time import ProbeTime
-from clocktower.streams.command_signing import CommandIssuer
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.flow_latency_join import FlowLatencyJoin
 from clocktower.streams.gpu_fault_detector import GpuFaultDetector
@@ -21,19 +21,20 @@ from clocktower.streams.remediation_budget import RemediationBudget
 
 class Processors:
     """Every processor's state. Clock estimates are made on probe time (see clocksync/probe_time.py), every
-    `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one."""
+    `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one.
+    Detectors hold no key: they return command intents, and the one issuer here signs them on the way out."""
 
     def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
                  clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None) -> None:
-        issuer = CommandIssuer(control_key)
+        self._issuer = CommandIssuer(control_key)
         self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
         self.clock_update_ns = clock_update_ns
         self._probe_time = ProbeTime()
         self._next_clock_update_ns = 0
         self.flows = FlowLatencyJoin(clocks=self.clocks)
         self.iterations = IterationBreakdownAggregator()
-        self.links = LinkFlapDetector(issuer)
-        self.gpus = GpuFaultDetector(issuer, remediation_budget)
+        self.links = LinkFlapDetector()
+        self.gpus = GpuFaultDetector(remediation_budget)
 
     def on_batch(self, events: list[Event], failures: list[EventFailure] | None = None) -> list[Event]:
         """The events derived from a batch. With `failures` given, an event that raises is appended there and
@@ -73,9 +74,9 @@ class Processors:
         if isinstance(e, IterationEvent):
             return self.iterations.add_iteration(e), False
         if isinstance(e, LinkState):
-            return self.links.on_link_state(e), False
+            return self._issuer.signed(self.links.on_link_state(e)), False
         if isinstance(e, GpuHealth):
-            return self.gpus.on_gpu_health(e), False
+            return self._issuer.signed(self.gpus.on_gpu_health(e)), False
         return [], False
 
     def _clock_update(self, saw_probes: bool) -> list[Event]:

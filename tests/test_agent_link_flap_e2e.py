@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from clocktower.control.signing import verify
 from clocktower.producers.agent.link_source import LinkSource
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.schemas.control import ControlCommand
-from clocktower.streams.command_signing import verify
 from tests.netns import namespace_with_veth
 
 NODE = "flap-e2e"

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
+from clocktower.control.signing import verify
 from clocktower.drain import wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.topics import BY_SCHEMA
-from clocktower.streams.command_signing import verify
 from clocktower.summary import table_rows
 
 pytestmark = pytest.mark.e2e

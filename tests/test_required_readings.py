@@ -9,7 +9,6 @@ import pytest
 
 from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, DecodeError, dead_letter, decode_batch
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.command_signing import CommandIssuer
 from clocktower.streams.gpu_fault_detector import GpuFaultDetector
 from tests.event_samples import SAMPLES
 
@@ -77,7 +76,7 @@ def test_fields_that_do_not_apply_keep_their_default() -> None:
 
 def test_gpu_detector_reads_null_as_unknown() -> None:
     """Null ECC and throttle readings open nothing and close nothing; a lost GPU (all null) still drains."""
-    det = GpuFaultDetector(CommandIssuer(b"k" * 32))
+    det = GpuFaultDetector()
     hot = GpuHealth(**{**SAMPLES["gpu_health"], "throttle_reasons": 0x40, "temperature_c": None})
     [opened] = det.on_gpu_health(hot)
     assert (opened.kind, opened.state, opened.detail) == ("gpu_thermal", "open",
@@ -87,12 +86,12 @@ def test_gpu_detector_reads_null_as_unknown() -> None:
     assert det.on_gpu_health(unread) == []      # throttling not known to have cleared: still open
     lost = det.on_gpu_health(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
     kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "action", ""))) for e in lost)
-    assert kinds == [("ControlCommand", "drain"), ("ControlCommand", "spare"), ("Incident", "gpu_xid")]
+    assert kinds == [("CommandIntent", "drain"), ("CommandIntent", "spare"), ("Incident", "gpu_xid")]
 
 
 def test_a_null_first_ecc_reading_is_no_baseline() -> None:
     """The first known ECC count is the baseline (no incident); only a rise from a known count opens one."""
-    det = GpuFaultDetector(CommandIssuer(b"k" * 32))
+    det = GpuFaultDetector()
     base = SAMPLES["gpu_health"]
 
     def read(dt: int, ecc: int | None) -> list:

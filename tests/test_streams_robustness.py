@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.control.signing import verify
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from clocktower.streams.command_signing import CommandIssuer, verify
 from clocktower.streams.gpu_fault_detector import GpuFaultDetector
-from clocktower.streams.ids import bounded_name, stable_id
 from clocktower.streams.link_flap_detector import LinkFlapDetector
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
@@ -32,8 +34,9 @@ def _revalidate(events: list) -> None:
 
 
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
-    d = GpuFaultDetector(CommandIssuer(KEY))
-    out = d.on_gpu_health(GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79}))
+    d = GpuFaultDetector()
+    out = CommandIssuer(KEY).signed(
+        d.on_gpu_health(GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})))
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
     cmds = [e for e in out if isinstance(e, ControlCommand)]
@@ -43,13 +46,14 @@ def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
 
 
 def test_link_flaps_on_256_char_names_open_and_resolve() -> None:
-    d = LinkFlapDetector(CommandIssuer(KEY), window_ns=10 * S, min_transitions=3, stable_ns=5 * S)
-    out = []
+    d = LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S)
+    intents = []
     for i, up in enumerate([True, False, True, False, True]):
-        out += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
-                                         carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
-    out += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
-                                     carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
+        intents += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
+                                             carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
+    intents += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
+                                         carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
+    out = CommandIssuer(KEY).signed(intents)
     _revalidate(out)
     states = [(type(e).__name__, getattr(e, "state", getattr(e, "action", ""))) for e in out]
     assert states == [("Incident", "open"), ("ControlCommand", "failover"),
@@ -83,23 +87,24 @@ class _Clock:
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(CommandIssuer(KEY), budget)
+    d = GpuFaultDetector(budget)
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
         clock.now_ns += 150 * S
         out = d.on_gpu_health(_xid79(f"node-{i}", T0 + i * 150 * S))
-        actions.append([e.action for e in out if isinstance(e, ControlCommand)])
+        actions.append([e.action for e in out if isinstance(e, CommandIntent)])
         assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
     assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
     assert budget.withheld == 2 and "needs human approval" in out[0].detail
     # An hour (of the worker's clock) after the first, the budget has room again.
     clock.now_ns += 3600 * S - 3 * 150 * S
     out = d.on_gpu_health(_xid79("node-9", T0 + 3600 * S))
-    assert [e.action for e in out if isinstance(e, ControlCommand)] == ["drain", "spare"]
+    assert [e.action for e in out if isinstance(e, CommandIntent)] == ["drain", "spare"]
 
 
 def _replaced(out: list) -> int:
-    return sum(1 for e in out if isinstance(e, ControlCommand) and e.action == "drain")
+    """Drains asked for: intents from a detector, or signed commands from a handler."""
+    return sum(1 for e in out if isinstance(e, (ControlCommand, CommandIntent)) and e.action == "drain")
 
 
 def _published(out: list) -> list:
@@ -122,7 +127,7 @@ def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
 def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=1, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(CommandIssuer(KEY), budget)
+    d = GpuFaultDetector(budget)
     assert _replaced(d.on_gpu_health(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
     clock.now_ns += 3600 * S   # an hour of real time later, a real fault is replaced
     assert _replaced(d.on_gpu_health(_xid79("real", T0 + 3600 * S))) == 1
@@ -182,7 +187,7 @@ class _GpuBug(GpuFaultDetector):
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
+    processors.gpus = _GpuBug(processors.gpus.budget)
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
@@ -212,7 +217,7 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
 
 def test_without_a_failures_list_the_first_error_propagates() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(processors.gpus.issuer, processors.gpus.budget)
+    processors.gpus = _GpuBug(processors.gpus.budget)
     try:
         processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1", **GPU_READINGS)])
     except ValueError as exc:

@@ -1,0 +1,1 @@
+"""Control commands: unsigned intents, their signing and verification. Imports only schemas, never the services."""
