@@ -15,7 +15,7 @@ Action = Literal["failover", "restore", "qos", "rate_limit", "pause", "resume", 
 class ControlCommand(Event):
     """A signed instruction for exactly one node (`node`), valid until `expires_ns`.
 
-    `signature` is an HMAC over every other field (see streams/command_signing.py);
+    `signature` is an HMAC over every other field (see control/signing.py);
     actuators refuse unsigned, expired, foreign or replayed commands. Defaults that are true values:
     `params` {} (the action takes none), `incident_id` "" (issued by hand, not for an incident).
     """
