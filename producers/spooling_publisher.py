@@ -104,6 +104,7 @@ class _Split:
     resolved: set[int] = field(default_factory=set)
     waiting: deque[tuple[int, SpoolRecord]] = field(default_factory=deque)   # this round's parts not yet handed over
     seqs: dict[int, int] = field(default_factory=dict)                       # part index -> its seq this round
+    recounted: set[int] = field(default_factory=set)   # acked, then in doubt again (broker went away): counted once
 
 
 class SpoolingPublisher(KafkaPublisher):
@@ -154,7 +155,8 @@ class SpoolingPublisher(KafkaPublisher):
         self._broker_up = False                    # presumed away until the first probe answers
         self._next_probe = 0.0
         self._replay_after: int | None = None      # replay round in progress: last seq taken from the spool
-        self._present: set[bytes] = set()          # ct-rids of spooled records found already in Kafka
+        self._present: set[bytes] = set()          # ct-rids of spooled records found already in Kafka (this round)
+        self._matched: set[bytes] = set()          # those of them already skipped and counted this round
         self._scan_failures = 0
         self._fatal: str | None = None
         self._closing = False
@@ -370,9 +372,21 @@ class SpoolingPublisher(KafkaPublisher):
             self._respool_held()
 
     def _respool_held(self) -> None:
-        """Acked records still held go back to the spool, in doubt: resent only if Kafka lost them."""
+        """Acked records still held go back to the spool, in doubt: resent only if Kafka lost them.
+
+        A held part of a record still being sent as parts is not spooled again: it becomes unresolved, and its
+        parent (still spooled) covers it; a copy with the same ct-rid would be sent again after a restart."""
         held = self._hold.take_all()
+        parts = {seq: (parent, i) for parent, split in self._splits.items() for i, seq in split.seqs.items()}
         for old in held:
+            if (part := parts.get(old.seq)) is not None and part[1] in self._splits[part[0]].resolved:
+                split = self._splits[part[0]]
+                split.resolved.discard(part[1])
+                split.recounted.add(part[1])
+                self.respooled_records += 1
+                self._doubt_since = old.ts_ms if self._doubt_since is None else min(self._doubt_since, old.ts_ms)
+                self._doubt_topics.add(old.topic)
+                continue
             rec = SpoolRecord(self._seq, old.topic, old.key, old.value, old.headers, old.ts_ms)  # same ct-rid
             self._seq += 1
             if self._append(rec):
@@ -453,6 +467,7 @@ class SpoolingPublisher(KafkaPublisher):
         with self._lock:
             if self.spool.pending_records == 0:
                 self._replay_after = None
+                self._present, self._matched = set(), set()
                 return
             start_round = self._replay_after is None
             if start_round and self._inflight:   # earlier sends resolve first (acked, or back to the spool)
@@ -475,7 +490,7 @@ class SpoolingPublisher(KafkaPublisher):
             with self._lock:
                 if self._replay_after is not None or not self._broker_up or self._inflight:
                     return
-                self._present = present
+                self._present, self._matched = present, set()
                 self._scan_failures = 0
                 if doubt is not None and self._doubt_since == doubt[0]:
                     self._doubt_since, self._doubt_topics = None, set()
@@ -495,15 +510,15 @@ class SpoolingPublisher(KafkaPublisher):
                     break
                 rid = rec.header(RID_HEADER)
                 if rid is not None and rid in self._present:    # it reached Kafka before: do not resend
-                    self._present.discard(rid)
-                    self._replay_after = rec.seq
+                    self._replay_after = rec.seq     # (kept in _present: a second copy of it is redundant too)
                     self.spool.ack(rec.seq)
                     self.deduplicated_records += 1
-                    if rec.seq in self._recounted:
+                    if rec.seq in self._recounted or rid in self._matched:
                         self._recounted.discard(rec.seq)
                     else:
                         self.acked[rec.schema] += rec.events
                         self.acked_records += 1
+                    self._matched.add(rid)
                     continue
                 if len(rec.value) > self.max_record_bytes:   # spooled under the old, larger limit: cut it
                     self._replay_after = rec.seq
@@ -547,15 +562,18 @@ class SpoolingPublisher(KafkaPublisher):
                 continue
             rid = part_rid(parent_rid, i)
             if rid in self._present:                 # it reached Kafka before: not resent
-                self._present.discard(rid)
                 self.deduplicated_records += 1
-                self.acked[cut.schema] += part.events
-                self.acked_records += 1
+                if i not in split.recounted and rid not in self._matched:
+                    self.acked[cut.schema] += part.events
+                    self.acked_records += 1
+                self._matched.add(rid)
                 split.resolved.add(i)
                 continue
             key, value, headers = self.signed(rec.topic, part.key, part.value, part.headers)
             seq, self._seq = self._seq, self._seq + 1
             split.seqs[i] = seq
+            if i in split.recounted:
+                self._recounted.add(seq)
             split.waiting.append((i, SpoolRecord(seq, rec.topic, key, value, [*headers, (RID_HEADER, rid)],
                                                  rec.ts_ms)))
         self._feeding = split
