@@ -199,11 +199,16 @@ class SpoolingPublisher(KafkaPublisher):
         """Queue one already-encoded record: to the broker, or behind the spool.
 
         `on_delivery`, if given, is called once with (None, message) when the broker acknowledges the record,
-        or with an error when it is rejected or dropped from a full spool; it does not survive a restart."""
+        or with an error when it is rejected or dropped from a full spool; it does not survive a restart.
+        A value over `max_record_bytes` is rejected at once (MSG_SIZE_TOO_LARGE to `on_delivery`): consumers
+        refuse it, and cutting spooled records into parts is only for spools written under the old limit."""
         check_topic(topic)
         with self._lock:
             if self._closed:
                 raise RuntimeError("publish on a closed SpoolingPublisher")
+            if len(value) > self.max_record_bytes:
+                self._reject_oversized(topic, value, headers or [], on_delivery)
+                return
             seq = self._seq
             self._seq += 1
             rid = f"{self._instance}-{seq}".encode()
@@ -213,6 +218,17 @@ class SpoolingPublisher(KafkaPublisher):
             if self._broker_up and self.spool.pending_records == 0 and self._produce(rec, on_disk=False):
                 return
             self._to_spool(rec)
+
+    def _reject_oversized(self, topic: str, value: bytes, headers: list, on_delivery: DeliveryCallback | None) -> None:
+        rec = SpoolRecord(-1, topic, None, value, headers, 0)     # for its schema and event count
+        msg = (f"refused a {rec.schema} record for {topic} of {len(value)} bytes: over the record limit of "
+               f"{self.max_record_bytes} (publish() cuts batches to fit; a raw record must fit on its own)")
+        self.rejected_records += 1
+        self.failed[rec.schema] += rec.events
+        self.errors.append(msg)
+        log.error("%s", msg)
+        if on_delivery is not None:
+            on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, msg), None)
 
     def _produce(self, rec: SpoolRecord, on_disk: bool, replay: bool = False,
                  part: tuple[int, int] | None = None) -> bool:
@@ -271,7 +287,9 @@ class SpoolingPublisher(KafkaPublisher):
                 records += lost > 0
                 events += lost
                 self.failed[e.schema] += lost
-                self._callbacks.pop(e.seq, None)
+                cb = self._callbacks.pop(e.seq, None)
+                if cb is not None:     # not all its parts will reach Kafka (any acked ones did)
+                    cb(KafkaError(KafkaError._QUEUE_FULL, "dropped: spool full (sent in parts, not all went)"), None)
                 continue
             p = self._inflight.get(e.seq)
             if p is not None:          # on its way: it counts as dropped only if its delivery fails
@@ -741,10 +759,10 @@ class SpoolingPublisher(KafkaPublisher):
         and acknowledged. deduplicated: spooled records found already in Kafka and so not resent.
         held: acked records held for ack_hold_s; respooled: acked records spooled again because the broker
         went away within ack_hold_s (resent only if Kafka lost them; acked counts them once).
-        dropped_events / dropped_records: lost to a full spool. rejected_records: refused by the broker for
-        good (too large, invalid). resplit_records: spooled records over today's record limit (from before it),
-        sent cut into parts. refused: events too big for a record on their own, never sent (by publish, as
-        KafkaPublisher.refused, or cut from the spool).
+        dropped_events / dropped_records: lost to a full spool. rejected_records: refused for good (by the broker:
+        too large, invalid; or by publish_raw: over max_record_bytes). resplit_records: spooled records over
+        today's record limit (from before it), sent cut into parts. refused: events too big for a record on
+        their own, never sent (by publish, as KafkaPublisher.refused, or cut from the spool).
         corrupt_records: spool frames that failed their checksum and were skipped.
         spool_bytes / spool_records / spool_events: what the spool holds now. broker_up: the current verdict.
         """

@@ -202,6 +202,9 @@ def test_a_record_dropped_from_a_full_spool_mid_way_counts_only_its_parts_not_de
     events = _old_spool(tmp_path / "spool")
     fake = FakeProducer(ack_limit=1)
     pub = _open(tmp_path / "spool", fake, max_spool_bytes=3_000_000, segment_bytes=64 * 1024)
+    results: list = []
+    with pub._lock:        # as publish_raw registers it (callbacks do not survive a restart: set by hand here)
+        pub._callbacks[1] = lambda err, _msg: results.append(err)
     try:
         _wait(lambda: len(fake.acked) == 1 and fake.produced >= 4)        # 3 parts and the small record
         part0 = pub.acked["gpu_health"]
@@ -217,6 +220,24 @@ def test_a_record_dropped_from_a_full_spool_mid_way_counts_only_its_parts_not_de
     finally:
         pub.close(timeout=0)
     assert stats["dropped_records"] == 3 and stats["acked"] == part0
+    assert [e.code() for e in results] == [KafkaError._QUEUE_FULL], "told once that not all of it went"
+
+
+def test_publish_raw_rejects_a_value_over_the_record_limit_at_once(tmp_path: Path) -> None:
+    """Consumers would refuse it: it is neither sent nor spooled (re-splitting is for old spools only)."""
+    key, value, headers = encode_batch([gpu_health(node=NODE, ts_ns=time.time_ns() + i, gpu=i) for i in range(6)])
+    fake = FakeProducer()
+    pub = _open(tmp_path / "spool", fake, max_record_bytes=len(value) - 1)
+    results: list = []
+    try:
+        pub.publish_raw(GPU, key, value, headers, on_delivery=lambda err, _msg: results.append(err))
+        stats = pub.stats()
+    finally:
+        pub.close(timeout=0)
+    assert fake.produced == 0 and stats["spooled"] == 0 and stats["resplit_records"] == 0
+    assert stats["rejected_records"] == 1 and pub.failed["gpu_health"] == 6
+    assert [e.code() for e in results] == [KafkaError.MSG_SIZE_TOO_LARGE]
+    assert "over the record limit" in results[0].str() and results[0].str() in pub.errors
 
 
 def _outage_after_two_parts(spool_dir: Path) -> tuple[FakeProducer, SpoolingPublisher]:
