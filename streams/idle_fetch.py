@@ -65,9 +65,13 @@ class IdleBackoffFetcher(Fetcher):
         return super()._get_actions_per_node(assignment)
 
     def _others_wait(self, assignment, node_id: int, fetched: frozenset[TopicPartition]) -> bool:  # noqa: ANN001
-        """Whether a partition of `node_id` outside `fetched` would be fetched now but for the back-off."""
+        """Whether a partition of `node_id` outside `fetched` would be fetched now but for the back-off.
+
+        One without a valid position is not fetched (it awaits an offset reset, which may keep failing): it
+        does not end the back-off, or an idle node would spin again; its reset waits at most the back-off."""
         for tp in assignment.tps:
-            if tp in fetched or tp in self._records or assignment.state_value(tp).paused:
+            state = assignment.state_value(tp)
+            if tp in fetched or tp in self._records or state.paused or not state.has_valid_position:
                 continue
             if self._select_read_replica(tp) == node_id:
                 return True

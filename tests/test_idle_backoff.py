@@ -215,3 +215,28 @@ def test_an_idle_partition_does_not_stall_a_busy_one(services: Pipeline, fetch_l
     assert idle_alone, f"the idle partition was never fetched alone: {fetch_log.requests}"
     # Backed off, not spinning: a few fetches per round (an unpaced consumer sends hundreds meanwhile).
     assert len(fetch_log.requests) <= 10 * BUSY_ROUNDS, f"{len(fetch_log.requests)} fetches"
+
+
+def test_a_partition_awaiting_an_offset_reset_does_not_end_the_back_off() -> None:
+    """aiokafka fetches no partition without a valid position: it must not count as waiting for a fetch, or a
+    node whose partition keeps failing its reset would spin at once again. Checked on the real fetcher."""
+
+    async def check() -> list[bool]:
+        client = aiokafka.AIOKafkaClient(bootstrap_servers="127.0.0.1:9")
+        subs = aiokafka.consumer.subscription_state.SubscriptionState()
+        idle, reset = TopicPartition("telemetry.flows", 0), TopicPartition("telemetry.flows", 1)
+        subs.assign_from_user({idle, reset})
+        fetcher = idle_fetch.IdleBackoffFetcher(client, subs)
+        try:
+            fetcher._select_read_replica = lambda tp: 0     # both led by node 0 (no metadata without a broker)
+            assignment = subs.subscription.assignment
+            assignment.state_value(idle).seek(10)
+            answers = [fetcher._others_wait(assignment, 0, frozenset({idle}))]   # `reset` has no position yet
+            assignment.state_value(reset).seek(3)                                # reset done: now it is fetched
+            answers.append(fetcher._others_wait(assignment, 0, frozenset({idle})))
+            return answers
+        finally:
+            await fetcher.close()
+            await client.close()
+
+    assert asyncio.run(check()) == [False, True]
