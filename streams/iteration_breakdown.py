@@ -27,7 +27,9 @@ Bounded: a rank holds at most `max_collectives` collectives (a script that
 instruments DDP but never marks iterations; the oldest, by end, are dropped and
 counted in `dropped_collectives`), and at most `max_ranks` ranks are tracked
 (the least recently active one is evicted: its pending iterations are emitted
-with what is at hand, counted in `evicted_ranks`).
+with what is at hand, counted in `evicted_ranks`). The last emitted end of up to
+`max_ranks` evicted ranks is kept, so one that comes back with a redelivered
+iteration still drops it.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class IterationBreakdownAggregator:
         self.max_collectives = max_collectives
         self.max_ranks = max_ranks
         self.ranks: OrderedDict[RankKey, _Rank] = OrderedDict()   # least recently active first
+        self._evicted_ends: OrderedDict[RankKey, int] = OrderedDict()   # evicted ranks' last emitted end
         self.late_iterations = 0       # dropped: at or before the rank's last emitted iteration
         self.duplicate_iterations = 0  # dropped: a copy of one still pending
         self.dropped_collectives = 0   # dropped: over max_collectives for their rank
@@ -108,11 +111,18 @@ class IterationBreakdownAggregator:
             self.ranks.move_to_end(key)
             return [], r
         out: list[IterationBreakdown] = []
+        returning_end = self._evicted_ends.pop(key, None)
         while len(self.ranks) >= self.max_ranks:
-            _, old = self.ranks.popitem(last=False)
+            old_key, old = self.ranks.popitem(last=False)
             self.evicted_ranks += 1
-            out += [self._breakdown(old, i) for i in sorted(old.pending, key=lambda i: i.end_ns)]
-        r = self.ranks[key] = _Rank()
+            emitted = [self._breakdown(old, i) for i in sorted(old.pending, key=lambda i: i.end_ns)]
+            out += emitted
+            end = emitted[-1].end_ns if emitted else old.emitted_end_ns
+            if end is not None:
+                self._evicted_ends[old_key] = max(end, old.emitted_end_ns or end)
+                while len(self._evicted_ends) > self.max_ranks:
+                    self._evicted_ends.popitem(last=False)
+        r = self.ranks[key] = _Rank(emitted_end_ns=returning_end)
         return out, r
 
     def _trim(self, r: _Rank) -> None:

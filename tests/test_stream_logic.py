@@ -268,3 +268,17 @@ def test_gpu_detector_ecc_and_thermal() -> None:
     assert det.on_gpu_health(gpu(T0 + 4 * S, ecc_uncorrected=1, throttle_reasons=0x60)) == []
     (cool,) = det.on_gpu_health(gpu(T0 + 5 * S, ecc_uncorrected=1))
     assert cool.state == "resolve" and cool.incident_id == hot.incident_id
+
+
+def test_an_evicted_rank_that_comes_back_still_drops_what_it_emitted() -> None:
+    """A redelivered iteration of an evicted rank would come out again with no collectives (they were pruned)
+    and replace the right row."""
+    agg = IterationBreakdownAggregator(max_ranks=1)
+    agg.add_collective(coll(T0 + 10, T0 + 20, 0, rank=0))
+    first = agg.add_iteration(it(0, T0, T0 + 100, rank=0, collectives=1))
+    assert [(b.iteration, b.collectives) for b in first] == [(0, 1)]
+    assert agg.add_iteration(it(5, T0, T0 + 100, rank=1)) == []              # evicts rank 0
+    out = agg.add_iteration(it(0, T0, T0 + 100, rank=0, collectives=1))       # rank 0 back: a redelivery
+    out += agg.add_iteration(it(0, T0, T0 + 100, rank=0, collectives=1))
+    assert [(b.rank, b.iteration) for b in out] == [(1, 5)], "only rank 1's pending iteration, from its eviction"
+    assert agg.late_iterations == 2 and agg.evicted_ranks == 2
