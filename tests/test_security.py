@@ -551,6 +551,73 @@ def test_query_id_and_timezone_cannot_inject_response_headers(endpoint: ClickHou
     assert http(endpoint, get="SELECT 1", query_id="my-query 1") == (200, b"1\n")  # printable ASCII ids still work
 
 
+# -- review findings: the raw query log stays out of reach, and no statement hides from the view ---------------
+RAW = "system.query_log_raw"
+RAW_LEAK_ATTACKS = [  # (statement, URL parameters): each read the raw log, or part of it, before its fix
+    ("SELECT query FROM system.{t:Identifier} LIMIT 3", {"param_t": "query_log_raw"}),
+    ("SELECT count() FROM {d:Identifier}.{t:Identifier}", {"param_d": "system", "param_t": "query_log_raw"}),
+    ("SELECT count() FROM system.{t:Identifier}", {"param_t": "Query\\x5FLog\\x5FRaw"}),
+    ("SELECT count() FROM {t:Identifier}", {"param_t": "system.query_log_raw"}),
+    ("DESCRIBE format(JSONEachRow, (SELECT concat('{\"', replaceAll(arrayStringConcat(groupArray(query), '|'), "
+     f"'\"', ''), '\":1}}') FROM {RAW}))", {}),
+    ("DESCRIBE format(JSONEachRow, (SELECT concat('{\"', arrayStringConcat(groupArray(toString(number)), ''), "
+     "'\":1}') FROM loop('system', concat('query_log', '_raw')) LIMIT 1))", {}),
+    ("DESCRIBE format(JSONEachRow, (SELECT concat('{\"', toString(count()), '\":1}') "
+     "FROM merge('system', '^query_log')))", {}),
+    (f"DESCRIBE TABLE {RAW}", {}),
+    (f"SHOW CREATE TABLE {RAW}", {}),
+    ("SELECT * FROM loop('system', concat('query_log', '_raw')) LIMIT 1", {}),
+    ("WITH concat('query_log', '_raw') AS t SELECT * FROM loop(system, t) LIMIT 1", {}),
+    ("SELECT * FROM loop(merge('system', '^query_log')) LIMIT 1", {}),
+    ("SELECT * FROM loop('system', {t:String}) LIMIT 1", {"param_t": "one"}),
+    ("SELECT * FROM mergeTreeIndex('system', concat('query_log', '_raw')) LIMIT 3", {}),
+    ("SELECT * FROM mergeTreeProjection('system', concat('query_log', '_raw'), 'p') LIMIT 3", {}),
+]
+
+
+@pytest.mark.parametrize(("sql", "params"), RAW_LEAK_ATTACKS)
+@pytest.mark.parametrize("login", [ADMIN, VIEWER], ids=["admin", "viewer"])
+def test_the_raw_query_log_stays_out_of_reach(endpoint: ClickHouseHttpEndpoint, sql: str, params: dict[str, str],
+                                              login: tuple[str, str]) -> None:
+    """Query parameters, DESCRIBE, SHOW CREATE and table functions that name a table by an expression."""
+    http(endpoint, "SELECT 'raw-log-secret'")
+    status, body = http(endpoint, get=sql, login=login, **params)
+    assert status == 403 and b"ACCESS_DENIED" in body and b"raw-log-secret" not in body, (sql, status, body)
+
+
+def test_what_the_raw_log_checks_leave_alone(endpoint: ClickHouseHttpEndpoint) -> None:
+    for sql, params, expected in [
+        ("SELECT count() FROM system.{t:Identifier}", {"param_t": "one"}, b"1\n"),
+        ("SELECT {s:String}", {"param_s": "query_log"}, b"query_log\n"),
+        ("DESCRIBE format(JSONEachRow, '{\"a\": 1}')", {}, b"a\tNullable(Int64)\t\t\t\t\t\n"),
+        ("DESCRIBE TABLE system.one", {}, b"dummy\tUInt8\t\t\t\t\t\n"),
+    ]:
+        assert http(endpoint, get=sql, login=VIEWER, **params) == (200, expected), sql
+    assert http(endpoint, "SELECT * FROM loop('system', 'one') LIMIT 2") == (200, b"0\n0\n")  # not at readonly=1
+
+
+def test_no_client_statement_hides_from_the_query_log(endpoint: ClickHouseHttpEndpoint) -> None:
+    """The view once left out any statement that began like the endpoint's own (SELECT parseQueryToJSON(...)."""
+    shown = ["SELECT parseQueryToJSON('SELECT 1') AS a, 'hide-1-marker'",
+             "SELECT formatQuery('SELECT 1'), 'hide-2-marker'", "SELECT 'clocktower-session-flush', 'hide-3-marker'"]
+    for sql in shown:
+        assert http(endpoint, get=sql, login=VIEWER)[0] == 200, sql
+    for sql in ("SELECT 'clocktower-session-flush'", " SELECT 'clocktower-session-flush' ;"):
+        status, body = http(endpoint, get=sql, login=VIEWER)
+        assert status == 403 and b"ACCESS_DENIED" in body, body
+    query = ("SELECT uniqExact(extract(query, 'hide-[0-9]-marker')) FROM system.query_log "
+             "WHERE type = 'QueryFinish' AND query LIKE '%hide-_-marker%' AND query NOT LIKE '%query_log%'")
+    deadline, seen = time.monotonic() + 20, b""
+    while seen != b"3\n" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        seen = http(endpoint, get=query, login=VIEWER)[1]
+    assert seen == b"3\n"
+    own = ("SELECT count() FROM system.query_log WHERE startsWith(query, 'SELECT parseQueryToJSON(') "
+           "AND position(query, 'hide-1-marker') = 0")
+    status, body = http(endpoint, get=own, login=VIEWER)
+    assert (status, body) == (200, b"0\n")  # the guard's own parses stay out, at readonly=1 too
+
+
 # --- the clock probes (item 7) ---------------------------------------------------------
 
 

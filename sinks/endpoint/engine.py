@@ -38,6 +38,7 @@ from clocktower.sinks.endpoint.verdict_cache import VerdictCache
 logger = logging.getLogger(__name__)
 
 _TREELESS_RE = re.compile(r"AST node of type '([^']+)' does not support JSON serialization")
+_DESCRIBED_RE = re.compile(r"\s*DESCRIBE\s+TABLE\s+(.+?)\s*\Z", re.DOTALL)
 _PARSE_SCOPE_RE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuery)\(.*\Z", re.DOTALL)
 
 # Sessions start with query logging off, so their set-up stays out of system.query_log (EngineSession turns it on).
@@ -210,6 +211,8 @@ class ChdbEngine:
         with pool.acquire(priority=kind == "insert", timeout_s=self.limits.queue_timeout_s) as session:
             session.use(database or "default")
             if guard is not None:
+                sql_guard.check_params(params)
+                sql_guard.check_own_statement(_as_bytes(guard))
                 verdict = self._judge(session, guard, readonly)
                 if verdict.session is not None:
                     return QueryResult(data=b"")  # SET/USE: nothing to keep between sessionless requests
@@ -266,14 +269,24 @@ class ChdbEngine:
         self.close()
 
     def _session(self, readonly: int, timeout_s: float, conn: Any = None) -> EngineSession:
+        """A session at ``readonly``; at 1, with a readonly=2 parser whose parses stay out of the query log."""
+        session = self._open_session(readonly, timeout_s, conn)
+        if readonly == 1:
+            try:
+                session.parser = self._open_session(2, timeout_s)
+            except BaseException:
+                session.close()
+                raise
+        self._sessions.append(session)
+        return session
+
+    def _open_session(self, readonly: int, timeout_s: float, conn: Any = None) -> EngineSession:
         conn = conn if conn is not None else chdb.connect(f"{self.path}?{_QUIET_START}")
         try:
-            session = EngineSession(conn, readonly, timeout_s, self.limits.session_baseline())
+            return EngineSession(conn, readonly, timeout_s, self.limits.session_baseline())
         except BaseException:
             conn.close()
             raise
-        self._sessions.append(session)
-        return session
 
     def _renew(self, session: EngineSession) -> EngineSession | None:
         """``session`` if it is sound, else a fresh session at its level; None if none can be made now.
@@ -281,7 +294,7 @@ class ChdbEngine:
         Under the close lock, so no session is opened after ``close`` (it would keep the data dir locked)
         and ``_sessions`` never changes while ``close`` goes through it.
         """
-        if not session.broken:
+        if session.sound:
             return session
         with self._close_lock:
             if self._closed:
@@ -313,18 +326,36 @@ class ChdbEngine:
         """Parse ``statement`` with the engine (never running it) and let sql_guard judge the tree.
 
         The statement travels as a query parameter, so it cannot end the query that parses it; the
-        parser refuses a second statement.
+        parser refuses a second statement. A DESCRIBE has no tree, but its table expression is judged as
+        one (as ``SELECT * FROM <it>``): the engine evaluates scalar subqueries and table functions there.
         """
-        param = {"q": escape_param(statement)}
+        session = session.parser
         try:
-            parsed = session.query("SELECT parseQueryToJSON({q:String})" + session.quiet, "TSVRaw", param).bytes()
+            return self._judge_tree(session, statement, readonly)
         except ClickHouseError as ex:
             found = _TREELESS_RE.search(ex.message) if ex.code == BAD_ARGUMENTS else None
             if found is None:
-                raise ClickHouseError(ex.code, _PARSE_SCOPE_RE.sub("", ex.message), ex.name) from None
-            formatted = session.query("SELECT formatQuery({q:String})" + session.quiet, "TSVRaw", param).bytes()
-            toks = list(tokens(formatted))
-            calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
-            has_settings = any(t.text == "SETTINGS" for t in toks)
-            return sql_guard.check_treeless(found.group(1), calls, readonly, has_settings)
+                raise
+        param = {"q": escape_param(statement)}
+        formatted = session.query(engine_config.FORMAT_SQL + session.quiet, "TSVRaw", param).bytes()
+        toks = list(tokens(formatted))
+        calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
+        has_settings = any(t.text == "SETTINGS" for t in toks)
+        text = formatted.decode("utf-8", "replace")
+        verdict = sql_guard.check_treeless(found.group(1), calls, readonly, has_settings, text,
+                                           has_select=any(t.text == "SELECT" for t in toks))
+        table = _DESCRIBED_RE.match(text)
+        if found.group(1) == "DescribeQuery":
+            if table is None:
+                raise ClickHouseError(ACCESS_DENIED, "This DESCRIBE cannot be judged on the embedded endpoint",
+                                      "ACCESS_DENIED")
+            self._judge_tree(session, b"SELECT * FROM " + table.group(1).encode(), readonly)
+        return verdict
+
+    def _judge_tree(self, session: EngineSession, statement: bytes, readonly: int) -> sql_guard.Verdict:
+        param = {"q": escape_param(statement)}
+        try:
+            parsed = session.query(engine_config.PARSE_SQL + session.quiet, "TSVRaw", param).bytes()
+        except ClickHouseError as ex:
+            raise ClickHouseError(ex.code, _PARSE_SCOPE_RE.sub("", ex.message), ex.name) from None
         return sql_guard.check_tree(json.loads(parsed), readonly, self.limits.timeout_for, self.limits.ceilings())

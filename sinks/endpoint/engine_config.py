@@ -3,8 +3,8 @@
 Grafana's ClickHouse plugin and users read system.query_log. chdb starts without one, so the first
 connection passes a config file (``?config-file=``; chdb hands it to the engine as clickhouse-local's
 config). The engine writes every statement to ``system.query_log_raw``, the endpoint's own among them
-(guard parses, SET/reset of per-request settings, flush markers, ``INSERT ... FROM INFILE`` with the
-spool path) and the sink's ``insert_deduplication_token``. Clients see ``system.query_log``, a view
+(SET/reset of per-request settings, flush markers, ``INSERT ... FROM INFILE`` with the spool path) and
+the sink's ``insert_deduplication_token``. Clients see ``system.query_log``, a view
 that leaves those out; sql_guard refuses any statement that names the raw table. Both keep
 ``QUERY_LOG_DAYS`` days.
 
@@ -35,13 +35,17 @@ _CONFIG = """<clickhouse>
     </query_log>
 </clickhouse>
 """
-# The endpoint's own statements, by their text (clients' SET and USE never reach the engine; a client's own
-# parseQueryToJSON or formatQuery call is left out too).
+# The guard's parse, never logged: it runs with log_queries=0 (at readonly=1, on the session's own parser).
+PARSE_SQL = "SELECT parseQueryToJSON({q:String})"
+FORMAT_SQL = "SELECT formatQuery({q:String})"
+# The flush after a failed query, logged on readonly=1 sessions (they cannot turn logging off per query). The
+# view leaves out exactly this text (session-level SETs aside: clients' SET and USE never reach the engine), and
+# engine refuses it from clients, so no client statement hides from the view.
+FLUSH_SQL = "SELECT 'clocktower-session-flush'"
+OWN_STATEMENTS = frozenset({FLUSH_SQL})
 _OWN_STATEMENTS = (
     "query_kind != 'Set'",
-    "NOT startsWith(query, 'SELECT parseQueryToJSON(')",  # the guard's parse (logged at readonly=1)
-    "NOT startsWith(query, 'SELECT formatQuery(')",
-    "NOT startsWith(query, 'SELECT \\'clocktower-session-flush\\'')",
+    "query NOT IN (" + ", ".join("'" + sql.replace("'", "\\'") + "'" for sql in sorted(OWN_STATEMENTS)) + ")",
 )
 # A spool file's path, as a ClickHouse string literal: no space or quote in it, then the name tempfile gives it.
 _SPOOL_RE = r"[^\\s\']*" + SPOOL_PREFIX + r"[A-Za-z0-9_]+\\.data"

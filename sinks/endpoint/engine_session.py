@@ -20,13 +20,14 @@ from typing import Any
 
 from chdb.state.sqlitelike import Connection
 
+from clocktower.sinks.endpoint.engine_config import FLUSH_SQL
 from clocktower.sinks.endpoint.errors import ClickHouseError
 
 logger = logging.getLogger(__name__)
 
 _SETTING_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNKNOWN_SETTING = 115
-_FLUSH_SQL, _FLUSH_OUT = "SELECT 'clocktower-session-flush'", b"clocktower-session-flush\n"
+_FLUSH_SQL, _FLUSH_OUT = FLUSH_SQL, b"clocktower-session-flush\n"
 # Never set per request: the session's level, and the database (set by USE).
 _NOT_SETTABLE = frozenset({"database", "readonly"})
 # Every session starts with these: Values data never evaluates expressions (they could call functions), and
@@ -56,6 +57,9 @@ class EngineSession:
         self._applied: dict[str, str] = {}
         self.broken = False
         self.quiet = ""
+        # Where the guard parses this session's statements: itself, where its parse can go unlogged; a readonly=1
+        # session cannot turn logging off per query, so the engine gives it a quiet companion (see ChdbEngine).
+        self.parser: EngineSession = self
         # The engine opens the connection with log_queries=0, so this set-up stays out of system.query_log; the
         # last SET turns logging on (unlogged itself) and, after readonly, no setting can change (at 1) or lower.
         self.baseline = dict(baseline or {})
@@ -133,8 +137,17 @@ class EngineSession:
             return
         self._applied = {}
 
+    @property
+    def sound(self) -> bool:
+        """Neither this session nor its parser is broken."""
+        return not self.broken and not self.parser.broken
+
     def close(self) -> None:
-        self.conn.close()
+        try:
+            if self.parser is not self:
+                self.parser.close()
+        finally:
+            self.conn.close()
 
     def _changed_settings(self) -> dict[str, str]:
         sql = "SELECT name, value FROM system.settings WHERE changed"

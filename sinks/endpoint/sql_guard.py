@@ -18,11 +18,12 @@ ClickHouse, and at readonly=1 they are refused. Pure logic: no engine here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clocktower.sinks.endpoint.engine_config import RAW_LOG_TABLE
+from clocktower.sinks.endpoint.engine_config import OWN_STATEMENTS, RAW_LOG_TABLE
 from clocktower.sinks.endpoint.errors import (
     ACCESS_DENIED,
     READONLY,
@@ -67,6 +68,10 @@ FUNCTIONS_DENIED = _names(
     paimoncluster paimons3cluster paimonazurecluster paimonhdfscluster prometheusquery prometheusqueryrange
     """
 )
+# Table functions that name a table by their arguments: only string literals, which the raw-log check reads
+# (an expression or a parameter could spell the raw log's name, and the engine resolves an identifier through
+# WITH aliases: ``WITH concat('query_log', '_raw') AS t SELECT * FROM loop(system, t)``).
+TABLE_NAMING_FUNCTIONS = _names("loop mergetreeindex mergetreeprojection")
 # Storage and database engines that keep data inside the engine's own data directory (not Merge: it picks tables
 # by a regexp, so it could read the raw query log).
 ENGINES_ALLOWED = _names(
@@ -156,6 +161,30 @@ def check_settings(settings: Mapping[str, str], cap_s: float, ceilings: Mapping[
         check_setting(name, value, cap_s, ceilings)
 
 
+_ESCAPED_BYTE_RE = re.compile(r"\\x([0-9A-Fa-f]{2})")
+_OWN_TEXTS = frozenset(sql.encode() for sql in OWN_STATEMENTS)
+
+
+def check_own_statement(statement: bytes) -> None:
+    """Refuse a client statement written as one of the endpoint's own: the query_log view leaves those out."""
+    if statement.strip().rstrip(b";").strip() in _OWN_TEXTS:
+        raise _denied("This statement is the endpoint's own and is not allowed from clients")
+
+
+def check_params(params: Mapping[str, str] | None) -> None:
+    """Refuse query parameters that name the raw query log.
+
+    The guard judges the statement before the engine fills its parameters in, so ``system.{t:Identifier}``
+    with t=query_log_raw would pass it. Values come in ClickHouse's escaped format (``\\x5F`` is ``_``):
+    judged as sent and unescaped, ASCII case folded.
+    """
+    for value in (params or {}).values():
+        text = str(value)
+        unescaped = _ESCAPED_BYTE_RE.sub(lambda m: chr(int(m.group(1), 16)), text).replace("\\", "")
+        if any(RAW_LOG_TABLE in form.lower() for form in (text, unescaped)):
+            raise _denied(f"system.{RAW_LOG_TABLE} holds the endpoint's own statements: read system.query_log")
+
+
 def check_tree(
     tree: Mapping[str, Any],
     readonly: int,
@@ -188,12 +217,21 @@ def check_tree(
     return verdict
 
 
-def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int, has_settings: bool = False) -> Verdict:
+def check_treeless(
+    node_type: str,
+    keyword_calls: Iterator[str],
+    readonly: int,
+    has_settings: bool = False,
+    formatted: str = "",
+    has_select: bool = False,
+) -> Verdict:
     """Judge a statement the engine cannot show as a tree, from its type and the names called in it.
 
-    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement;
-    ``has_settings``: the word SETTINGS appears in it. Its settings cannot be judged without a tree
-    (``DESCRIBE (SELECT ...) SETTINGS max_execution_time = 0`` lifted the time cap), so it is refused.
+    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement
+    (``formatted``); ``has_settings``: the word SETTINGS appears in it. Its settings cannot be judged without
+    a tree (``DESCRIBE (SELECT ...) SETTINGS max_execution_time = 0`` lifted the time cap), so it is refused.
+    Naming the raw log is refused as in a tree; ``has_select``: a subquery, which only a DESCRIBE may hold
+    (the engine judges a DESCRIBE's table expression as a tree first, see engine).
     """
     if node_type == "SetRoleQuery":
         return session_statement("SET ROLE", readonly)
@@ -201,6 +239,10 @@ def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int, 
         raise _denied(f"{node_type.removesuffix('Query')} statements are not allowed on the embedded endpoint")
     if has_settings:
         raise _denied(f"{node_type.removesuffix('Query')} statements may not carry SETTINGS on the embedded endpoint")
+    if RAW_LOG_TABLE in formatted.lower():
+        raise _denied(f"system.{RAW_LOG_TABLE} holds the endpoint's own statements: read system.query_log")
+    if has_select and node_type != "DescribeQuery":
+        raise _denied(f"{node_type.removesuffix('Query')} statements may not hold subqueries on the embedded endpoint")
     for name in keyword_calls:
         if _fold(name) in FUNCTIONS_DENIED:
             raise _denied(f"Function {name} is not allowed on the embedded endpoint")
@@ -270,6 +312,11 @@ def _check_node(
         raise _denied("BACKUP and RESTORE are not allowed on the embedded endpoint")
     elif key in ("table_function", "as_table_function") and folded not in TABLE_FUNCTIONS_ALLOWED:
         raise _denied(f"Table function {name} is not allowed on the embedded endpoint")
+    if folded in TABLE_NAMING_FUNCTIONS:
+        arguments = (node.get("arguments") or {}).get("children") or ()
+        if not all(arg.get("type") == "Literal" and (arg.get("value") or {}).get("field_type") == "String"
+                   for arg in arguments):
+            raise _denied(f"Table function {name} takes only string literals on the embedded endpoint")
 
 
 def _mentions(node: Any, name: str) -> bool:
