@@ -558,6 +558,7 @@ RAW_LEAK_ATTACKS = [  # (statement, URL parameters): each read the raw log, or p
     ("SELECT count() FROM {d:Identifier}.{t:Identifier}", {"param_d": "system", "param_t": "query_log_raw"}),
     ("SELECT count() FROM system.{t:Identifier}", {"param_t": "Query\\x5FLog\\x5FRaw"}),
     ("SELECT count() FROM {t:Identifier}", {"param_t": "system.query_log_raw"}),
+    ("SELECT count() FROM system.{t:Identifier}", {"param_t": "`query\\x5Cx5Flog\\x5Fraw`"}),
     ("DESCRIBE format(JSONEachRow, (SELECT concat('{\"', replaceAll(arrayStringConcat(groupArray(query), '|'), "
      f"'\"', ''), '\":1}}') FROM {RAW}))", {}),
     ("DESCRIBE format(JSONEachRow, (SELECT concat('{\"', arrayStringConcat(groupArray(toString(number)), ''), "
@@ -594,6 +595,19 @@ def test_what_the_raw_log_checks_leave_alone(endpoint: ClickHouseHttpEndpoint) -
     ]:
         assert http(endpoint, get=sql, login=VIEWER, **params) == (200, expected), sql
     assert http(endpoint, "SELECT * FROM loop('system', 'one') LIMIT 2") == (200, b"0\n0\n")  # not at readonly=1
+
+
+def test_treeless_statements_write_no_files(endpoint: ClickHouseHttpEndpoint, tmp_path: Path) -> None:
+    """``DESCRIBE t INTO OUTFILE`` wrote a file: the guard judged statements without a tree by their calls only."""
+    http(endpoint, "CREATE TABLE IF NOT EXISTS treeless_probe (x UInt8) ENGINE = MergeTree ORDER BY x")
+    for n, sql in enumerate(["DESCRIBE treeless_probe INTO OUTFILE '{}'", "DESC (SELECT 1) INTO OUTFILE '{}'",
+                             "SHOW CREATE TABLE treeless_probe INTO OUTFILE '{}'",
+                             "EXISTS TABLE system.one INTO OUTFILE '{}'",
+                             "SHOW COLUMNS FROM system.one INTO OUTFILE '{}'"]):
+        target = tmp_path / f"out{n}.txt"
+        status, body = http(endpoint, sql.format(target))
+        assert status == 403 and b"OUTFILE" in body and not target.exists(), (sql, body)
+    assert http(endpoint, "SHOW COLUMNS FROM system.one")[0] == 200
 
 
 def test_no_client_statement_hides_from_the_query_log(endpoint: ClickHouseHttpEndpoint) -> None:

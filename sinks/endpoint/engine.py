@@ -340,10 +340,8 @@ class ChdbEngine:
         formatted = session.query(engine_config.FORMAT_SQL + session.quiet, "TSVRaw", param).bytes()
         toks = list(tokens(formatted))
         calls = (t.text for t, nxt in zip(toks, toks[1:], strict=False) if nxt.text == "(" and t.text)
-        has_settings = any(t.text == "SETTINGS" for t in toks)
         text = formatted.decode("utf-8", "replace")
-        verdict = sql_guard.check_treeless(found.group(1), calls, readonly, has_settings, text,
-                                           has_select=any(t.text == "SELECT" for t in toks))
+        verdict = sql_guard.check_treeless(found.group(1), calls, readonly, text)
         table = _DESCRIBED_RE.match(text)
         if found.group(1) == "DescribeQuery":
             if table is None:

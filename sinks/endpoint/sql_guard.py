@@ -31,6 +31,7 @@ from clocktower.sinks.endpoint.errors import (
     ClickHouseError,
 )
 from clocktower.sinks.endpoint.settings_allowed import SETTINGS_ALLOWED
+from clocktower.sinks.endpoint.sql_scan import tokens
 
 
 def _names(text: str) -> frozenset[str]:
@@ -179,9 +180,13 @@ def check_params(params: Mapping[str, str] | None) -> None:
     judged as sent and unescaped, ASCII case folded.
     """
     for value in (params or {}).values():
-        text = str(value)
-        unescaped = _ESCAPED_BYTE_RE.sub(lambda m: chr(int(m.group(1), 16)), text).replace("\\", "")
-        if any(RAW_LOG_TABLE in form.lower() for form in (text, unescaped)):
+        text = unescaped = str(value)
+        while True:  # an escape may spell another (``\\x5Cx5F``: a quoted identifier's escapes are read again)
+            decoded = _ESCAPED_BYTE_RE.sub(lambda m: chr(int(m.group(1), 16)), unescaped)
+            if decoded == unescaped:
+                break
+            unescaped = decoded
+        if any(RAW_LOG_TABLE in form.lower() for form in (text, unescaped.replace("\\", ""))):
             raise _denied(f"system.{RAW_LOG_TABLE} holds the endpoint's own statements: read system.query_log")
 
 
@@ -217,35 +222,34 @@ def check_tree(
     return verdict
 
 
-def check_treeless(
-    node_type: str,
-    keyword_calls: Iterator[str],
-    readonly: int,
-    has_settings: bool = False,
-    formatted: str = "",
-    has_select: bool = False,
-) -> Verdict:
-    """Judge a statement the engine cannot show as a tree, from its type and the names called in it.
+def check_treeless(node_type: str, keyword_calls: Iterator[str], readonly: int, formatted: str = "") -> Verdict:
+    """Judge a statement the engine cannot show as a tree, from its type and its text as the engine formats it.
 
-    ``keyword_calls`` are the words followed by ``(`` in the engine's own formatting of the statement
-    (``formatted``); ``has_settings``: the word SETTINGS appears in it. Its settings cannot be judged without
-    a tree (``DESCRIBE (SELECT ...) SETTINGS max_execution_time = 0`` lifted the time cap), so it is refused.
-    Naming the raw log is refused as in a tree; ``has_select``: a subquery, which only a DESCRIBE may hold
-    (the engine judges a DESCRIBE's table expression as a tree first, see engine).
+    ``keyword_calls`` are the words followed by ``(`` in ``formatted``. Its settings cannot be judged without a
+    tree (``DESCRIBE (SELECT ...) SETTINGS max_execution_time = 0`` lifted the time cap), so SETTINGS is refused;
+    so are INTO OUTFILE (``DESCRIBE t INTO OUTFILE`` wrote a file), naming the raw log, and, but in a DESCRIBE
+    (whose table expression the engine judges as a tree first), subqueries and table functions that pick
+    tables by an expression.
     """
     if node_type == "SetRoleQuery":
         return session_statement("SET ROLE", readonly)
+    statement = node_type.removesuffix("Query")
     if not node_type.startswith(_TREELESS_READS):
-        raise _denied(f"{node_type.removesuffix('Query')} statements are not allowed on the embedded endpoint")
-    if has_settings:
-        raise _denied(f"{node_type.removesuffix('Query')} statements may not carry SETTINGS on the embedded endpoint")
+        raise _denied(f"{statement} statements are not allowed on the embedded endpoint")
+    words = {token.text for token in tokens(formatted.encode())}
+    if "SETTINGS" in words:
+        raise _denied(f"{statement} statements may not carry SETTINGS on the embedded endpoint")
+    if words & {"OUTFILE", "INFILE"}:
+        raise _denied("INTO OUTFILE and FROM INFILE are not allowed on the embedded endpoint")
     if RAW_LOG_TABLE in formatted.lower():
         raise _denied(f"system.{RAW_LOG_TABLE} holds the endpoint's own statements: read system.query_log")
-    if has_select and node_type != "DescribeQuery":
-        raise _denied(f"{node_type.removesuffix('Query')} statements may not hold subqueries on the embedded endpoint")
     for name in keyword_calls:
         if _fold(name) in FUNCTIONS_DENIED:
             raise _denied(f"Function {name} is not allowed on the embedded endpoint")
+        if node_type != "DescribeQuery" and _fold(name) in TABLE_NAMING_FUNCTIONS | TABLE_FUNCTIONS_NOT_NEEDED:
+            raise _denied(f"Function {name} is not allowed in {statement} statements on the embedded endpoint")
+    if "SELECT" in words and node_type != "DescribeQuery":
+        raise _denied(f"{statement} statements may not hold subqueries on the embedded endpoint")
     return Verdict("read")
 
 
