@@ -11,7 +11,12 @@ engines are allow-listed (everything else, ``file``, ``url``, ``s3``,
 (temporary tables, transactions, ``SET ROLE``). Settings, in the URL or in a
 ``SETTINGS`` clause anywhere in the tree, must be on settings_allowed's list;
 statements the engine cannot show as a tree (DESCRIBE, SHOW CREATE ...) may
-carry no ``SETTINGS`` clause at all. ``SET`` and ``USE`` never
+carry no ``SETTINGS`` clause, ``INTO OUTFILE`` or subquery (a DESCRIBE's table
+expression is judged as a tree by the engine module). The raw query log may not be
+named anywhere: in the tree, in a treeless statement's text, or in a query
+parameter's value (parameters are filled in after the guard); ``loop`` and
+``mergeTreeIndex``/``mergeTreeProjection`` take only string literals, so no
+expression spells its name. ``SET`` and ``USE`` never
 reach the shared engine: over sessionless HTTP they change nothing, as in
 ClickHouse, and at readonly=1 they are refused. Pure logic: no engine here.
 """
