@@ -3,6 +3,7 @@ FROM python:3.11-slim AS base
 WORKDIR /app
 COPY pyproject.toml setup.py README.md ./
 COPY schemas schemas
+COPY runtime runtime
 COPY producers producers
 COPY streams streams
 COPY sinks sinks

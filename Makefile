@@ -34,6 +34,7 @@ up: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/lint_imports.py   # import-linter: the layering contracts in pyproject.toml
 
 test: setup setup-pytorch setup-ebpf lint
 	$(VENV)/bin/pytest -q $(ARGS)

@@ -7,7 +7,7 @@ Everything else about the distribution is in pyproject.toml.
 """
 from setuptools import find_packages, setup
 
-SUBPACKAGES = ("schemas", "producers", "streams", "sinks", "control", "actuators")
+SUBPACKAGES = ("schemas", "runtime", "producers", "streams", "sinks", "control", "actuators")
 
 package_dir = {"clocktower": "clocktower"}
 packages = ["clocktower", *(p for p in find_packages(include=["clocktower.*"]))]

@@ -25,11 +25,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clocktower.clickhouse_client import http_client  # noqa: E402
 from clocktower.config import Settings  # noqa: E402
 from clocktower.ports import free_port  # noqa: E402
 from clocktower.producers.kafka_publisher import KafkaPublisher  # noqa: E402
 from clocktower.producers.simulator import FleetSimulator, SimConfig  # noqa: E402
+from clocktower.runtime.clickhouse_client import http_client  # noqa: E402
 from clocktower.stack import Stack  # noqa: E402
 from clocktower.streams.emit import records  # noqa: E402
 from clocktower.summary import table_rows  # noqa: E402
@@ -78,7 +78,7 @@ def raw_passthrough(bootstrap: str, payloads: list[tuple[bytes, bytes, list]]) -
 
 def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 300) -> dict:
     client = http_client(settings.clickhouse, *settings.clickhouse_login())
-    stack._spawn("sink", [sys.executable, "-m", "clocktower.sinks.clickhouse"])
+    stack.start_worker("sink")
     deadline = time.monotonic() + 60
     while not client.query("SELECT count() FROM system.tables WHERE name='deadletter'").result_rows[0][0]:
         if time.monotonic() > deadline:

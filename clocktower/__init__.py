@@ -14,7 +14,7 @@ import importlib.machinery
 import sys
 from pathlib import Path
 
-SUBPACKAGES = ("schemas", "producers", "streams", "sinks", "control", "actuators")
+SUBPACKAGES = ("schemas", "runtime", "producers", "streams", "sinks", "control", "actuators")
 
 
 class _CheckoutFolders(importlib.abc.MetaPathFinder):

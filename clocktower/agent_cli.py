@@ -19,7 +19,6 @@ from rich.console import Console
 
 from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
-from clocktower.errors import UserError
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
 from clocktower.producers.agent.factory import build_sources
 from clocktower.producers.agent.runner import AgentRunner, Sink
@@ -27,6 +26,7 @@ from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
+from clocktower.runtime.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -16,8 +16,8 @@ from rich.markup import escape
 
 from clocktower import agent_cli
 from clocktower.config import Settings
-from clocktower.data_dir import read_owner
-from clocktower.errors import UserError
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.owner_note import read_owner
 from clocktower.shutdown_signals import STOP_SIGNALS, stop_on_signals
 
 

@@ -1,109 +1,22 @@
 """clocktower's configuration, from CLOCKTOWER_* environment variables (pydantic-settings).
 
-With neither CLOCKTOWER_KAFKA_BOOTSTRAP nor CLOCKTOWER_CLICKHOUSE_URL set,
-clocktower starts its embedded broker and ClickHouse engine under the data
-dir. Setting them points every component at external services instead.
+The CLI composes the services' own settings models (each runnable alone with the same variables):
+the shared data-dir/Kafka/ClickHouse ones (runtime/settings.py), the stream worker's (streams/settings.py)
+and the sink's (sinks/clickhouse/settings.py), and adds what only `clocktower up` reads.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
-from clocktower.data_dir import read_owner
-from clocktower.errors import UserError
-from clocktower.generated_secrets import admin_login, control_key_path, read_control_key
-from clocktower.schemas.envelope_checks import DEFAULT_MAX_FUTURE_SKEW_S
+from clocktower.sinks.clickhouse.settings import SinkSettings
+from clocktower.streams.settings import StreamsSettings
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
-
-    data_dir: Path = Path(".clocktower")
-    kafka_bootstrap: str | None = Field(default=None, description="external Kafka, host:port[,host:port]")
-    clickhouse_url: str | None = Field(default=None, description="external ClickHouse, http(s)://host:port")
-    clickhouse_user: str | None = Field(default=None, description="default: the data dir's generated user")
-    clickhouse_password: str | None = Field(default=None, description="default: the data dir's generated one")
-    clickhouse_database: str = "default"
-    kafka_port: int = Field(default=9092, ge=1, le=65535)
-    http_port: int = Field(default=8123, ge=1, le=65535)
-    host: str = "127.0.0.1"
-    control_key: str | None = Field(default=None, description="command-signing key; default: the one "
-                                    "`clocktower up` generates in the data dir on first start")
+class Settings(StreamsSettings, SinkSettings):
     http_max_connections: int = Field(default=32, ge=1, description="concurrent connections the embedded "
                                       "ClickHouse endpoint serves; more wait briefly, then get 503")
-    metrics_port: int = Field(default=0, ge=0, le=65535, description="0 disables the Prometheus endpoint")
-    metrics_host: str = Field(default="127.0.0.1", description="where the Prometheus endpoint binds; 0.0.0.0 "
-                              "only inside a container whose port is not published")
-    flush_rows: int = Field(default=10_000, ge=1)
-    flush_interval_s: float = Field(default=1.0, gt=0)
-    sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
     noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "
                                    "(default: the one installed with the noida-db package, else PATH)")
-    streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
-    clock_pure_tolerance_ns: float = Field(
-        default=2_000.0, gt=0, description="a probe pair is pure when its arrival spacing is within this of its send "
-        "spacing: 2000 suits kernel software timestamps, ~100 hardware (NIC) timestamps")
-    clock_update_ms: float = Field(default=250.0, gt=0, description="probe time between clock estimates")
-    max_future_skew_s: float = Field(default=DEFAULT_MAX_FUTURE_SKEW_S, gt=0, description="the sink and the streams "
-                                     "dead-letter a record with an event stamped more than this ahead of their clock")
-
-    @field_validator("clickhouse_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        u = urlparse(v)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"CLOCKTOWER_CLICKHOUSE_URL must look like http://host:8123, got {v!r}")
-        return v
-
-    @property
-    def max_future_skew_ns(self) -> int:
-        return round(self.max_future_skew_s * 1e9)
-
-    @property
-    def embedded_kafka(self) -> bool:
-        return not self.kafka_bootstrap
-
-    @property
-    def embedded_clickhouse(self) -> bool:
-        return not self.clickhouse_url
-
-    @property
-    def bootstrap(self) -> str:
-        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
-
-    @property
-    def clickhouse(self) -> str:
-        return self.clickhouse_url or f"http://{self.host}:{self.http_port}"
-
-    def clickhouse_login(self) -> tuple[str, str]:
-        """(user, password): CLOCKTOWER_CLICKHOUSE_USER/_PASSWORD if set, else, for the data dir's own endpoint,
-        its generated login. An external ClickHouse never gets the generated one."""
-        if self.clickhouse_user is None and self.clickhouse_password is None and self._own_endpoint():
-            generated = admin_login(self.data_dir)
-            if generated is not None:
-                return generated
-        return self.clickhouse_user or "default", self.clickhouse_password or ""
-
-    def _own_endpoint(self) -> bool:
-        """The embedded endpoint: ours to start, or the one the data dir's running owner serves."""
-        if self.embedded_clickhouse:
-            return True
-        owner = read_owner(self.data_dir)
-        return owner is not None and owner.get("clickhouse_embedded") is True and \
-            owner.get("clickhouse") == self.clickhouse_url
-
-    def control_key_bytes(self) -> bytes:
-        """CLOCKTOWER_CONTROL_KEY, else the key generated in the data dir; there is no built-in one."""
-        if self.control_key:
-            return self.control_key.encode()
-        key = read_control_key(self.data_dir)
-        if key is None:
-            raise UserError(f"no control key: set CLOCKTOWER_CONTROL_KEY, or run `clocktower up` once to "
-                            f"generate {control_key_path(self.data_dir)}")
-        return key

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from pathlib import Path
 
-from clocktower.errors import UserError
-from clocktower.private_file import private_dir
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.owner_note import OWNER, read_owner
+from clocktower.runtime.private_file import private_dir
 
 LOCK = "clocktower.lock"
-OWNER = "owner.json"
 
 
 class DataDirLock:
@@ -40,19 +39,3 @@ class DataDirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-
-def write_owner(data_dir: Path, info: dict) -> None:
-    tmp = data_dir / (OWNER + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), **info}))
-    tmp.replace(data_dir / OWNER)
-
-
-def read_owner(data_dir: Path) -> dict | None:
-    """The running owner's note, or None when nobody (alive) owns the dir."""
-    try:
-        info = json.loads((data_dir / OWNER).read_text())
-        os.kill(int(info["pid"]), 0)
-        return info
-    except (OSError, ValueError, KeyError):
-        return None

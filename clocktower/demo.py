@@ -9,12 +9,12 @@ from collections import Counter
 from rich.console import Console
 from rich.live import Live
 
-from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
 from clocktower.drain import lag, wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.progress_view import ProgressView
+from clocktower.runtime.clickhouse_client import http_client
 from clocktower.stack import Stack
 from clocktower.summary import build_summary, table_rows
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from clocktower.errors import UserError
+from clocktower.runtime.errors import UserError
 
 
 def ensure_free(host: str, port: int, what: str, flag: str) -> None:

@@ -17,11 +17,11 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Console
 
-from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
-from clocktower.data_dir import read_owner
-from clocktower.errors import UserError
 from clocktower.result_table import print_table
+from clocktower.runtime.clickhouse_client import http_client
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.owner_note import read_owner
 from clocktower.sinks.endpoint.sql_scan import describe
 
 # Our --format name -> (the server's output format, its settings).

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from clocktower.child_process import ChildProcess, stop_all
 from clocktower.config import Settings
-from clocktower.data_dir import DataDirLock, write_owner
-from clocktower.errors import UserError
-from clocktower.generated_secrets import DASHBOARDS_USER, credentials_path, ensure_secrets
+from clocktower.data_dir import DataDirLock
+from clocktower.generated_secrets import ensure_secrets
 from clocktower.ports import ensure_free, wait_open
+from clocktower.runtime.credentials import DASHBOARDS_USER, credentials_path
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.owner_note import write_owner
 from clocktower.shutdown_signals import ignoring_stop_signals
 from clocktower.topic_admin import ensure_topics
 
@@ -56,6 +58,9 @@ def _ping(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+WORKERS = {"sink": "clocktower.sinks.clickhouse", "streams": "clocktower.streams"}   # name -> module it runs
 
 
 class Stack:
@@ -112,11 +117,18 @@ class Stack:
                                     "clickhouse_embedded": s.embedded_clickhouse})
         if self.with_sink:
             on_step("starting the ClickHouse sink")
-            self._spawn("sink", [sys.executable, "-m", "clocktower.sinks.clickhouse"])
+            self.start_worker("sink")
         if self.with_streams:
             on_step("starting the Faust stream processors")
+            self.start_worker("streams")
+
+    def start_worker(self, name: str) -> None:
+        """Start one worker ("sink" or "streams") of a started stack, e.g. one left out by with_sink=False."""
+        if name not in WORKERS:
+            raise ValueError(f"unknown worker {name!r}: one of {sorted(WORKERS)}")
+        if name == "streams":
             (self.data_dir / "streams").mkdir(parents=True, exist_ok=True)
-            self._spawn("streams", [sys.executable, "-m", "clocktower.streams"])
+        self._spawn(name, [sys.executable, "-m", WORKERS[name]])
 
     def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM) -> None:
         child = ChildProcess(name, argv, self.logs / f"{name}.log", self.env, stop_signal)
@@ -147,7 +159,7 @@ class Stack:
             if child is not None and not child.alive():
                 raise UserError(f"the {name} process exited ({child.exit_code()}): {child.log_tail(1)} "
                                 f"(log: {child.log_path})")
-        for name in ("sink", "streams"):
+        for name in WORKERS:
             child = self.children.get(name)
             if child is not None and child.restart_if_dead():
                 restarted.append(name)

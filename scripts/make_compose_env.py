@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clocktower.private_file import create_private_file  # noqa: E402
+from clocktower.runtime.private_file import create_private_file  # noqa: E402
 
 USER = "clocktower"  # docker-compose.yml's default for CLOCKTOWER_CLICKHOUSE_USER
 NAMES = ("CLOCKTOWER_CLICKHOUSE_PASSWORD", "CLOCKTOWER_DASHBOARDS_PASSWORD", "CLOCKTOWER_GRAFANA_ADMIN_PASSWORD",

@@ -8,12 +8,12 @@ import sys
 
 from prometheus_client import start_http_server
 
-from clocktower.streams.app import app, policy
+from clocktower.streams.app import app, settings
 
 if __name__ == "__main__":
-    if policy.streams_metrics_port:
+    if settings.streams_metrics_port:
         try:
-            start_http_server(policy.streams_metrics_port, addr=policy.metrics_host)
+            start_http_server(settings.streams_metrics_port, addr=settings.metrics_host)
         except OSError as exc:   # metrics are not worth stopping the worker for
             logging.getLogger("streams").error("metrics endpoint not started: %s", exc)
     sys.argv = [sys.argv[0], "worker", "--without-web", "-l", "warn", *sys.argv[1:]]

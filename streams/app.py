@@ -11,7 +11,6 @@ import socket
 
 import faust
 
-from clocktower.config import Settings
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
@@ -21,12 +20,11 @@ from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
 from clocktower.streams.remediation_budget import RemediationBudget
-from clocktower.streams.settings import StreamsPolicy
+from clocktower.streams.settings import StreamsSettings
 
 log = logging.getLogger(__name__)
-settings = Settings()
-policy = StreamsPolicy()
-install_idle_fetch_backoff(policy.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
+settings = StreamsSettings()
+install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
 
 app = faust.App(
     "clocktower-streams",
@@ -50,7 +48,7 @@ app = faust.App(
 )
 processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
                         clock_update_ns=round(settings.clock_update_ms * 1e6),
-                        remediation_budget=RemediationBudget(policy.remediation_max_per_hour))
+                        remediation_budget=RemediationBudget(settings.remediation_max_per_hour))
 handler = RecordHandler(processors, identity=identity_check(NodeSigning()),
                         max_future_skew_ns=settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 

@@ -1,14 +1,18 @@
-"""The stream worker's policy settings (CLOCKTOWER_* variables), beside clocktower/config.py's."""
+"""The stream worker's settings (CLOCKTOWER_* variables); clocktower/config.py composes them with the others."""
 
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clocktower.runtime.settings import RuntimeSettings
 
 
-class StreamsPolicy(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_", extra="ignore")
-
+class StreamsSettings(RuntimeSettings):
+    streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
+    clock_pure_tolerance_ns: float = Field(
+        default=2_000.0, gt=0, description="a probe pair is pure when its arrival spacing is within this of its send "
+        "spacing: 2000 suits kernel software timestamps, ~100 hardware (NIC) timestamps")
+    clock_update_ms: float = Field(default=250.0, gt=0, description="probe time between clock estimates")
     remediation_max_per_hour: int = Field(
         default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of the "
         "worker's own clock (never event time, which producers write) without a human; more are reported as incidents "
@@ -20,4 +24,3 @@ class StreamsPolicy(BaseSettings):
         default=250, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
         "next fetch to that broker (the embedded broker answers empty fetches at once, so an idle worker would spin); "
         "the most an idle worker adds to a record's latency. 0 disables it.")
-    metrics_host: str = "127.0.0.1"

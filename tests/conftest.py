@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from clocktower.clickhouse_client import http_client
 from clocktower.config import Settings
 from clocktower.ports import free_port
+from clocktower.runtime.clickhouse_client import http_client
 from clocktower.stack import Stack
 
 

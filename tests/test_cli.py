@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from clocktower import stack as stack_module
-from clocktower.errors import UserError
 from clocktower.ports import free_port
 from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.runtime.errors import UserError
 from clocktower.schemas.telemetry import LinkState
 from clocktower.schemas.topics import TOPICS
 

@@ -23,8 +23,9 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from clocktower.generated_secrets import ADMIN_USER, DASHBOARDS_USER, credentials_path, ensure_secrets, read_users
+from clocktower.generated_secrets import ensure_secrets
 from clocktower.ports import free_port
+from clocktower.runtime.credentials import ADMIN_USER, DASHBOARDS_USER, credentials_path, read_users
 from clocktower.sinks.endpoint import ClickHouseHttpEndpoint
 from clocktower.sinks.endpoint.auth import User
 from clocktower.sinks.endpoint.protocol import Reply

@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 
 from clocktower.config import Settings
-from clocktower.data_dir import DataDirLock, write_owner
-from clocktower.errors import UserError
-from clocktower.generated_secrets import (
+from clocktower.data_dir import DataDirLock
+from clocktower.generated_secrets import ensure_secrets
+from clocktower.runtime.credentials import (
     ADMIN_USER,
     DASHBOARDS_USER,
     control_key_path,
     credentials_path,
-    ensure_secrets,
     read_control_key,
     read_users,
 )
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.owner_note import write_owner
 
 
 def mode(path: Path) -> int:

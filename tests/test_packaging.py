@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOP_LEVEL_FOLDERS = ("schemas", "producers", "streams", "sinks", "control", "actuators")
+TOP_LEVEL_FOLDERS = ("schemas", "runtime", "producers", "streams", "sinks", "control", "actuators")
 
 
 def _source_tree(dest: Path) -> Path:

@@ -1,6 +1,6 @@
 """`python -m clocktower.sinks.clickhouse`: run the Kafka -> ClickHouse sink until SIGTERM/SIGINT.
 
-Configuration comes from CLOCKTOWER_* variables (clocktower/config.py).
+Configuration comes from CLOCKTOWER_* variables (sinks/clickhouse/settings.py).
 SIGTERM flushes pending batches and commits before exiting.
 """
 
@@ -12,16 +12,16 @@ import threading
 
 from prometheus_client import start_http_server
 
-from clocktower.clickhouse_client import http_client
-from clocktower.config import Settings
+from clocktower.runtime.clickhouse_client import http_client
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.settings import SinkSettings
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
-    s = Settings()
+    s = SinkSettings()
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.metrics_host)
     client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)

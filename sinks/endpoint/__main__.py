@@ -14,8 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from clocktower.errors import UserError
-from clocktower.generated_secrets import read_users
+from clocktower.runtime.credentials import read_users
+from clocktower.runtime.errors import UserError
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
 from clocktower.sinks.endpoint.auth import User
 

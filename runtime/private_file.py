@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from clocktower.errors import UserError
+from clocktower.runtime.errors import UserError
 
 
 def private_dir(path: Path) -> None:

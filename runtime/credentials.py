@@ -1,0 +1,63 @@
+"""Reading the secrets `clocktower up` generates in the data dir: ClickHouse logins and the control key.
+
+The write side (clocktower/generated_secrets.py) is the CLI's; every service reads them through here, so the
+file names and formats are defined once. Files are read with runtime/private_file.py's checks (0600, own user).
+
+credentials.json holds two users of the embedded ClickHouse endpoint:
+``clocktower`` (read-write: the sink, the CLI, the demo) and ``dashboards`` (readonly=1, for Grafana).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import read_private_file
+
+CREDENTIALS_FILE = "credentials.json"
+CONTROL_KEY_FILE = "control.key"
+ADMIN_USER = "clocktower"
+DASHBOARDS_USER = "dashboards"
+
+
+def credentials_path(data_dir: Path) -> Path:
+    return data_dir / CREDENTIALS_FILE
+
+
+def control_key_path(data_dir: Path) -> Path:
+    return data_dir / CONTROL_KEY_FILE
+
+
+def read_users(path: Path) -> dict[str, tuple[str, bool]]:
+    """user -> (password, readonly) from a credentials file; UserError when it is missing or malformed."""
+    try:
+        doc = json.loads(read_private_file(path))
+        users = {str(name): (u["password"], bool(u["readonly"])) for name, u in doc["users"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path} is not a clocktower credentials file ({type(exc).__name__}: {exc})") from None
+    if not users or not all(isinstance(p, str) and p for p, _ in users.values()):
+        raise UserError(f"{path} names no user, or a user without a password")
+    return users
+
+
+def admin_login(data_dir: Path) -> tuple[str, str] | None:
+    """The read-write user and its password from the data dir, or None before the first start."""
+    path = credentials_path(data_dir)
+    if not path.exists():
+        return None
+    login = read_users(path).get(ADMIN_USER)
+    if login is None:
+        raise UserError(f"{path} has no {ADMIN_USER!r} user: set CLOCKTOWER_CLICKHOUSE_USER and _PASSWORD")
+    return ADMIN_USER, login[0]
+
+
+def read_control_key(data_dir: Path) -> bytes | None:
+    """The generated command-signing key, or None before the first start."""
+    path = control_key_path(data_dir)
+    if not path.exists():
+        return None
+    key = read_private_file(path).strip()
+    if len(key) < 32:
+        raise UserError(f"{path} holds no usable key: delete it and restart `clocktower up`")
+    return key

@@ -1,0 +1,15 @@
+"""The ClickHouse sink's settings (CLOCKTOWER_* variables); clocktower/config.py composes them with the others."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from clocktower.runtime.settings import RuntimeSettings
+
+
+class SinkSettings(RuntimeSettings):
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="the sink's Prometheus endpoint (binds "
+                              "CLOCKTOWER_METRICS_HOST); 0 disables it")
+    flush_rows: int = Field(default=10_000, ge=1)
+    flush_interval_s: float = Field(default=1.0, gt=0)
+    sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
