@@ -32,7 +32,7 @@ def installed_layout(dest: Path) -> Path:
 def lint(tree: Path, *args: str) -> int:
     """Run lint-imports on a tree made by installed_layout's parent folder; its exit status (0: all kept)."""
     lint_imports = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(lint_imports), "--config", str(REPO / "pyproject.toml"), "--no-cache", *args]
+    cmd = [str(lint_imports), "--no-cache", "--no-logo", *args, str(REPO / "pyproject.toml")]
     return subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}).returncode
 
 
