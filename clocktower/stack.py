@@ -72,6 +72,7 @@ class Stack:
         self.with_streams = with_streams
         self.with_sink = with_sink
         self.children: dict[str, ChildProcess] = {}
+        self.services_up = False          # set once the broker, engine and topics are up and the owner note written
         self.env = {
             "CLOCKTOWER_KAFKA_BOOTSTRAP": settings.bootstrap,
             "CLOCKTOWER_CLICKHOUSE_URL": settings.clickhouse,
@@ -115,6 +116,7 @@ class Stack:
         ensure_topics(s.bootstrap, disable_auto_create=s.embedded_kafka)   # a typo'd topic fails, not auto-created
         write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse,
                                     "clickhouse_embedded": s.embedded_clickhouse})
+        self.services_up = True
         if self.with_sink:
             on_step("starting the ClickHouse sink")
             self.start_worker("sink")
@@ -126,6 +128,11 @@ class Stack:
         """Start one worker ("sink" or "streams") of a started stack, e.g. one left out by with_sink=False."""
         if name not in WORKERS:
             raise ValueError(f"unknown worker {name!r}: one of {sorted(WORKERS)}")
+        if not self.services_up:
+            raise UserError(f"cannot start the {name}: the stack's services are not started (call start() first)")
+        running = self.children.get(name)
+        if running is not None and running.alive():
+            raise UserError(f"the {name} is already running (pid {running.pid()})")
         if name == "streams":
             (self.data_dir / "streams").mkdir(parents=True, exist_ok=True)
         self._spawn(name, [sys.executable, "-m", WORKERS[name]])
@@ -171,6 +178,7 @@ class Stack:
         Two waves, each stopped together: the workers first (the sink's last insert and commit still
         reach ClickHouse and the broker), then the services; what is left at a wave's deadline is killed."""
         deadline = time.monotonic() + timeout
+        self.services_up = False
         try:
             with ignoring_stop_signals():
                 workers = [self.children[n] for n in ("streams", "sink") if n in self.children]

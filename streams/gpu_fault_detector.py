@@ -34,7 +34,7 @@ class _Gpu:
 class GpuFaultDetector:
     """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
 
-    def __init__(self, budget: RemediationBudget | None = None) -> None:
+    def __init__(self, *, budget: RemediationBudget | None = None) -> None:
         self.budget = budget or RemediationBudget()
         self.gpus: dict[tuple[str, int], _Gpu] = {}
 

@@ -33,7 +33,7 @@ class _Port:
 class LinkFlapDetector:
     """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
 
-    def __init__(self, window_ns: int = 10 * 10**9, min_transitions: int = 3,
+    def __init__(self, *, window_ns: int = 10 * 10**9, min_transitions: int = 3,
                  stable_ns: int = 5 * 10**9, backups: dict[str, str] | None = None) -> None:
         self.window_ns = window_ns
         self.min_transitions = min_transitions

@@ -34,7 +34,7 @@ class Processors:
         self.flows = FlowLatencyJoin(clocks=self.clocks)
         self.iterations = IterationBreakdownAggregator()
         self.links = LinkFlapDetector()
-        self.gpus = GpuFaultDetector(remediation_budget)
+        self.gpus = GpuFaultDetector(budget=remediation_budget)
 
     def on_batch(self, events: list[Event], failures: list[EventFailure] | None = None) -> list[Event]:
         """The events derived from a batch. With `failures` given, an event that raises is appended there and

@@ -217,3 +217,23 @@ def test_sighup_stops_unless_nohup_asked_to_ignore_it(ignored: bool) -> None:
     out = subprocess.run([sys.executable, "-c", NOHUP_CHECK], cwd=REPO, capture_output=True, text=True, timeout=30,
                          preexec_fn=preexec)
     assert out.stdout.split() == [str(ignored), "True"], out.stderr
+
+
+def test_start_worker_refuses_before_start_and_never_runs_a_second_copy(tmp_path: Path) -> None:
+    from clocktower.runtime.errors import UserError
+
+    stack = Stack(Settings(data_dir=tmp_path / "d"), with_sink=False, with_streams=False)
+    with pytest.raises(UserError, match="not started"):
+        stack.start_worker("sink")
+    stack.services_up = True                       # as after start(): only the worker rule is under test here
+
+    class Alive:
+        def alive(self) -> bool:
+            return True
+
+        def pid(self) -> int:
+            return 4242
+
+    stack.children["sink"] = Alive()               # type: ignore[assignment]
+    with pytest.raises(UserError, match="already running"):
+        stack.start_worker("sink")

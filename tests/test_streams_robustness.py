@@ -87,7 +87,7 @@ class _Clock:
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(budget)
+    d = GpuFaultDetector(budget=budget)
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
         clock.now_ns += 150 * S
@@ -127,7 +127,7 @@ def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
 def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=1, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(budget)
+    d = GpuFaultDetector(budget=budget)
     assert _replaced(d.on_gpu_health(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
     clock.now_ns += 3600 * S   # an hour of real time later, a real fault is replaced
     assert _replaced(d.on_gpu_health(_xid79("real", T0 + 3600 * S))) == 1
@@ -187,7 +187,7 @@ class _GpuBug(GpuFaultDetector):
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(processors.gpus.budget)
+    processors.gpus = _GpuBug(budget=processors.gpus.budget)
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
@@ -217,7 +217,7 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
 
 def test_without_a_failures_list_the_first_error_propagates() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(processors.gpus.budget)
+    processors.gpus = _GpuBug(budget=processors.gpus.budget)
     try:
         processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1", **GPU_READINGS)])
     except ValueError as exc:
