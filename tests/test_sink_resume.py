@@ -244,9 +244,10 @@ def test_rows_deleted_after_a_loss_can_be_stored_again(services) -> None:
 def test_a_broker_that_loses_records_under_a_running_sink_is_not_read_again_from_0(services, tmp_path, caplog) -> None:
     """The fetch position ends up past the log end: with auto.offset.reset=earliest the sink silently read the whole
     log again (doubling it); now the out-of-range fetch goes through the loss path."""
-    from tests.test_broker_durability import Broker, wait_snapshot
+    from tests.standalone_broker import StandaloneBroker
+    from tests.test_broker_durability import wait_snapshot
 
-    broker = Broker(tmp_path / "kafka")
+    broker = StandaloneBroker(tmp_path / "kafka")
     broker.start()
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(15)
