@@ -116,6 +116,18 @@ def _events(records: list) -> list:
     return [e for topic, k, v, h in records for e in decode_batch(topic, k, v, h).events]
 
 
+
+def _restart_with_what_kafka_has(spool: Path, first: FakeProducer) -> tuple[FakeProducer, dict]:
+    """A new publisher on the same spool whose read-back finds the records `first` got acked; run it dry."""
+    in_kafka = {dict(h)[RID_HEADER] for *_, h in first.acked}
+    second = FakeProducer()
+    pub = _open(spool, second, present=in_kafka)
+    try:
+        _wait(lambda: pub.spool.pending_records == 0)
+        return second, pub.stats()
+    finally:
+        pub.close(timeout=0)
+
 def test_an_old_oversized_spooled_record_is_sent_as_signed_parts_in_order(tmp_path: Path) -> None:
     events = _old_spool(tmp_path / "spool")
     fake = FakeProducer()
@@ -146,14 +158,7 @@ def test_parts_acked_before_a_restart_are_not_sent_again(tmp_path: Path) -> None
         assert pub.spool.pending_records == 2, "the cut record leaves the spool only once every part is resolved"
     finally:
         pub.close(timeout=0)
-    in_kafka = {dict(h)[RID_HEADER] for *_, h in first.acked}
-    second = FakeProducer()
-    pub = _open(tmp_path / "spool", second, present=in_kafka)
-    try:
-        _wait(lambda: pub.spool.pending_records == 0)
-        stats = pub.stats()
-    finally:
-        pub.close(timeout=0)
+    second, stats = _restart_with_what_kafka_has(tmp_path / "spool", first)
     assert stats["deduplicated"] == 2 and stats["rejected_records"] == 0
     assert _events(first.acked + second.acked) == events, "each part once: none lost, none doubled"
 
@@ -259,14 +264,7 @@ def test_parts_in_doubt_after_an_outage_are_not_sent_again_after_a_restart(tmp_p
         assert pub.spool.pending_records == 2, "the parent covers its parts in doubt: no copies beside it"
     finally:
         pub.close(timeout=0)
-    in_kafka = {dict(h)[RID_HEADER] for *_, h in first.acked}
-    second = FakeProducer()
-    pub = _open(tmp_path / "spool", second, present=in_kafka)
-    try:
-        _wait(lambda: pub.spool.pending_records == 0)
-        stats = pub.stats()
-    finally:
-        pub.close(timeout=0)
+    second, stats = _restart_with_what_kafka_has(tmp_path / "spool", first)
     assert _events(first.acked + second.acked) == events, "each part once: none lost, none doubled"
     assert stats["deduplicated"] == 2 and stats["acked"] == len(events)
 
