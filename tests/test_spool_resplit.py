@@ -117,26 +117,27 @@ def _events(records: list) -> list:
 
 
 
-def _restart_with_what_kafka_has(spool: Path, first: FakeProducer) -> tuple[FakeProducer, dict]:
-    """A new publisher on the same spool whose read-back finds the records `first` got acked; run it dry."""
-    in_kafka = {dict(h)[RID_HEADER] for *_, h in first.acked}
-    second = FakeProducer()
-    pub = _open(spool, second, present=in_kafka)
+def _drain(spool: Path, producer: FakeProducer, present: set[bytes] = frozenset()) -> dict:
+    """A publisher on `spool` whose read-back finds the record ids `present`: run until the spool is empty.
+    Returns its stats, with its failed events per schema under "failed"."""
+    pub = _open(spool, producer, present=present)
     try:
         _wait(lambda: pub.spool.pending_records == 0)
-        return second, pub.stats()
+        return {**pub.stats(), "failed": dict(pub.failed)}
     finally:
         pub.close(timeout=0)
+
+
+def _restart_with_what_kafka_has(spool: Path, first: FakeProducer) -> tuple[FakeProducer, dict]:
+    """A new publisher on the same spool whose read-back finds the records `first` got acked."""
+    second = FakeProducer()
+    return second, _drain(spool, second, {dict(h)[RID_HEADER] for *_, h in first.acked})
+
 
 def test_an_old_oversized_spooled_record_is_sent_as_signed_parts_in_order(tmp_path: Path) -> None:
     events = _old_spool(tmp_path / "spool")
     fake = FakeProducer()
-    pub = _open(tmp_path / "spool", fake)
-    try:
-        _wait(lambda: pub.spool.pending_records == 0)
-        stats = pub.stats()
-    finally:
-        pub.close(timeout=0)
+    stats = _drain(tmp_path / "spool", fake)
     assert stats["rejected_records"] == 0 and stats["resplit_records"] == 1 and stats["refused"] == 0
     assert stats["acked"] == len(events)
     parts = fake.acked[:-1]
@@ -169,14 +170,9 @@ def test_a_spooled_record_over_the_limit_that_does_not_decode_is_rejected(tmp_pa
                              [("ct-schema", b"gpu_health"), ("ct-version", b"1"), ("ct-count", b"3")], 0))
     spool.close()
     fake = FakeProducer()
-    pub = _open(tmp_path / "spool", fake)
-    try:
-        _wait(lambda: pub.spool.pending_records == 0)
-        stats = pub.stats()
-    finally:
-        pub.close(timeout=0)
+    stats = _drain(tmp_path / "spool", fake)
     assert stats["rejected_records"] == 1 and stats["resplit_records"] == 0 and fake.acked == []
-    assert pub.failed["gpu_health"] == 3
+    assert stats["failed"]["gpu_health"] == 3
 
 
 def test_an_event_too_big_for_any_record_is_refused_and_counted_the_rest_sent(tmp_path: Path) -> None:
