@@ -19,6 +19,8 @@ import os
 import stat
 from pathlib import Path
 
+from clocktower.runtime.private_file import write_synced
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 _NEW = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -106,10 +108,7 @@ class SpoolDir:
         self.unlink(tmp)                        # a stale one from a crash, or a planted link: the name only
         fd = self.create(tmp)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            write_synced(fd, data)
         except BaseException:
             os.close(fd)
             self.unlink(tmp)

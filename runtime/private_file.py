@@ -27,6 +27,14 @@ def private_dir(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
+def write_synced(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (os.write may write less than asked), then fsync it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
 def create_private_file(path: Path, data: bytes) -> bool:
     """Write ``data`` to a new 0600 file; False (and nothing written) when ``path`` already exists."""
     try:
@@ -35,10 +43,7 @@ def create_private_file(path: Path, data: bytes) -> bool:
         return False
     try:
         os.fchmod(fd, 0o600)  # whatever the umask
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        write_synced(fd, data)
     except BaseException:
         os.close(fd)
         path.unlink(missing_ok=True)

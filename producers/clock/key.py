@@ -15,6 +15,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from clocktower.runtime.private_file import create_private_file
+
 MIN_KEY_BYTES = 32
 ENV_VAR = "CLOCKTOWER_CLOCK_KEY_FILE"
 
@@ -56,15 +58,9 @@ def generate_key_file(path: str | os.PathLike[str]) -> Path:
     """Write a new random key to `path` (0600, never overwriting anything); returns the path."""
     target = Path(path)
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        raise ClockKeyError(f"{target} already exists: not overwritten (remove it first to make a new key)") from None
+        created = create_private_file(target, (secrets.token_hex(MIN_KEY_BYTES) + "\n").encode())
     except OSError as exc:
         raise ClockKeyError(f"cannot create clock key file {target}: {exc.strerror}") from None
-    try:
-        os.fchmod(fd, 0o600)                         # whatever the umask
-        os.write(fd, (secrets.token_hex(MIN_KEY_BYTES) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if not created:
+        raise ClockKeyError(f"{target} already exists: not overwritten (remove it first to make a new key)")
     return target
