@@ -5,20 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from clocktower.streams.inputs import INPUT_TOPICS
-from clocktower.topic_admin import topic_offsets
+from clocktower.topic_admin import READERS, consumer_lag
 
-STREAM_INPUTS = frozenset(INPUT_TOPICS)
+SINK, STREAMS = "clocktower-sink", "clocktower-streams"
 
 
 def lag(bootstrap: str, with_streams: bool = True) -> int:
     """Records not yet committed by the sink (all topics) and, if running, the streams (their inputs)."""
-    total = 0
-    for row in topic_offsets(bootstrap):
-        total += row["end"] - row["clocktower-sink"]
-        if with_streams and row["topic"] in STREAM_INPUTS:
-            total += row["end"] - row["clocktower-streams"]
-    return total
+    readers = {g: READERS[g] for g in ((SINK, STREAMS) if with_streams else (SINK,))}
+    return sum(row["lag"] for row in consumer_lag(bootstrap, readers))
 
 
 def wait_drained(bootstrap: str, timeout: float, on_poll: Callable[[int], None] = lambda n: None,

@@ -37,32 +37,6 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
     return created
 
 
-def topic_offsets(bootstrap: str, groups: tuple[str, ...] = ("clocktower-sink", "clocktower-streams"),
-                  timeout: float = 10.0, security: KafkaSecurity | None = None) -> list[dict]:
-    """Per topic: partitions, end offset sum, and each group's committed offset sum (lag source)."""
-    out = []
-    login = (security or KafkaSecurity()).librdkafka()
-    consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False, **login})
-                 for g in groups}
-    try:
-        meta = next(iter(consumers.values())).list_topics(timeout=timeout)
-        for spec in TOPICS:
-            tmeta = meta.topics.get(spec.name)
-            if tmeta is None or tmeta.error is not None:
-                continue
-            tps = [TopicPartition(spec.name, p) for p in sorted(tmeta.partitions)]
-            c0 = next(iter(consumers.values()))
-            end = sum(c0.get_watermark_offsets(tp, timeout=timeout)[1] for tp in tps)
-            row = {"topic": spec.name, "partitions": len(tps), "end": end}
-            for g, c in consumers.items():
-                row[g] = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=timeout))
-            out.append(row)
-    finally:
-        for c in consumers.values():
-            c.close()
-    return out
-
-
 # Who reads what: the sink stores every topic; the streams read the telemetry they analyse (streams/inputs.py).
 READERS: dict[str, tuple[str, ...]] = {
     "clocktower-sink": tuple(t.name for t in TOPICS),

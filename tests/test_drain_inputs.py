@@ -10,9 +10,14 @@ from clocktower.streams.inputs import INPUT_TOPICS
 
 def test_drain_waits_for_the_streams_on_every_input_topic_including_clock_probes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = [{"topic": "telemetry.clock", "partition": 0, "end": 10, "clocktower-sink": 10, "clocktower-streams": 4},
-            {"topic": "analytics.flows", "partition": 0, "end": 5, "clocktower-sink": 5, "clocktower-streams": 0}]
-    monkeypatch.setattr(drain, "topic_offsets", lambda bootstrap: rows)
+    lags = {("clocktower-sink", "telemetry.clock"): 0, ("clocktower-streams", "telemetry.clock"): 6,
+            ("clocktower-sink", "analytics.flows"): 0, ("clocktower-streams", "analytics.flows"): 5}
+
+    def consumer_lag(bootstrap: str, readers: dict[str, tuple[str, ...]]) -> list[dict]:
+        return [{"group": g, "topic": t, "partition": 0, "lag": n} for (g, t), n in lags.items()
+                if t in readers.get(g, ())]
+
+    monkeypatch.setattr(drain, "consumer_lag", consumer_lag)
     assert drain.lag("unused:1") == 6            # the streams' 6 unread probes; analytics.* is not theirs
     assert drain.lag("unused:1", with_streams=False) == 0
 

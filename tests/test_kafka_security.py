@@ -104,7 +104,7 @@ def test_every_client_takes_the_login(monkeypatch) -> None:
     for call in (lambda: KafkaPublisher("h:1", security=sec),
                  lambda: kafka_sink.KafkaClickHouseSink("h:1", None, security=sec),
                  lambda: topic_admin.ensure_topics("h:1", security=sec),
-                 lambda: topic_admin.topic_offsets("h:1", security=sec)):
+                 lambda: topic_admin.consumer_lag("h:1", security=sec)):
         with pytest.raises(RuntimeError, match="stop"):
             call()
     assert len(seen) == 4 and all(c["security.protocol"] == "sasl_plaintext" and c["sasl.username"] == "u"
