@@ -5,9 +5,22 @@ DESIGN.md describes), but they install as `clocktower.schemas`, `clocktower.prod
 distribution adds exactly one top-level name to an environment (`schemas` alone is taken on PyPI).
 Everything else about the distribution is in pyproject.toml.
 """
+import ast
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
-SUBPACKAGES = ("schemas", "runtime", "producers", "streams", "sinks", "control", "actuators")
+
+def _subpackages() -> tuple[str, ...]:
+    """clocktower/__init__.py's SUBPACKAGES, the one list of these folders (read, not imported: no finder here)."""
+    tree = ast.parse((Path(__file__).resolve().parent / "clocktower" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SUBPACKAGES":
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("clocktower/__init__.py has no SUBPACKAGES")
+
+
+SUBPACKAGES = _subpackages()
 
 package_dir = {"clocktower": "clocktower"}
 packages = ["clocktower", *(p for p in find_packages(include=["clocktower.*"]))]

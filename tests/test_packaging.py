@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from clocktower import SUBPACKAGES
+
 REPO = Path(__file__).resolve().parents[1]
-TOP_LEVEL_FOLDERS = ("schemas", "runtime", "producers", "streams", "sinks", "control", "actuators")
+TOP_LEVEL_FOLDERS = SUBPACKAGES            # the one list (clocktower/__init__.py), which setup.py reads too
 
 
 def _source_tree(dest: Path) -> Path:
@@ -67,6 +69,11 @@ def _site_packages() -> str:
     """Where the venv's dependencies are (pydantic, orjson): without the editable install's finder (-S)."""
     import pydantic
     return str(Path(pydantic.__file__).resolve().parents[1])
+
+
+def test_every_package_folder_of_the_checkout_is_installed() -> None:
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"clocktower", "tests"}
+    assert folders == set(SUBPACKAGES), "a package folder missing from clocktower.SUBPACKAGES is not installed"
 
 
 def test_the_distribution_name_is_not_the_pypi_clocktower_and_the_readme_installs_it() -> None:
