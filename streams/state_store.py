@@ -1,0 +1,112 @@
+"""A processor's state: entries by key, each with an event-time expiry, over a mapping of bytes.
+
+In the Faust app the mapping is a table on the rocksdict store with a changelog topic, so a worker that
+restarts or takes over a partition gets the state back; in tests and the in-memory pipeline it is a dict.
+Entries are decoded on first use in a batch and written back once, at `flush`, at the end of the batch
+(the app flushes inside the batch's event context, so each write goes to that partition's changelog).
+
+Every entry carries its expiry and its partition, so `expire` can drop the entries of the partition being
+processed whose event time has passed (the table may be written only from its own partition's events), and
+`reload` can rebuild the expiry index from the table alone after a rebalance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import MutableMapping
+from typing import Any, Protocol
+
+_HEADER = struct.Struct(">qH")   # expires_ns, partition
+
+
+class StateCodec(Protocol):
+    def encode_state(self, value: Any) -> bytes: ...
+    def decode_state(self, data: bytes) -> Any: ...
+
+
+class StateStore:
+    def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | None = None) -> None:
+        self.codec = codec
+        self.backing: MutableMapping[bytes, bytes] = {} if backing is None else backing
+        self.partition = 0                       # the partition whose batch is being processed
+        self._cache: dict[str, tuple[int, Any]] = {}
+        self._dirty: set[str] = set()
+        self._deleted: set[str] = set()
+        self._expiry: dict[int, list[tuple[int, str]]] = {}
+        self.expired = 0
+
+    def get(self, key: str) -> Any | None:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit[1]
+        if key in self._deleted:
+            return None
+        raw = self.backing.get(key.encode())
+        if raw is None:
+            return None
+        expires, _ = _HEADER.unpack_from(raw)
+        value = self.codec.decode_state(raw[_HEADER.size:])
+        self._cache[key] = (expires, value)
+        return value
+
+    def put(self, key: str, value: Any, expires_ns: int) -> None:
+        """Keep `value` (written at the next flush) until event time passes `expires_ns`."""
+        self._cache[key] = (expires_ns, value)
+        self._dirty.add(key)
+        self._deleted.discard(key)
+        heapq.heappush(self._expiry.setdefault(self.partition, []), (expires_ns, key))
+
+    def delete(self, key: str) -> None:
+        self._cache.pop(key, None)
+        self._dirty.discard(key)
+        self._deleted.add(key)
+
+    def flush(self) -> None:
+        """Write the batch's changes to the backing mapping and forget the decoded entries."""
+        for key in self._deleted:
+            self.backing.pop(key.encode(), None)
+        for key in self._dirty:
+            expires, value = self._cache[key]
+            self.backing[key.encode()] = _HEADER.pack(expires, self.partition) + self.codec.encode_state(value)
+        self._cache.clear()
+        self._dirty.clear()
+        self._deleted.clear()
+
+    def expire(self, now_ns: int) -> list[tuple[str, Any]]:
+        """Remove and return this partition's entries that expire at or before `now_ns`."""
+        heap = self._expiry.get(self.partition)
+        out: list[tuple[str, Any]] = []
+        while heap and heap[0][0] <= now_ns:
+            expires, key = heapq.heappop(heap)
+            current = self._expires_of(key)
+            if current is None or current != expires:
+                continue   # deleted, or rewritten with a later expiry (its own index entry remains)
+            out.append((key, self.get(key)))
+            self.delete(key)
+        self.expired += len(out)
+        return out
+
+    def _expires_of(self, key: str) -> int | None:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit[0]
+        if key in self._deleted:
+            return None
+        raw = self.backing.get(key.encode())
+        return None if raw is None else _HEADER.unpack_from(raw)[0]
+
+    def reload(self) -> None:
+        """Rebuild the expiry index from the backing mapping (after recovery or a rebalance)."""
+        self._cache.clear()
+        self._dirty.clear()
+        self._deleted.clear()
+        self._expiry = {}
+        for k, raw in self.backing.items():
+            expires, partition = _HEADER.unpack_from(raw)
+            self._expiry.setdefault(partition, []).append((expires, k.decode()))
+        for heap in self._expiry.values():
+            heapq.heapify(heap)
+
+    def __len__(self) -> int:
+        return len(self.backing)
