@@ -24,7 +24,8 @@ from clocktower.producers.pytorch.event_buffer import EventBuffer
 from clocktower.producers.pytorch.flight_recorder import FlightRecorderReader, buffer_size_from_env, entry_bytes, map_op
 from clocktower.producers.pytorch.iterations import IterationClock
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
-from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
+from clocktower.streams.joins.iteration_breakdown import IterationBreakdownJoin
+from clocktower.streams.processor_runner import ProcessorRunner
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install torch==2.13.0; "
@@ -257,9 +258,8 @@ def test_ddp_gloo_two_ranks_publish_to_kafka(tmp_path: Path, monkeypatch: pytest
 
     # the stream's breakdown: one per iteration, the last included, each all-reduce counted once
     for order in (iterations + collectives, collectives + iterations):
-        agg = IterationBreakdownAggregator()
-        out = [b for e in order for b in (agg.add_iteration(e) if isinstance(e, IterationEvent)
-                                          else agg.add_collective(e))]
+        runner = ProcessorRunner(IterationBreakdownJoin())
+        out = [b for i in range(0, len(order), 16) for b in runner.run(0, order[i:i + 16])]   # codec between
         for rank in (0, 1):
             mine = sorted((b for b in out if b.rank == rank), key=lambda b: b.iteration)
             assert [b.iteration for b in mine] == list(range(ITERATIONS)), f"rank {rank}"
