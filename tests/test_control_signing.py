@@ -17,9 +17,10 @@ from clocktower.control.signing import verify
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from clocktower.streams.gpu_fault_detector import GpuFaultDetector
-from clocktower.streams.link_flap_detector import LinkFlapDetector
+from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.processors import Processors
+from clocktower.streams.state_store import StateStore
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
@@ -71,9 +72,12 @@ def test_edge_signing_gives_the_commands_of_before_the_move() -> None:
 
 def test_detectors_hold_no_key_and_return_intents_the_issuer_signs_alike() -> None:
     links, gpus = LinkFlapDetector(), GpuFaultDetector()
+    stores = {links: StateStore(links), gpus: StateStore(gpus)}
     intents: list = []
     for e in _events():
-        intents += links.on_link_state(e) if isinstance(e, LinkState) else gpus.on_gpu_health(e)
+        det = links if isinstance(e, LinkState) else gpus
+        intents += det.process(stores[det], e)
+        stores[det].flush()
     assert [i.action for i in intents if isinstance(i, CommandIntent)] == ["failover", "restore", "drain", "spare"]
     assert not any(isinstance(e, ControlCommand) for e in intents)
     signed = [c for c in CommandIssuer(KEY).signed(intents) if isinstance(c, ControlCommand)]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 
 import orjson
 import pytest
 
 from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, DecodeError, dead_letter, decode_batch
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.gpu_fault_detector import GpuFaultDetector
+from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.state_store import StateStore
 from tests.event_samples import SAMPLES
 
 GPU = "telemetry.gpu"
@@ -74,29 +76,41 @@ def test_fields_that_do_not_apply_keep_their_default() -> None:
     assert (sock.events[0].packets, sock.events[0].interface, tc.events[0].retransmits) == (0, "", 0)
 
 
+def _detector() -> Callable[[GpuHealth], list]:
+    """The GPU detector fed one reading per batch, returning its unsigned outputs."""
+    det = GpuFaultDetector()
+    store = StateStore(det)
+
+    def feed(e: GpuHealth) -> list:
+        out = det.process(store, e)
+        store.flush()
+        return out
+    return feed
+
+
 def test_gpu_detector_reads_null_as_unknown() -> None:
     """Null ECC and throttle readings open nothing and close nothing; a lost GPU (all null) still drains."""
-    det = GpuFaultDetector()
+    det = _detector()
     hot = GpuHealth(**{**SAMPLES["gpu_health"], "throttle_reasons": 0x40, "temperature_c": None})
-    [opened] = det.on_gpu_health(hot)
+    [opened] = det(hot)
     assert (opened.kind, opened.state, opened.detail) == ("gpu_thermal", "open",
                                                          "throttle reasons 0x40, temperature unknown")
     unread = GpuHealth(**{**SAMPLES["gpu_health"], "ts_ns": hot.ts_ns + 1, "throttle_reasons": None,
                           "ecc_uncorrected": None})
-    assert det.on_gpu_health(unread) == []      # throttling not known to have cleared: still open
-    lost = det.on_gpu_health(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
+    assert det(unread) == []      # throttling not known to have cleared: still open
+    lost = det(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
     kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "action", ""))) for e in lost)
     assert kinds == [("CommandIntent", "drain"), ("CommandIntent", "spare"), ("Incident", "gpu_xid")]
 
 
 def test_a_null_first_ecc_reading_is_no_baseline() -> None:
     """The first known ECC count is the baseline (no incident); only a rise from a known count opens one."""
-    det = GpuFaultDetector()
+    det = _detector()
     base = SAMPLES["gpu_health"]
 
     def read(dt: int, ecc: int | None) -> list:
-        return det.on_gpu_health(GpuHealth(**{**base, "ts_ns": base["ts_ns"] + dt, "ecc_uncorrected": ecc,
-                                              "throttle_reasons": 0, "xid": 0, "lost": False}))
+        return det(GpuHealth(**{**base, "ts_ns": base["ts_ns"] + dt, "ecc_uncorrected": ecc,
+                                "throttle_reasons": 0, "xid": 0, "lost": False}))
 
     assert read(0, None) == []
     assert read(1, 7) == []                   # first known count: errors since driver load, not new ones

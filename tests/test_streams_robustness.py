@@ -13,11 +13,15 @@ from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from clocktower.streams.gpu_fault_detector import GpuFaultDetector
-from clocktower.streams.link_flap_detector import LinkFlapDetector
+from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.gpu_fault_detector import GpuFaultDetector as OldGpuFaultDetector  # Processors' own, for now
+from clocktower.streams.processor import Processor
+from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.state_store import StateStore
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
@@ -33,10 +37,21 @@ def _revalidate(events: list) -> None:
         type(e).model_validate(e.model_dump())
 
 
+class _Fed:
+    """A detector fed one event at a time (a batch each), returning its unsigned outputs."""
+
+    def __init__(self, proc: Processor) -> None:
+        self.proc, self.store = proc, StateStore(proc)
+
+    def __call__(self, e: GpuHealth | LinkState) -> list:
+        out = self.proc.process(self.store, e)
+        self.store.flush()
+        return out
+
+
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
-    d = GpuFaultDetector()
-    out = CommandIssuer(KEY).signed(
-        d.on_gpu_health(GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})))
+    runner = ProcessorRunner(GpuFaultDetector(), issuer=CommandIssuer(KEY))
+    out = runner.run(0, [GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})])
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
     cmds = [e for e in out if isinstance(e, ControlCommand)]
@@ -46,13 +61,13 @@ def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
 
 
 def test_link_flaps_on_256_char_names_open_and_resolve() -> None:
-    d = LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S)
+    d = _Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S))
     intents = []
     for i, up in enumerate([True, False, True, False, True]):
-        intents += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
-                                             carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
-    intents += d.on_link_state(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
-                                         carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
+        intents += d(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
+                               carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
+    intents += d(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
+                           carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
     out = CommandIssuer(KEY).signed(intents)
     _revalidate(out)
     states = [(type(e).__name__, getattr(e, "state", getattr(e, "action", ""))) for e in out]
@@ -87,18 +102,18 @@ class _Clock:
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(budget=budget)
+    d = _Fed(GpuFaultDetector(budget=budget))
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
         clock.now_ns += 150 * S
-        out = d.on_gpu_health(_xid79(f"node-{i}", T0 + i * 150 * S))
+        out = d(_xid79(f"node-{i}", T0 + i * 150 * S))
         actions.append([e.action for e in out if isinstance(e, CommandIntent)])
         assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
     assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
     assert budget.withheld == 2 and "needs human approval" in out[0].detail
     # An hour (of the worker's clock) after the first, the budget has room again.
     clock.now_ns += 3600 * S - 3 * 150 * S
-    out = d.on_gpu_health(_xid79("node-9", T0 + 3600 * S))
+    out = d(_xid79("node-9", T0 + 3600 * S))
     assert [e.action for e in out if isinstance(e, CommandIntent)] == ["drain", "spare"]
 
 
@@ -127,10 +142,10 @@ def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
 def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=1, window_ns=3600 * S, clock_ns=clock)
-    d = GpuFaultDetector(budget=budget)
-    assert _replaced(d.on_gpu_health(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
+    d = _Fed(GpuFaultDetector(budget=budget))
+    assert _replaced(d(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
     clock.now_ns += 3600 * S   # an hour of real time later, a real fault is replaced
-    assert _replaced(d.on_gpu_health(_xid79("real", T0 + 3600 * S))) == 1
+    assert _replaced(d(_xid79("real", T0 + 3600 * S))) == 1
 
 
 def test_remediation_budget_window_slides_on_processing_time_only() -> None:
@@ -176,7 +191,7 @@ def test_decode_failures_are_counted() -> None:
     assert after == before + 1
 
 
-class _GpuBug(GpuFaultDetector):
+class _GpuBug(OldGpuFaultDetector):
     """A GPU detector with a bug that GPU 1's readings trigger."""
 
     def on_gpu_health(self, ev: GpuHealth) -> list:

@@ -1,0 +1,314 @@
+"""The link-flap and GPU-fault detectors on the processor contract: behaviour, state codec, redelivery."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.streams.detectors.delivery_log import SEEN
+from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.processor import Processor, partition_of
+from clocktower.streams.processor_context import ProcessorContext
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.state_store import StateStore
+from tests.event_samples import GPU_READINGS
+
+T0 = 1_780_000_000 * 10**9
+KEY = b"k" * 32
+S = 10**9
+HOUR = 3600 * S
+
+
+class Fed:
+    """A detector fed one event per batch, so every event's state goes through the codec (flush, decode)."""
+
+    def __init__(self, proc: Processor) -> None:
+        self.proc, self.store = proc, StateStore(proc)
+
+    def __call__(self, e: Event) -> list:
+        out = self.proc.process(self.store, e)
+        self.store.flush()
+        return out
+
+
+def worker(proc: Processor, backing: MutableMapping[bytes, bytes] | None = None) -> ProcessorRunner:
+    """A worker that (re)starts over the table `backing`, as after a restart or a rebalance."""
+    store = StateStore(proc, backing)
+    store.reload()
+    return ProcessorRunner(proc, store, CommandIssuer(KEY))
+
+
+def one_by_one(runner: ProcessorRunner, events: Sequence[Event]) -> list[list[Event]]:
+    return [runner.run(0, [e]) for e in events]
+
+
+def link(ts: int, up: bool, changes: int, iface: str = "eth0", node: str = "node-1") -> LinkState:
+    return LinkState(node=node, ts_ns=ts, interface=iface, kind="ethernet", up=up, carrier_changes=changes,
+                     speed_mbps=0, operstate="up" if up else "down", carrier=up)
+
+
+def gpu(ts: int, node: str = "node-3", index: int = 5, **kw) -> GpuHealth:
+    return GpuHealth(node=node, ts_ns=ts, gpu=index, uuid="GPU-x", **{**GPU_READINGS, **kw})
+
+
+def flap_and_recover(node: str = "node-1") -> list[LinkState]:
+    """Opens at T0+3 s (failover), resolves at T0+9 s (restore)."""
+    return [link(T0, True, 0, node=node), link(T0 + S, False, 1, node=node), link(T0 + 2 * S, True, 2, node=node),
+            link(T0 + 3 * S, False, 3, node=node), link(T0 + 4 * S, True, 4, node=node),
+            link(T0 + 8 * S, True, 4, node=node), link(T0 + 9 * S, True, 4, node=node),
+            link(T0 + 10 * S, True, 4, node=node)]
+
+
+def hot_cool_hot() -> list[GpuHealth]:
+    """Thermal open at 1 s, resolve at 2 s, open again at 3 s; an ECC rise at 1 s; XID 79 at 4 s."""
+    return [gpu(T0), gpu(T0 + S, throttle_reasons=0x40, ecc_uncorrected=1), gpu(T0 + 2 * S, ecc_uncorrected=1),
+            gpu(T0 + 3 * S, throttle_reasons=0x40, ecc_uncorrected=1),
+            gpu(T0 + 4 * S, xid=79, throttle_reasons=0x40, ecc_uncorrected=1)]
+
+
+def test_built_from_the_workers_context() -> None:
+    """The GPU detector shares the worker's one remediation budget; both keep the node key."""
+    budget = RemediationBudget(max_per_window=5)
+    gpus = GpuFaultDetector.from_context(ProcessorContext(remediation_budget=budget))
+    links = LinkFlapDetector.from_context(ProcessorContext())
+    assert gpus.budget is budget and isinstance(links, LinkFlapDetector)
+    assert [(d.name, d.consumes, d.key_by) for d in (links, gpus)] == [
+        ("link_flap", (LinkState,), "node"), ("gpu_fault", (GpuHealth,), "node")]
+    assert (links.state_ttl_ns, gpus.state_ttl_ns) == (24 * HOUR, 24 * HOUR)
+
+
+# --- behaviour (ported from the detectors before the processor contract) ---
+
+def test_link_flap_opens_fails_over_then_restores() -> None:
+    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S))
+    assert det(link(T0, True, 0)) == []
+    assert det(link(T0 + S, False, 1)) == []
+    assert det(link(T0 + 2 * S, True, 2)) == []
+    inc, cmd = det(link(T0 + 3 * S, False, 3))
+    assert isinstance(inc, Incident) and inc.kind == "link_flap" and inc.state == "open"
+    assert inc.detail == "3 carrier changes within 10 s"
+    assert isinstance(cmd, CommandIntent) and cmd.action == "failover" and cmd.node == "node-1"
+    assert cmd.params == {"from": "eth0", "to": "eth1"} and cmd.incident_id == inc.incident_id
+    assert det(link(T0 + 4 * S, True, 4)) == []      # still unstable
+    assert det(link(T0 + 8 * S, True, 4)) == []      # up 4 s: not yet stable
+    inc2, cmd2 = det(link(T0 + 9 * S, True, 4))
+    assert inc2.state == "resolve" and inc2.incident_id == inc.incident_id
+    assert cmd2.action == "restore" and cmd2.target == "eth0" and cmd2.incident_id == inc.incident_id
+
+
+def test_slow_carrier_changes_are_not_a_flap() -> None:
+    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3))
+    det(link(T0, True, 0))
+    for i in range(1, 6):
+        assert det(link(T0 + i * 11 * S, i % 2 == 0, i)) == []
+
+
+def test_counter_jump_between_reports_counts_every_change() -> None:
+    det = Fed(LinkFlapDetector(min_transitions=3))
+    det(link(T0, True, 10))
+    out = det(link(T0 + S, True, 14))   # 4 changes happened between two reports
+    assert out and out[0].kind == "link_flap" and out[0].detail == "4 carrier changes within 10 s"
+
+
+def test_ports_of_one_node_are_separate_entries() -> None:
+    det = Fed(LinkFlapDetector(min_transitions=3))
+    for i in range(4):   # two ports, each changing twice: no port reaches three
+        assert det(link(T0 + i * S, i % 2 == 0, i // 2, iface="eth0" if i < 2 else "ib0")) == []
+    assert sorted(det.store.backing) == [b"node-1|eth0", b"node-1|ib0"]
+
+
+def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:
+    det = Fed(GpuFaultDetector())
+    assert det(gpu(T0, temperature_c=60)) == []
+    out = det(gpu(T0 + S, xid=79))
+    kinds = [(type(e).__name__, getattr(e, "kind", None), getattr(e, "action", None)) for e in out]
+    assert kinds == [("Incident", "gpu_xid", None), ("CommandIntent", None, "drain"),
+                     ("CommandIntent", None, "spare")]
+    assert all(c.incident_id == out[0].incident_id for c in out[1:])
+    assert det(gpu(T0 + 2 * S, lost=True)) == []     # same failure: no second drain
+
+
+def test_gpu_detector_ecc_and_thermal() -> None:
+    det = Fed(GpuFaultDetector())
+    det(gpu(T0))
+    (ecc,) = det(gpu(T0 + S, ecc_uncorrected=1))
+    assert ecc.kind == "gpu_ecc"
+    assert det(gpu(T0 + 2 * S, ecc_uncorrected=1)) == []
+    (hot,) = det(gpu(T0 + 3 * S, ecc_uncorrected=1, throttle_reasons=0x40, temperature_c=93))
+    assert hot.kind == "gpu_thermal" and hot.state == "open"
+    assert det(gpu(T0 + 4 * S, ecc_uncorrected=1, throttle_reasons=0x60)) == []
+    (cool,) = det(gpu(T0 + 5 * S, ecc_uncorrected=1))
+    assert cool.state == "resolve" and cool.incident_id == hot.incident_id
+
+
+def test_an_xid_reading_that_races_a_newer_periodic_one_is_still_applied() -> None:
+    """The XID thread's reading can reach the topic after a newer periodic reading of the same GPU."""
+    det = Fed(GpuFaultDetector())
+    det(gpu(T0))
+    assert det(gpu(T0 + 2 * S)) == []
+    out = det(gpu(T0 + S, xid=79))
+    assert [getattr(e, "action", "") for e in out] == ["", "drain", "spare"]
+
+
+def test_a_reading_later_than_the_remembered_ones_is_not_applied() -> None:
+    det = Fed(GpuFaultDetector())
+    for i in range(1, SEEN + 1):
+        det(gpu(T0 + i * S))
+    assert det(gpu(T0, xid=48)) == []      # older than the SEEN newest readings of its GPU
+    assert det.proc.redelivered == 1
+    assert det(gpu(T0 + S + S // 2, xid=48)) != []   # older than the newest, not than the oldest kept
+
+
+# --- state: codec, keys, expiry ---
+
+def test_one_event_per_batch_gives_what_one_batch_gives() -> None:
+    """Each batch decodes the state the previous one encoded: the codec loses nothing the detectors use."""
+    for make, events in ((LinkFlapDetector, flap_and_recover()), (GpuFaultDetector, hot_cool_hot())):
+        together = worker(make()).run(0, events)
+        apart = [e for out in one_by_one(worker(make()), events) for e in out]
+        assert apart == together and len(together) >= 4
+
+
+def test_state_round_trips_with_an_open_incident_and_its_outputs() -> None:
+    det = LinkFlapDetector()
+    store = StateStore(det)
+    opened = [e for ev in flap_and_recover()[:4] for e in det.process(store, ev)]
+    port = store.get("node-1|eth0")
+    again = det.decode_state(det.encode_state(port))
+    assert again == port and again.incident_id == opened[0].incident_id
+    assert again.log.outputs_of(T0 + 3 * S) == opened
+    g = GpuFaultDetector()
+    gstore = StateStore(g)
+    outs = [g.process(gstore, ev) for ev in hot_cool_hot()]
+    entry = gstore.get("node-3|5")
+    assert g.decode_state(g.encode_state(entry)) == entry and entry.log.outputs_of(T0 + 4 * S) == outs[-1]
+
+
+class Written(dict):
+    """A table that records the keys written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.written.append(key)
+        super().__setitem__(key, value)
+
+
+def test_entries_are_keyed_within_the_events_partition_key() -> None:
+    for det, events in ((LinkFlapDetector(), flap_and_recover("a") + flap_and_recover("b|x")),
+                        (GpuFaultDetector(), [gpu(T0, node="a"), gpu(T0, node="b|x", xid=79)])):
+        table = Written()
+        store = StateStore(det, table)
+        for e in events:
+            det.process(store, e)
+            store.flush()
+            assert table.written and all(k.decode().startswith(det.partition_key(e) + "|") for k in table.written)
+            table.written.clear()
+        assert len(table) == 2
+
+
+def test_a_port_silent_for_the_ttl_expires_and_an_open_incident_is_counted() -> None:
+    det = LinkFlapDetector(ttl_ns=24 * HOUR)
+    w = worker(det)
+    w.run(0, flap_and_recover()[:4])                       # eth0 flapping: incident open
+    w.run(0, [link(T0 + 24 * HOUR, True, 0, iface="ib0")])   # the node reports only ib0 a day later
+    assert (det.expired_open, w.store.expired) == (0, 0)
+    w.run(0, [link(T0 + 24 * HOUR + 3 * S + 1, True, 0, iface="ib0")])
+    assert (det.expired_open, w.store.expired) == (1, 1) and sorted(w.store.backing) == [b"node-1|ib0"]
+
+
+def test_gpu_entries_expire_after_the_ttl() -> None:
+    det = GpuFaultDetector(ttl_ns=HOUR)
+    w = worker(det)
+    w.run(0, [gpu(T0, throttle_reasons=0x40)])
+    w.run(0, [gpu(T0 + HOUR + 1, index=6)])
+    assert det.expired_open == 1 and sorted(w.store.backing) == [b"node-3|6"]
+
+
+def test_two_workers_give_the_answers_of_one() -> None:
+    events = sorted(flap_and_recover("node-a") + flap_and_recover("node-b") + flap_and_recover("node-c"),
+                    key=lambda e: e.ts_ns)
+    one = worker(LinkFlapDetector()).run(0, events)
+    two = []
+    for p in range(2):
+        two += worker(LinkFlapDetector()).run(p, [e for e in events if partition_of(e.node, 2) == p])
+    assert sorted(e.model_dump_json() for e in two) == sorted(e.model_dump_json() for e in one)
+    assert len(one) == 12
+
+
+# --- kill -9 and replay ---
+
+def _kill_and_replay(make, events: Sequence[Event], k: int) -> None:
+    """Apply events one batch each, restart a fresh worker over the table, replay events[k:]: the replay
+    changes no state and emits exactly what those events emitted before (signed alike), nothing new."""
+    table: dict[bytes, bytes] = {}
+    first = one_by_one(worker(make(), table), events)
+    before = dict(table)
+    det = make()
+    again = one_by_one(worker(det, table), events[k:])
+    assert again == first[k:]
+    assert table == before
+    assert det.counters() == {"redelivered": len(events) - k, "expired_open": 0}
+
+
+def test_link_flap_replay_after_a_kill_re_emits_and_changes_nothing() -> None:
+    events = flap_and_recover()
+    for k in range(len(events)):
+        _kill_and_replay(LinkFlapDetector, events, k)
+
+
+def test_gpu_replay_after_a_kill_re_emits_and_changes_nothing() -> None:
+    """Before this, replaying the 2 s reading over state that saw 3 s resolved the incident opened at 3 s."""
+    events = hot_cool_hot()
+    for k in range(len(events)):
+        _kill_and_replay(GpuFaultDetector, events, k)
+
+
+def test_a_replayed_batch_after_a_kill_mid_batch_gives_the_same() -> None:
+    """A worker that died before flushing replays over the state before the batch: the same outputs."""
+    table: dict[bytes, bytes] = {}
+    events = flap_and_recover()
+    w = worker(LinkFlapDetector(), table)
+    w.run(0, events[:2])
+    before = dict(table)
+    out = w.run(0, events[2:])
+    table.clear()
+    table.update(before)     # its changelog writes never made it
+    assert worker(LinkFlapDetector(), table).run(0, events[2:]) == out
+
+
+def test_replay_continues_like_an_uninterrupted_worker() -> None:
+    events = flap_and_recover() + [link(T0 + 11 * S, False, 5), link(T0 + 12 * S, True, 6),
+                                   link(T0 + 13 * S, False, 7)]
+    straight = one_by_one(worker(LinkFlapDetector()), events)
+    table: dict[bytes, bytes] = {}
+    one_by_one(worker(LinkFlapDetector(), table), events[:6])
+    resumed = one_by_one(worker(LinkFlapDetector(), table), events[3:])
+    assert resumed == straight[3:] and [type(e).__name__ for e in resumed[-1]] == ["Incident", "ControlCommand"]
+
+
+def test_a_replayed_xid79_re_emits_its_drain_without_asking_the_budget_again() -> None:
+    table: dict[bytes, bytes] = {}
+    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=1)), table),
+                          [gpu(T0, xid=79)])
+    budget = RemediationBudget(max_per_window=1)
+    assert worker(GpuFaultDetector(budget=budget), table).run(0, [gpu(T0, xid=79)]) == first
+    assert [e.action for e in first if isinstance(e, ControlCommand)] == ["drain", "spare"]
+    assert not budget.granted and budget.withheld == 0
+
+
+def test_a_replayed_withheld_replacement_stays_withheld() -> None:
+    table: dict[bytes, bytes] = {}
+    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=0)), table),
+                          [gpu(T0, xid=79)])
+    assert [type(e).__name__ for e in first] == ["Incident"] and "needs human approval" in first[0].detail
+    assert worker(GpuFaultDetector(), table).run(0, [gpu(T0, xid=79)]) == first
