@@ -59,6 +59,39 @@ class ClockEstimate(Event):
     offset_ns: Int64
     drift_ppb: Float64
     error_bound_ns: Int64
+    drift_std_ppb: Float64 = Field(0.0, description="standard deviation of drift_ppb, ppb; 0 for the reference "
+                                                    "(and in rows written before this column existed)")
+    offset_frac_ns: Float64 = Field(0.0, description="offset_ns's rounding remainder (at most 0.5): the offset is "
+                                                     "offset_ns + offset_frac_ns, ns; 0 in rows written before this "
+                                                     "column existed")
+
+
+class ClockEdgeFit(Event):
+    """One probe-graph edge's clock fit: the per-edge level of clock sync, read by the network solve.
+
+    `node` is the edge's lo end and `hi` its other end (lo < hi as strings). Delta(t) = hi's clock - lo's
+    = offset_ns + drift_ppb t + curvature t^2, t in s of lo's clock from `ts_ns` (the fit's origin, on the
+    fitter's probe time), fitted jointly with the one-way delay floor from both directions' pure probe pairs
+    (streams/clocksync/pair_fit.py). Sample times are relative to `ts_ns` in s (negative: before it).
+    """
+
+    SCHEMA = "clock_edge_fit"
+    ORDER_BY = ("node", "hi", "ts_ns")
+
+    hi: Name = Field(description="the edge's other end (its name sorts after `node`)")
+    delay_ns: Float64 = Field(description="one-way delay floor D, ns (the same both ways, by assumption)")
+    offset_ns: Float64 = Field(description="c: hi's clock minus node's at ts_ns, ns")
+    drift_ppb: Float64 = Field(description="b: d(offset)/dt at ts_ns, ns/s = ppb")
+    curvature_ns_per_s2: Float64 = Field(description="a: the quadratic term (half the drift's rate), ns/s^2")
+    cov: list[Float64] = Field(max_length=16, description="covariance of (D, c, b, a), 4x4 row-major, units of "
+                                                          "their products; [] when not valid")
+    sigma_ns: Float64 = Field(description="residual spread of the fit's floor core (timestamp noise), ns")
+    n_fwd: UInt32 = Field(description="core samples node -> hi")
+    n_rev: UInt32 = Field(description="core samples hi -> node")
+    t_first_s: Float64 = Field(description="earliest sample, s relative to ts_ns")
+    t_last_fwd_s: Float64 | None = Field(description="latest sample node -> hi, s relative to ts_ns; null = none")
+    t_last_rev_s: Float64 | None = Field(description="latest sample hi -> node, s relative to ts_ns; null = none")
+    valid: Bool = Field(description="enough core samples in both directions over a long enough span to use")
 
 
 class IterationBreakdown(Event):

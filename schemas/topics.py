@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clocktower.schemas.analytics import ClockEstimate, FlowLatency, Incident, IterationBreakdown
+from clocktower.schemas.analytics import ClockEdgeFit, ClockEstimate, FlowLatency, Incident, IterationBreakdown
 from clocktower.schemas.control import ControlAck, ControlCommand
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import DeadLetter, InjectedFault
@@ -61,7 +61,7 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("telemetry.flows", FlowSample, "flow_samples", 4, 3 * DAY_MS, "per-segment flow bytes, tx and rx"),
+    TopicSpec("telemetry.flows", FlowSample, "flow_samples", 6, 3 * DAY_MS, "per-segment flow bytes, tx and rx"),
     TopicSpec("telemetry.clock", ClockProbe, "clock_probes", 2, 1 * DAY_MS, "coded clock-probe pairs"),
     TopicSpec("telemetry.collectives", CollectiveEvent, "collectives", 2, 7 * DAY_MS, "NCCL/PyTorch collectives"),
     TopicSpec("telemetry.iterations", IterationEvent, "iterations", 2, 7 * DAY_MS, "training iterations per rank"),
@@ -73,6 +73,8 @@ TOPICS: tuple[TopicSpec, ...] = (
               "TCP connection lifecycle (eBPF)"),
     TopicSpec("analytics.flow_latency", FlowLatency, "flow_latency", 2, 7 * DAY_MS, "one-way latency per segment"),
     TopicSpec("analytics.clock", ClockEstimate, "clock_estimates", 1, 7 * DAY_MS, "clock offset/drift per node"),
+    TopicSpec("analytics.clock_edges", ClockEdgeFit, "clock_edges", 1, 1 * DAY_MS,
+              "per-edge clock fits, input of the network solve (one partition: it must see every edge)"),
     TopicSpec("analytics.iterations", IterationBreakdown, "iteration_breakdown", 1, 30 * DAY_MS,
               "compute vs communication per rank and iteration"),
     TopicSpec("analytics.incidents", Incident, "incidents", 1, 90 * DAY_MS, "detected incidents"),

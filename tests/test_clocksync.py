@@ -217,7 +217,7 @@ def test_forgotten_edges_are_compacted_and_the_rest_stay_right() -> None:
         tr.alive[i] = (0.0, 1.0)
     sync = ClockSynchronizer()
     run(sync, tr, 4.0)
-    assert len(sync._edges) == 15                     # only the 15 edges among nodes 0..5 are left
+    assert sync.fitter.edges_registered == 15         # only the 15 edges among nodes 0..5 are left
     assert sync.nodes == tr.names[:6]
     for i in range(6):
         err, bound = conversion_error(sync, tr, i, 4.05)

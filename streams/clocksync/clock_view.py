@@ -1,0 +1,105 @@
+"""Timestamp conversion from published clock estimates alone (the ClockCorrection of the flow join).
+
+    view = ClockView()
+    view.add_estimates(estimates)          # ClockEstimate events, e.g. read from analytics.clock
+    view.to_reference("node-7", local_ns)  # (reference_ns, error_bound_ns) or None
+
+Every stream worker keeps its own view, fed from the estimates topic, so it needs nothing of the solver.
+
+A solve publishes one estimate per node, all with the same ts_ns (the solve's now, on the reference
+clock). The latest solve is the newest ts_ns seen: a node without an estimate at that ts_ns (it left,
+stepped, or was cut off) converts to None, and so does every node before the first estimate. (While a
+solve's estimates arrive over several calls, the nodes still to come convert to None in between.)
+Estimates against another reference than the latest solve's are dropped: offsets against different
+references do not mix.
+
+Conversion: timestamps from the past are converted with the first estimate made after them (its fit
+window covered them); newer ones with the latest. The bound is the estimate's `error_bound_ns` plus
+`bound_sigmas` drift standard deviations and a drift-wander allowance (`wander_ppb_per_s`, a random
+walk's quadratic growth) for the time between the estimate and the timestamp. The reference converts
+to itself with bound 0. Each node keeps its last `history` estimates.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+
+from clocktower.schemas.analytics import ClockEstimate
+
+NS = 1_000_000_000
+
+
+class ClockView:
+    def __init__(self, history: int = 32, bound_sigmas: float = 5.0, wander_ppb_per_s: float = 5.0) -> None:
+        self.history = history
+        self.bound_sigmas = bound_sigmas
+        self.wander_ppb_per_s = wander_ppb_per_s
+        self._hist: dict[str, list[ClockEstimate]] = {}    # by node, ts_ns ascending
+        self._ts: dict[str, list[int]] = {}
+        self._latest_ns: int | None = None
+        self._reference: str | None = None
+
+    @property
+    def reference(self) -> str | None:
+        return self._reference
+
+    @property
+    def latest_ns(self) -> int | None:
+        """ts_ns of the latest solve seen."""
+        return self._latest_ns
+
+    def clear(self) -> None:
+        """Forget every estimate (a solve found no reference: nothing converts until the next estimates)."""
+        self._hist.clear()
+        self._ts.clear()
+        self._latest_ns = self._reference = None
+
+    def add_estimates(self, estimates: Iterable[ClockEstimate]) -> None:
+        for e in estimates:
+            if self._latest_ns is None or (e.ts_ns > self._latest_ns and e.reference != self._reference):
+                self.clear()
+                self._reference = e.reference
+            elif e.reference != self._reference:
+                continue                  # an older solve's, against another reference
+            self._latest_ns = e.ts_ns if self._latest_ns is None else max(self._latest_ns, e.ts_ns)
+            hist = self._hist.setdefault(e.node, [])
+            ts = self._ts.setdefault(e.node, [])
+            k = bisect.bisect_left(ts, e.ts_ns)
+            if k < len(ts) and ts[k] == e.ts_ns:
+                hist[k] = e               # the same solve again: the newer copy wins
+                continue
+            hist.insert(k, e)
+            ts.insert(k, e.ts_ns)
+            if len(ts) > self.history:
+                del hist[0], ts[0]
+
+    def _current(self, node: str) -> list[ClockEstimate] | None:
+        hist = self._hist.get(node)
+        return hist if hist and hist[-1].ts_ns == self._latest_ns else None
+
+    @property
+    def nodes(self) -> list[str]:
+        """Nodes with an estimate in the latest solve (the reference included)."""
+        return sorted(n for n in self._hist if self._current(n))
+
+    def estimate(self, node: str) -> ClockEstimate | None:
+        """The latest estimate of `node`, if it is in the latest solve."""
+        hist = self._current(node)
+        return hist[-1] if hist else None
+
+    def to_reference(self, node: str, local_ns: int) -> tuple[int, int] | None:
+        """`local_ns` on `node`'s clock converted to the reference clock, with an error bound (ns)."""
+        hist = self._current(node)
+        if hist is None:
+            return None
+        if node == self._reference:
+            return int(local_ns), 0
+        approx = local_ns - hist[-1].offset_ns
+        k = bisect.bisect_left(self._ts[node], approx)
+        e = hist[min(k, len(hist) - 1)]
+        since = (local_ns - e.ts_ns - e.offset_ns - e.offset_frac_ns) / (1.0 + e.drift_ppb * 1e-9)   # after ts_ns
+        dt = abs(since) / NS
+        bound = e.error_bound_ns + self.bound_sigmas * e.drift_std_ppb * dt + 0.5 * self.wander_ppb_per_s * dt * dt
+        return e.ts_ns + round(since), math.ceil(bound)
