@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import urllib.request
@@ -61,6 +62,7 @@ def _ping(url: str) -> bool:
 
 
 WORKERS = {"sink": "clocktower.sinks.clickhouse", "streams": "clocktower.streams"}   # name -> module it runs
+SERVICES = ("broker", "clickhouse")
 
 
 class Stack:
@@ -121,24 +123,36 @@ class Stack:
             on_step("starting the ClickHouse sink")
             self.start_worker("sink")
         if self.with_streams:
-            on_step("starting the Faust stream processors")
-            self.start_worker("streams")
+            n = s.streams_workers
+            on_step("starting the Faust stream processors" + (f" ({n} workers)" if n > 1 else ""))
+            for i in range(1, n + 1):
+                self.start_worker("streams", i)
 
-    def start_worker(self, name: str) -> None:
-        """Start one worker ("sink" or "streams") of a started stack, e.g. one left out by with_sink=False."""
+    def start_worker(self, name: str, index: int = 1) -> str:
+        """Start one worker ("sink" or "streams") of a started stack, e.g. one left out by with_sink=False;
+        `index` > 1 starts another streams worker, with its own member id. Returns its child name."""
         if name not in WORKERS:
             raise ValueError(f"unknown worker {name!r}: one of {sorted(WORKERS)}")
+        if index != 1 and name != "streams":
+            raise ValueError(f"only the streams run several workers, not the {name}")
+        child = name if index == 1 else f"{name}-{index}"
         if not self.services_up:
             raise UserError(f"cannot start the {name}: the stack's services are not started (call start() first)")
-        running = self.children.get(name)
+        running = self.children.get(child)
         if running is not None and running.alive():
-            raise UserError(f"the {name} is already running (pid {running.pid()})")
+            raise UserError(f"the {child} is already running (pid {running.pid})")
+        env = {}
         if name == "streams":
             (self.data_dir / "streams").mkdir(parents=True, exist_ok=True)
-        self._spawn(name, [sys.executable, "-m", WORKERS[name]])
+            if index > 1:
+                base = self.s.streams_instance_id or f"clocktower-streams-{socket.gethostname()}"
+                env["CLOCKTOWER_STREAMS_INSTANCE_ID"] = f"{base}-{index}"
+        self._spawn(child, [sys.executable, "-m", WORKERS[name]], env=env)
+        return child
 
-    def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM) -> None:
-        child = ChildProcess(name, argv, self.logs / f"{name}.log", self.env, stop_signal)
+    def _spawn(self, name: str, argv: list[str], stop_signal: int = signal.SIGTERM,
+               env: dict[str, str] | None = None) -> None:
+        child = ChildProcess(name, argv, self.logs / f"{name}.log", {**self.env, **(env or {})}, stop_signal)
         self.children[name] = child
         try:
             child.start()
@@ -161,14 +175,13 @@ class Stack:
     def supervise(self) -> list[str]:
         """Restart crashed workers; raise if an embedded service died. Returns what was restarted."""
         restarted = []
-        for name in ("broker", "clickhouse"):
+        for name in SERVICES:
             child = self.children.get(name)
             if child is not None and not child.alive():
                 raise UserError(f"the {name} process exited ({child.exit_code()}): {child.log_tail(1)} "
                                 f"(log: {child.log_path})")
-        for name in WORKERS:
-            child = self.children.get(name)
-            if child is not None and child.restart_if_dead():
+        for name, child in list(self.children.items()):
+            if name not in SERVICES and child.restart_if_dead():
                 restarted.append(name)
         return restarted
 
@@ -181,7 +194,7 @@ class Stack:
         self.services_up = False
         try:
             with ignoring_stop_signals():
-                workers = [self.children[n] for n in ("streams", "sink") if n in self.children]
+                workers = [c for n, c in self.children.items() if n not in SERVICES]
                 stop_all(workers, (deadline - time.monotonic()) * 2 / 3)
                 services = [self.children[n] for n in ("clickhouse", "broker") if n in self.children]
                 stop_all(services, max(5.0, deadline - time.monotonic()))

@@ -10,12 +10,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from clocktower import topic_config
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import TOPICS
-from clocktower.streams.inputs import INPUT_TOPICS
+from clocktower.streams.registry import internal_topics, streams_reads
 
 
 def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None,
                   disable_auto_create: bool = False) -> list[str]:
-    """Create every missing registry topic, raise existing ones' record size limit; returns the names created.
+    """Create every missing registry topic and the streams' internal topics (repartition, changelog), raise
+    existing ones' record size limit and partition count; returns the names created.
 
     `disable_auto_create` (the embedded broker only) turns the broker's topic auto-creation off first."""
     # log_level 4: warnings and errors only (librdkafka's info lines, e.g. BGQUEUE on close, are not for users)
@@ -24,8 +25,10 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
         topic_config.disable_auto_create(admin, timeout)
     existing = set(admin.list_topics(timeout=timeout).topics)
     topic_config.raise_record_limit(admin, [t.name for t in TOPICS if t.name in existing], timeout)
-    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)
-           for t in TOPICS if t.name not in existing]
+    wanted = [(t.name, t.partitions, t.config) for t in TOPICS]
+    wanted += [(t.name, t.partitions, t.config) for t in internal_topics()]
+    topic_config.raise_partitions(admin, {n: p for n, p, _ in wanted if n in existing}, timeout)
+    new = [NewTopic(n, num_partitions=p, replication_factor=1, config=c) for n, p, c in wanted if n not in existing]
     created = []
     for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):
         try:
@@ -37,10 +40,11 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
     return created
 
 
-# Who reads what: the sink stores every topic; the streams read the telemetry they analyse (streams/inputs.py).
+# Who reads what: the sink stores every topic; the streams read what their processors consume and their own
+# repartition topics (streams/registry.py).
 READERS: dict[str, tuple[str, ...]] = {
     "clocktower-sink": tuple(t.name for t in TOPICS),
-    "clocktower-streams": INPUT_TOPICS,
+    "clocktower-streams": streams_reads(),
 }
 
 
@@ -56,17 +60,18 @@ def consumer_lag(bootstrap: str, readers: Mapping[str, Collection[str]] = READER
     try:
         c0 = next(iter(consumers.values()))
         meta = c0.list_topics(timeout=timeout)
-        for spec in TOPICS:
-            tmeta = meta.topics.get(spec.name)
-            groups = [g for g, topics in readers.items() if spec.name in topics]
+        names = dict.fromkeys([t.name for t in TOPICS] + [n for topics in readers.values() for n in topics])
+        for name in names:
+            tmeta = meta.topics.get(name)
+            groups = [g for g, topics in readers.items() if name in topics]
             if tmeta is None or tmeta.error is not None or not groups:
                 continue
-            tps = [TopicPartition(spec.name, p) for p in sorted(tmeta.partitions)]
+            tps = [TopicPartition(name, p) for p in sorted(tmeta.partitions)]
             marks = [c0.get_watermark_offsets(tp, timeout=timeout) for tp in tps]
             for g in groups:
                 committed = [c.offset if c.offset >= 0 else None
                              for c in consumers[g].committed(tps, timeout=timeout)]
-                out.extend({"group": g, "topic": spec.name, "partition": tp.partition, "end": high,
+                out.extend({"group": g, "topic": name, "partition": tp.partition, "end": high,
                             "committed": off, "lag": max(high - (low if off is None else off), 0)}
                            for tp, (low, high), off in zip(tps, marks, committed, strict=True))
     finally:

@@ -3,6 +3,9 @@
 * The record size limit: a topic created before the limit was set (or by someone else) keeps the
   broker's default `max.message.bytes` (1048588 on noida-db and Kafka); it is raised to
   MAX_MESSAGE_BYTES so that every record the publisher makes fits.
+* Partitions: a topic made with fewer partitions than the registry now gives it (telemetry.flows went from
+  4 to 6) is grown to that count, since a stream table must have its input's partition count. Growing moves
+  a node's later records to another partition, so their order with the earlier ones is not kept.
 * Topic auto-creation: a broker that creates any topic a client names turns a typo'd topic into a
   silent sink for records. On the embedded broker, which clocktower owns, `auto.create.topics.enable`
   is turned off (noida-db takes it as a dynamic broker config and keeps it across restarts). An
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 
@@ -58,3 +61,18 @@ def raise_record_limit(admin: AdminClient, topics: list[str], timeout: float) ->
         log.warning("could not raise max.message.bytes of the topics to %d (%s): records over the broker's limit "
                     "will be refused; ask the cluster's operators to raise it", MAX_MESSAGE_BYTES, exc)
         return []
+
+
+def raise_partitions(admin: AdminClient, wanted: dict[str, int], timeout: float) -> list[str]:
+    """Grow each topic of `wanted` (name -> partitions) that has fewer partitions; returns those grown."""
+    if not wanted:
+        return []
+    meta = admin.list_topics(timeout=timeout).topics
+    low = {n: p for n, p in wanted.items() if n in meta and len(meta[n].partitions) < p}
+    if not low:
+        return []
+    for name, fut in admin.create_partitions([NewPartitions(n, p) for n, p in low.items()],
+                                             request_timeout=timeout).items():
+        fut.result(timeout)
+        log.warning("topic %s grown to %d partitions", name, low[name])
+    return list(low)

@@ -1,7 +1,10 @@
-"""The Faust app: thin agents that decode telemetry batches and publish what the processors derive.
+"""The Faust app: thin agents that decode records and publish what the processors derive.
 
-Run it with `python -m clocktower.streams` (clocktower starts it for you). What happens to
-each record, bad ones included, is decided in streams/record_handler.py.
+Run it with `python -m clocktower.streams` (clocktower starts it for you); run more with distinct
+CLOCKTOWER_STREAMS_INSTANCE_ID values to spread the partitions. Which processor runs where is decided in
+streams/topology.py from the registry (streams/registry.py); what happens to each record, bad ones
+included, in streams/record_handler.py. State is in Faust tables on the rocksdict store, each with a
+changelog topic, so a worker that restarts or takes over partitions recovers it.
 """
 
 from __future__ import annotations
@@ -11,51 +14,81 @@ import socket
 
 import faust
 
+from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
+from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
-from clocktower.streams.inputs import INPUT_TOPICS
 from clocktower.streams.kafka_credentials import faust_credentials
-from clocktower.streams.processors import Processors
+from clocktower.streams.processor import Processor
+from clocktower.streams.processor_context import ProcessorContext
 from clocktower.streams.record_handler import RecordHandler, identity_check
+from clocktower.streams.registry import APP_ID, build, input_topics, partitions
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.settings import StreamsSettings
+from clocktower.streams.topology import Topology
 
 log = logging.getLogger(__name__)
 settings = StreamsSettings()
 install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
+instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
+security = KafkaSecurity()
 
 app = faust.App(
-    "clocktower-streams",
+    APP_ID,
     broker=f"kafka://{settings.bootstrap}",
-    broker_credentials=faust_credentials(KafkaSecurity()),   # CLOCKTOWER_KAFKA_* SASL/mTLS
-    store="memory://",
-    datadir=str(settings.data_dir / "streams"),
+    broker_credentials=faust_credentials(security),   # CLOCKTOWER_KAFKA_* SASL/mTLS
+    store="rocksdb://",              # rocksdict (the python-rocksdb binding is not installed)
+    datadir=str(settings.data_dir / "streams" / instance_id),   # one per worker: a store is one process's
+    table_standby_replicas=0,
     web_enabled=False,
     web_bind="127.0.0.1",
     topic_disable_leader=True,
-    topic_allow_declare=False,
+    topic_allow_declare=False,       # the topic setup creates every topic, internal ones included
     consumer_auto_offset_reset="earliest",
     broker_session_timeout=10.0,
     # Static membership: a worker restarted after a crash takes its partitions back at once
     # (noida-db never completes the rebalance that would otherwise wait for the dead member).
-    consumer_group_instance_id=settings.streams_instance_id or f"clocktower-streams-{socket.gethostname()}",
+    consumer_group_instance_id=instance_id,
     producer_acks=-1,
     stream_wait_empty=False,
     producer_compression_type="lz4",
     producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
 )
-processors = Processors(settings.control_key_bytes(), clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
-                        clock_update_ns=round(settings.clock_update_ms * 1e6),
-                        remediation_budget=RemediationBudget(settings.remediation_max_per_hour))
-handler = RecordHandler(processors, identity=identity_check(NodeSigning()),
-                        max_future_skew_ns=settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
+clocks = ClockBroadcast(settings.bootstrap, security.librdkafka())
+budget = RemediationBudget(settings.remediation_max_per_hour)
+processors = build(ProcessorContext(clocks=clocks, clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
+                                    clock_update_ns=round(settings.clock_update_ms * 1e6),
+                                    segment_ttl_ns=round(settings.streams_segment_ttl_s * 1e9),
+                                    remediation_budget=budget))
+tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes)
+          for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
-_INPUTS = INPUT_TOPICS
-_topics = {name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-           for name in _INPUTS}
-_outputs = {}
+
+def _table(p: Processor) -> faust.Table:
+    return tables[p.name]
+
+
+topology = Topology(processors, CommandIssuer(settings.control_key_bytes()), budget, _table)
+skew = settings.max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
+handlers = {name: RecordHandler(topology, identity=identity_check(NodeSigning()), max_future_skew_ns=skew)
+            for name in input_topics()}
+handlers.update({name: RecordHandler(topology, max_future_skew_ns=skew, internal=True)
+                 for name in topology.repartition_topics})
+_outputs: dict[str, faust.TopicT] = {}
+_reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered
+
+
+@app.on_partitions_assigned.connect
+async def _assigned(sender: object, *args: object, **kwargs: object) -> None:
+    global _reload
+    _reload = True
+
+
+@app.task
+async def _start_clock_broadcast() -> None:
+    clocks.start()
 
 
 def _out(topic: str) -> faust.TopicT:
@@ -65,21 +98,26 @@ def _out(topic: str) -> faust.TopicT:
 
 
 async def _process(name: str, stream: faust.StreamT) -> None:
+    global _reload
+    handler = handlers[name]
     async for event in stream.events():
-        headers = [(k, v) for k, v in (event.headers or {}).items()]
+        if _reload:
+            topology.reload()
+            _reload = False
+        headers = list((event.headers or {}).items())
         msg = event.message
-        for topic, key, value, hdrs in handler.handle(name, msg.partition, msg.offset, event.key, event.value,
-                                                      headers):
-            await _out(topic).send(key=key, value=value, headers=hdrs)
+        for out in handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers):
+            await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
 
 
 def _agent_for(name: str) -> None:
     async def agent(stream: faust.StreamT) -> None:
         await _process(name, stream)
 
-    agent.__name__ = "agent_" + name.replace(".", "_")
-    app.agent(_topics[name], name=agent.__name__)(agent)
+    agent.__name__ = "agent_" + name.replace(".", "_").replace("-", "_")
+    topic = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    app.agent(topic, name=agent.__name__)(agent)
 
 
-for _name in _INPUTS:
+for _name in handlers:
     _agent_for(_name)

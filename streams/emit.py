@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from itertools import groupby
+from typing import NamedTuple
 
 from clocktower.schemas.batch_split import encode_records
 from clocktower.schemas.codec import Headers
@@ -14,8 +15,21 @@ from clocktower.schemas.topics import topic_for
 log = logging.getLogger(__name__)
 
 
-def records(events: Iterable[Event], max_events: int = 1000) -> Iterator[tuple[str, bytes, bytes, Headers]]:
-    """(topic, key, value, headers) for each record the events make."""
+class Out(NamedTuple):
+    """A record to publish. `partition` None: the producer's partitioner places it by key; a repartitioned
+    record names its partition (the processor's key decides it, while the key stays the producing node)."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+    partition: int | None = None
+
+
+def records(events: Iterable[Event], max_events: int = 1000, topic: str | None = None,
+            partition: int | None = None) -> Iterator[Out]:
+    """A record per node and schema (at most `max_events` events, none over the record limit), to the
+    events' own topic or to `topic`/`partition` (a repartition topic)."""
     keyf = lambda e: (type(e).SCHEMA, e.node)  # noqa: E731
     for _, grp in groupby(sorted(events, key=keyf), key=keyf):
         chunk = list(grp)
@@ -26,4 +40,4 @@ def records(events: Iterable[Event], max_events: int = 1000) -> Iterator[tuple[s
                 log.error("not published: a derived %s event of %s is %d bytes, over the record limit",
                           event.SCHEMA, event.node, size)
             for r in split.records:
-                yield topic_for(type(part[0])).name, r.key, r.value, r.headers
+                yield Out(topic or topic_for(type(part[0])).name, r.key, r.value, r.headers, partition)

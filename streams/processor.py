@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.event import Event
+from clocktower.streams.processor_context import ProcessorContext
 
 Output = Event | CommandIntent
 
@@ -38,10 +39,10 @@ class Processor(ABC):
     durable: ClassVar[bool] = True             # state in a changelogged table; False: rebuilt from input
     state_ttl_ns: ClassVar[int] = 3600 * 10**9  # an entry not written for this much event time expires
 
-    @property
-    def repartitions(self) -> bool:
-        """Whether its input must be regrouped by `partition_key` (the records are keyed by node)."""
-        return self.key_by != "node"
+    @classmethod
+    def from_context(cls, ctx: ProcessorContext) -> Processor:
+        """The processor a worker runs, built from its settings and shared objects."""
+        return cls()
 
     def partition_key(self, event: Event) -> str:
         """The key that decides which partition, hence which worker, an event goes to."""
@@ -58,6 +59,10 @@ class Processor(ABC):
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         """What expired entries produce (by default nothing); a processor counts its expiries here."""
         return []
+
+    def counters(self) -> dict[str, int]:
+        """Its running counts (duplicates dropped, entries expired, ...), exported as metrics."""
+        return {}
 
     def encode_state(self, value: Any) -> bytes:
         raise NotImplementedError(f"{self.name} keeps no table state")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.event import Event
+from clocktower.streams import metrics
 from clocktower.streams.event_clock import PartitionClock
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.processor import Processor
@@ -23,6 +24,7 @@ class ProcessorRunner:
         self.store = store if store is not None else StateStore(processor)
         self.issuer = issuer
         self.clock = PartitionClock()
+        self._expired_seen = 0
 
     def run(self, partition: int, events: Sequence[Event], failures: list[EventFailure] | None = None) -> list[Event]:
         """The signed outputs of a batch from `partition`. With `failures`, an event that raises is recorded
@@ -49,7 +51,16 @@ class ProcessorRunner:
                 failures.append(EventFailure(None, exc))
         finally:
             store.flush()
+            self._export()
         return self._signed(out)
+
+    def _export(self) -> None:
+        name = self.processor.name
+        if self.store.expired > self._expired_seen:
+            metrics.STATE_EXPIRED.labels(name).inc(self.store.expired - self._expired_seen)
+            self._expired_seen = self.store.expired
+        for count, value in self.processor.counters().items():
+            metrics.PROCESSOR_COUNTS.labels(name, count).set(value)
 
     def _signed(self, out: list) -> list[Event]:
         if self.issuer is not None:

@@ -1,92 +1,81 @@
-"""The stream processors' pure state, wired together: input batch in, derived events out.
+"""Every registered processor in one process and one partition: the in-memory pipeline.
 
-The Faust app (streams/app.py) only decodes records and forwards them here,
-which keeps this testable without a broker.
+What one worker owning every partition computes, without a broker: the tests and benchmarks run it, and the
+record handler routes decoded batches to it. Derived events that other processors consume (per-edge clock
+fits, then clock estimates) are fed on at once, where the Faust app sends them through their topics; the
+solve of a clock update runs as soon as its fits are in, since here they all come in one batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.event import Event
-from clocktower.schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
-from clocktower.streams.clocksync import ClockSynchronizer
-from clocktower.streams.clocksync.probe_time import ProbeTime
+from clocktower.streams.clocksync.clock_view import ClockView
+from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
-from clocktower.streams.flow_latency_join import FlowLatencyJoin
-from clocktower.streams.gpu_fault_detector import GpuFaultDetector
-from clocktower.streams.iteration_breakdown import IterationBreakdownAggregator
-from clocktower.streams.link_flap_detector import LinkFlapDetector
+from clocktower.streams.joins.clock_solve import ClockSolve
+from clocktower.streams.processor import Processor
+from clocktower.streams.processor_context import ProcessorContext
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.registry import build
 from clocktower.streams.remediation_budget import RemediationBudget
 
 
 class Processors:
-    """Every processor's state. Clock estimates are made on probe time (see clocksync/probe_time.py), every
-    `clock_update_ns` of it, so a worker catching up on a backlog estimates as often as a live one.
-    Detectors hold no key: they return command intents, and the one issuer here signs them on the way out."""
-
     def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
-                 clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None) -> None:
-        self._issuer = CommandIssuer(control_key)
-        self.clocks = ClockSynchronizer(pure_tolerance_ns=clock_pure_tolerance_ns)
-        self.clock_update_ns = clock_update_ns
-        self._probe_time = ProbeTime()
-        self._next_clock_update_ns = 0
-        self.flows = FlowLatencyJoin(clocks=self.clocks)
-        self.iterations = IterationBreakdownAggregator()
-        self.links = LinkFlapDetector()
-        self.gpus = GpuFaultDetector(budget=remediation_budget)
+                 clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None,
+                 segment_ttl_ns: int = 10 * 10**9) -> None:
+        self.clock_view = ClockView()
+        self.budget = remediation_budget or RemediationBudget()
+        ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
+                               clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
+                               remediation_budget=self.budget)
+        issuer = CommandIssuer(control_key)
+        self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
 
-    def on_batch(self, events: list[Event], failures: list[EventFailure] | None = None) -> list[Event]:
-        """The events derived from a batch. With `failures` given, an event that raises is appended there and
-        the others' outputs are still returned (their state changes are kept, so their outputs must be
-        published too); without it, the first error propagates. The caller logs: a batch of bad events logs once."""
+    def processor(self, name: str) -> Processor:
+        return self.runners[name].processor
+
+    def replace(self, processor: Processor) -> None:
+        """Run `processor` in place of the registered one of its name (tests inject faulty ones)."""
+        old = self.runners[processor.name]
+        self.runners[processor.name] = ProcessorRunner(processor, issuer=old.issuer)
+
+    def on_batch(self, events: Sequence[Event], failures: list[EventFailure] | None = None) -> list[Event]:
+        """The events derived from a batch (see ProcessorRunner.run for `failures`)."""
         out: list[Event] = []
-        saw_probes = False
-        for i, e in enumerate(events):
-            try:
-                derived, probe = self._on_event(e)
-            except Exception as exc:  # noqa: BLE001 - reported to the caller, which dead-letters the record
-                if failures is None:
-                    raise
-                failures.append(EventFailure(i, exc))
-                continue
+        batch, own = list(events), failures
+        while batch:
+            derived: list[Event] = []
+            for runner in self.runners.values():
+                if any(isinstance(e, runner.processor.consumes) for e in batch):
+                    derived += runner.run(0, batch, own)
+                if isinstance(runner.processor, ClockSolve):
+                    derived += runner.processor.solve_now()
+            self.clock_view.add_estimates([e for e in derived if isinstance(e, ClockEstimate)])
             out += derived
-            saw_probes = saw_probes or probe
-        try:
-            out += self._clock_update(saw_probes)
-        except Exception as exc:  # noqa: BLE001 - as above
-            if failures is None:
-                raise
-            failures.append(EventFailure(None, exc))
+            batch = [e for e in derived if any(isinstance(e, r.processor.consumes) for r in self.runners.values())]
+            own = None if failures is None else _Relabelled(failures)
         return out
 
-    def _on_event(self, e: Event) -> tuple[list[Event], bool]:
-        """One event's derived events, and whether it was a clock probe."""
-        if isinstance(e, ClockProbe):
-            self.clocks.add_probe(e)
-            self._probe_time.observe(e.receiver, e.rx_ns)
-            return [], True
-        if isinstance(e, FlowSample):
-            r = self.flows.add(e)
-            return ([r] if r is not None else []), False
-        if isinstance(e, CollectiveEvent):
-            return self.iterations.add_collective(e), False
-        if isinstance(e, IterationEvent):
-            return self.iterations.add_iteration(e), False
-        if isinstance(e, LinkState):
-            return self._issuer.signed(self.links.on_link_state(e)), False
-        if isinstance(e, GpuHealth):
-            return self._issuer.signed(self.gpus.on_gpu_health(e)), False
-        return [], False
-
-    def _clock_update(self, saw_probes: bool) -> list[Event]:
-        now = self._probe_time.advance() if saw_probes else self.probe_time_ns
-        if now < self._next_clock_update_ns:
-            return []
-        # once per grid step of probe time crossed
-        self._next_clock_update_ns = (now // self.clock_update_ns + 1) * self.clock_update_ns
-        return self.clocks.update(now)
+    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+        """The record handler's router: a decoded batch in, the records to publish out."""
+        return list(records(self.on_batch(events, failures)))
 
     @property
     def probe_time_ns(self) -> int:
-        return self._probe_time.now_ns
+        return self.runners["clock_edges"].processor.probe_time.now_ns   # type: ignore[attr-defined]
+
+
+class _Relabelled(list):
+    """Failures of derived events are not events of the input batch: they are recorded without an index."""
+
+    def __init__(self, target: list[EventFailure]) -> None:
+        super().__init__()
+        self.target = target
+
+    def append(self, f: EventFailure) -> None:   # type: ignore[override]
+        self.target.append(EventFailure(None, f.error))

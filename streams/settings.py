@@ -24,3 +24,6 @@ class StreamsSettings(RuntimeSettings):
         default=250, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
         "next fetch to that broker (the embedded broker answers empty fetches at once, so an idle worker would spin); "
         "the most an idle worker adds to a record's latency. 0 disables it.")
+    streams_segment_ttl_s: float = Field(
+        default=10.0, gt=0, description="event time a half-joined flow segment waits for its other half before it "
+        "expires (counted in clocktower_streams_state_expired_total)")

@@ -34,6 +34,7 @@ class StateStore:
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._expiry: dict[int, list[tuple[int, str]]] = {}
+        self._indexed: dict[str, int] = {}       # key -> the earliest expiry it has in the index
         self.expired = 0
 
     def get(self, key: str) -> Any | None:
@@ -55,7 +56,14 @@ class StateStore:
         self._cache[key] = (expires_ns, value)
         self._dirty.add(key)
         self._deleted.discard(key)
-        heapq.heappush(self._expiry.setdefault(self.partition, []), (expires_ns, key))
+        self._index(key, expires_ns, self.partition)
+
+    def _index(self, key: str, expires_ns: int, partition: int) -> None:
+        """One index entry per key: a later expiry is found when the earlier one comes due (see expire)."""
+        indexed = self._indexed.get(key)
+        if indexed is None or expires_ns < indexed:
+            self._indexed[key] = expires_ns
+            heapq.heappush(self._expiry.setdefault(partition, []), (expires_ns, key))
 
     def delete(self, key: str) -> None:
         self._cache.pop(key, None)
@@ -79,9 +87,14 @@ class StateStore:
         out: list[tuple[str, Any]] = []
         while heap and heap[0][0] <= now_ns:
             expires, key = heapq.heappop(heap)
+            if self._indexed.get(key) == expires:
+                del self._indexed[key]
             current = self._expires_of(key)
-            if current is None or current != expires:
-                continue   # deleted, or rewritten with a later expiry (its own index entry remains)
+            if current is None:
+                continue   # deleted
+            if current > now_ns:
+                self._index(key, current, self.partition)   # rewritten with a later expiry since
+                continue
             out.append((key, self.get(key)))
             self.delete(key)
         self.expired += len(out)
@@ -102,9 +115,12 @@ class StateStore:
         self._dirty.clear()
         self._deleted.clear()
         self._expiry = {}
+        self._indexed = {}
         for k, raw in self.backing.items():
             expires, partition = _HEADER.unpack_from(raw)
-            self._expiry.setdefault(partition, []).append((expires, k.decode()))
+            key = k.decode()
+            self._indexed[key] = expires
+            self._expiry.setdefault(partition, []).append((expires, key))
         for heap in self._expiry.values():
             heapq.heapify(heap)
 

@@ -22,9 +22,9 @@ class Pipeline:
     client: Client
 
 
-def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True) -> Pipeline:
+def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True, **settings: object) -> Pipeline:
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
-                        kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5)
+                        kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5, **settings)
     stack = Stack(settings, with_streams=with_streams, with_sink=with_sink)
     stack.start()
     client = http_client(settings.clickhouse, *settings.clickhouse_login())

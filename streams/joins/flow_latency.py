@@ -19,6 +19,7 @@ from clocktower.schemas.analytics import FlowLatency
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import FlowSample
 from clocktower.streams.processor import Output, Processor
+from clocktower.streams.processor_context import ProcessorContext
 
 DEFAULT_SEGMENT_TTL_NS = 10 * 10**9
 
@@ -46,6 +47,10 @@ class FlowLatencyJoin(Processor):
         self.ttl_ns = ttl_ns
         self.duplicates = 0        # a half seen again while its segment waits: the first one is kept
         self.expired_halves = 0    # halves whose other end never came within the TTL
+
+    @classmethod
+    def from_context(cls, ctx: ProcessorContext) -> FlowLatencyJoin:
+        return cls(ctx.clocks, ctx.segment_ttl_ns)
 
     @property
     def state_ttl_ns(self) -> int:   # type: ignore[override]
@@ -77,6 +82,9 @@ class FlowLatencyJoin(Processor):
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         self.expired_halves += sum(1 for _, seg in expired if seg is not None and len(seg) == 1)
         return []
+
+    def counters(self) -> dict[str, int]:
+        return {"duplicate_halves": self.duplicates, "expired_halves": self.expired_halves}
 
     def encode_state(self, value: Segment) -> bytes:
         return orjson.dumps({d: s.model_dump() for d, s in value.items()})

@@ -1,0 +1,79 @@
+"""Where each processor runs in the Faust app: on its input topic, or behind its repartition topic.
+
+A node-keyed processor runs on its input records' partition. Any other reads its input through its
+repartition topic: the record of an input topic is split by the processor's partition key, each part
+goes to the partition `partition_of(key)` names, and the processor runs on the records of that topic.
+Then every event one piece of state needs is on one partition, owned by one worker, whose table
+(and its changelog partition) holds that state.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, MutableMapping, Sequence
+
+from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.event import Event
+from clocktower.schemas.topics import BY_MODEL
+from clocktower.streams.emit import Out, records
+from clocktower.streams.event_failure import EventFailure
+from clocktower.streams.processor import Processor, partition_of
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.registry import partitions, repartition_topic, repartitions
+from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.state_store import StateStore
+
+Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
+
+
+class Topology:
+    def __init__(self, processors: Sequence[Processor], issuer: CommandIssuer, budget: RemediationBudget,
+                 backing: Backing) -> None:
+        self.budget = budget
+        self.runners: list[ProcessorRunner] = []
+        self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
+        self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
+        self._behind: dict[str, ProcessorRunner] = {}                          # repartition topic -> runner
+        for p in processors:
+            store = StateStore(p, backing(p) if p.durable else None)
+            runner = ProcessorRunner(p, store, issuer)
+            self.runners.append(runner)
+            cls = type(p)
+            for model in cls.consumes:
+                (self._regroup if repartitions(cls) else self._direct)[BY_MODEL[model].name].append(runner)
+            if repartitions(cls):
+                self._behind[repartition_topic(cls)] = runner
+
+    @property
+    def repartition_topics(self) -> list[str]:
+        return list(self._behind)
+
+    def reload(self) -> None:
+        """After a rebalance: rebuild each store's expiry index from its recovered table."""
+        for r in self.runners:
+            if r.processor.durable:
+                r.store.reload()
+
+    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+        runner = self._behind.get(topic)
+        if runner is not None:
+            return list(records(runner.run(partition, events, failures)))
+        out: list[Out] = []
+        for runner in self._direct.get(topic, ()):
+            out += records(runner.run(partition, events, failures))
+        for runner in self._regroup.get(topic, ()):
+            out += self._regrouped(runner.processor, events, failures)
+        return out
+
+    @staticmethod
+    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+        n = partitions(type(p))
+        parts: dict[int, list[Event]] = defaultdict(list)
+        for i, e in enumerate(events):
+            if isinstance(e, p.consumes):
+                try:
+                    parts[partition_of(p.partition_key(e), n)].append(e)
+                except Exception as exc:  # noqa: BLE001 - the record is dead-lettered, the others go on
+                    failures.append(EventFailure(i, exc))
+        topic = repartition_topic(type(p))
+        return [o for part, evs in sorted(parts.items()) for o in records(evs, topic=topic, partition=part)]

@@ -1,0 +1,132 @@
+"""N stream workers give the answers of one, and a worker killed with kill -9 loses nothing.
+
+One simulated run (fixed seed, faults on) is published in real time through the real broker, streams
+and sink into the real ClickHouse engine: once through 1 worker, once through 3 (`python -m
+clocktower.streams` processes with distinct static member ids), and once through 3 of which one is
+killed with SIGKILL mid-run and restarted 5 s later. telemetry.flows has 6 partitions, so each of the 3
+workers owns some of every processor's partitions. The fleet's replacement budget is per worker (see
+streams/remediation_budget.py), so it is raised here to keep it out of the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from clocktower.drain import wait_drained
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.schemas.topics import BY_NAME
+from clocktower.streams.registry import APP_ID
+from tests.conftest import Pipeline, start_pipeline
+
+pytestmark = pytest.mark.e2e
+
+SIM = SimConfig(nodes=6, duration_s=12, seed=11)
+S = 1_000_000_000
+
+
+def test_flows_are_spread_over_six_partitions() -> None:
+    assert BY_NAME["telemetry.flows"].partitions >= 6
+
+
+def _members(bootstrap: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    group = admin.describe_consumer_groups([APP_ID])[APP_ID].result(10)
+    return len(group.members) if str(group.state).endswith("STABLE") else 0
+
+
+def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[dict[str, list], FleetSimulator]:
+    p: Pipeline = start_pipeline(data_dir, with_streams=False, remediation_max_per_hour=1000)
+    try:
+        children = [p.stack.start_worker("streams", i) for i in range(1, workers + 1)]
+        deadline = time.monotonic() + 90
+        while _members(p.settings.bootstrap) != workers:
+            assert time.monotonic() < deadline, f"{workers} stream workers never formed a stable group"
+            time.sleep(0.5)
+        sim = FleetSimulator(SIM)
+        killed: dict[str, float] = {}
+
+        def on_tick(s: FleetSimulator) -> None:
+            elapsed = (s.now_ns - sim.start_ns) / S
+            if kill_at_s is not None and not killed and elapsed >= kill_at_s:
+                victim = p.stack.children[children[-1]]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.proc.wait()
+                killed["at"] = time.monotonic()
+            if "at" in killed and "restarted" not in killed and time.monotonic() - killed["at"] >= 5:
+                assert p.stack.supervise() == [children[-1]]
+                killed["restarted"] = time.monotonic()
+
+        publisher = KafkaPublisher(p.settings.bootstrap)
+        run_simulation(sim, publisher, SIM.duration_s, realtime=True, on_tick=on_tick)
+        publisher.close()
+        if kill_at_s is not None:
+            assert "restarted" in killed, "the run ended before the killed worker was restarted"
+        assert wait_drained(p.settings.bootstrap, 180, check=p.stack.supervise), "the pipeline never drained"
+        return _results(p), sim
+    finally:
+        p.stack.stop()
+
+
+def _results(p: Pipeline) -> dict[str, list]:
+    q = lambda sql: [tuple(r) for r in p.client.query(sql).result_rows]  # noqa: E731
+    return {
+        "flow_samples": q("SELECT count() FROM flow_samples FINAL"),
+        "flow_latency": q("SELECT src_ip, dst_ip, src_port, dst_port, proto, seq, node, src_node, bytes, tx_ns, rx_ns,"
+                          " latency_ns FROM flow_latency FINAL ORDER BY ALL"),
+        "corrected": q("SELECT src_ip, dst_ip, src_port, dst_port, proto, seq, corrected_latency_ns, error_bound_ns"
+                       " FROM flow_latency FINAL WHERE clock_corrected ORDER BY ALL"),
+        "iteration_breakdown": q("SELECT * FROM iteration_breakdown FINAL ORDER BY ALL"),
+        "clock_estimates": q("SELECT node, ts_ns, offset_ns, error_bound_ns FROM clock_estimates FINAL ORDER BY ALL"),
+        "incidents": q("SELECT * FROM incidents FINAL ORDER BY ALL"),
+        "control_commands": q("SELECT * FROM control_commands FINAL ORDER BY ALL"),
+    }
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list], FleetSimulator]:
+    return _run(tmp_path_factory.mktemp("one") / "ct", 1)
+
+
+def _same_answers(one: dict[str, list], many: dict[str, list]) -> None:
+    for table in ("flow_latency", "iteration_breakdown", "incidents", "control_commands"):
+        assert many[table] == one[table], f"{table} differs: {len(many[table])} rows vs {len(one[table])}"
+    # corrected latencies: each run within its stated bound, so two runs within the sum of the bounds
+    a = {r[:6]: r[6:] for r in one["corrected"]}
+    shared = [(a[r[:6]], r[6:]) for r in many["corrected"] if r[:6] in a]
+    assert len(shared) > 0.8 * len(one["flow_latency"])
+    for (lat1, b1), (lat2, b2) in shared:
+        assert abs(lat1 - lat2) <= b1 + b2 + 2
+
+
+def _clocks_within_bounds(results: dict[str, list], sim: FleetSimulator) -> None:
+    """Every estimate within its stated error bound of the simulator's true offset, for every node."""
+    rows = results["clock_estimates"]
+    assert {r[0] for r in rows} == set(sim.clocks), "every node gets estimates"
+    ref = sim.clocks[min(sim.clocks)]
+    for node, ts_ns, offset_ns, bound_ns in rows:
+        t = ref.to_true(ts_ns)
+        truth = sim.clocks[node].offset_ns(t) - ref.offset_ns(t)
+        assert abs(offset_ns - truth) <= bound_ns + 1, (node, ts_ns, offset_ns, truth, bound_ns)
+
+
+def test_three_workers_give_the_answers_of_one(one_worker, tmp_path: Path) -> None:
+    one, sim = one_worker
+    assert one["flow_latency"] and one["iteration_breakdown"] and one["incidents"] and one["control_commands"]
+    _clocks_within_bounds(one, sim)
+    many, sim3 = _run(tmp_path / "ct", 3)
+    _same_answers(one, many)
+    _clocks_within_bounds(many, sim3)
+
+
+def test_a_worker_killed_mid_run_loses_no_join(one_worker, tmp_path: Path) -> None:
+    one, _ = one_worker
+    killed, _ = _run(tmp_path / "ct", 3, kill_at_s=3.0)
+    assert len(killed["flow_latency"]) * 2 == killed["flow_samples"][0][0]
+    _same_answers(one, killed)
