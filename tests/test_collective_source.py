@@ -93,3 +93,15 @@ def test_old_tables_get_the_new_columns_and_dashboards_count_each_allreduce_once
         for row in result.result_rows:
             per_job[row[job]] = per_job.get(row[job], 0.0) + row[col] * 10       # the 10 s $__interval_s
         assert per_job == {"old": BUCKET, "new": 3 * BUCKET}, title
+
+
+T0_FR = 1_780_000_000 * 10**9
+
+
+def test_old_flight_recorder_records_decode_with_their_source() -> None:
+    old = {"node": "n", "ts_ns": T0_FR, "job": "j", "rank": 0, "op": "allreduce", "seq": 1, "bytes": 8,
+           "start_ns": T0_FR, "end_ns": T0_FR}
+    assert CollectiveEvent(**old, communicator="fr:default").source == "flight_recorder"
+    assert CollectiveEvent(**old, communicator="default").source == "hook"
+    it = IterationEvent(node="n", ts_ns=T0_FR, job="j", rank=0, iteration=0, start_ns=T0_FR, end_ns=T0_FR)
+    assert it.collectives is None

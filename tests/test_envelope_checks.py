@@ -187,5 +187,5 @@ def test_streams_outputs_are_cut_to_the_record_limit() -> None:
     incidents = [Incident(node="n", ts_ns=NOW + i, incident_id=f"i{i}", kind=kind, state="open", severity="info",
                           target="t", opened_ns=NOW, detail="d" * 60_000) for i in range(40)]   # 2.3 MiB
     out = list(records(incidents))
-    assert len(out) >= 3 and all(len(v) <= MAX_RECORD_BYTES for _, _, v, _ in out)
-    assert [e for t, k, v, h in out for e in _decode(k, v, h, topic=t).events] == incidents
+    assert len(out) >= 3 and all(len(v) <= MAX_RECORD_BYTES for _, _, v, _, _ in out)
+    assert [e for t, k, v, h, _ in out for e in _decode(k, v, h, topic=t).events] == incidents

@@ -29,11 +29,11 @@ def _handler() -> RecordHandler:
 
 
 def _actions(out: list) -> list[str]:
-    return [e.action for t, k, v, h in out if t == "control.commands" for e in decode_batch(t, k, v, h).events]
+    return [e.action for t, k, v, h, _ in out if t == "control.commands" for e in decode_batch(t, k, v, h).events]
 
 
 def _reason(out: list) -> str:
-    [(topic, k, v, h)] = out
+    [(topic, k, v, h, _)] = out
     assert topic == "deadletter"
     dl = decode_batch(topic, k, v, h).events[0]
     assert dl.detector == "streams"

@@ -15,7 +15,6 @@ from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
-from clocktower.streams.gpu_fault_detector import GpuFaultDetector as OldGpuFaultDetector  # Processors' own, for now
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.processors import Processors
@@ -124,7 +123,7 @@ def _replaced(out: list) -> int:
 
 def _published(out: list) -> list:
     """The events in a handler's output records, decoded as a consumer would."""
-    return [e for t, k, v, h in out for e in decode_batch(t, k, v, h).events]
+    return [e for t, k, v, h, _ in out for e in decode_batch(t, k, v, h).events]
 
 
 def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
@@ -191,18 +190,18 @@ def test_decode_failures_are_counted() -> None:
     assert after == before + 1
 
 
-class _GpuBug(OldGpuFaultDetector):
+class _GpuBug(GpuFaultDetector):
     """A GPU detector with a bug that GPU 1's readings trigger."""
 
-    def on_gpu_health(self, ev: GpuHealth) -> list:
+    def process(self, state, ev) -> list:  # noqa: ANN001
         if ev.gpu == 1:
             raise ValueError("detector bug on gpu 1 " + "y" * 100_000)
-        return super().on_gpu_health(ev)
+        return super().process(state, ev)
 
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(budget=processors.gpus.budget)
+    processors.replace(_GpuBug(budget=processors.budget))
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
@@ -232,7 +231,7 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
 
 def test_without_a_failures_list_the_first_error_propagates() -> None:
     processors = Processors(KEY)
-    processors.gpus = _GpuBug(budget=processors.gpus.budget)
+    processors.replace(_GpuBug(budget=processors.budget))
     try:
         processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1", **GPU_READINGS)])
     except ValueError as exc:

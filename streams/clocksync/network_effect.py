@@ -15,7 +15,7 @@ stated variances allow (reduced chi-square > 1), the per-node covariance is infl
 
 Only nodes in the reference's connected component get a value; a node that joins shows up once one of
 its edges is valid, one that leaves drops out once its edges do (the caller decides edge validity).
-Dense numpy: fine for a few thousand nodes.
+Sparse iterative solves, one dense factorization per quantity for the variances (laplacian.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from clocktower.streams.clocksync import laplacian
 
 HUBER_K = 3.0
 
@@ -54,25 +56,18 @@ def component(n_nodes: int, lo: np.ndarray, hi: np.ndarray, root: int) -> np.nda
         seen[hi[grow]] = True
 
 
-def _wls(n: int, lo: np.ndarray, hi: np.ndarray, m: np.ndarray, var: np.ndarray,
-         iterations: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-    """Solve on local indices 0..n-1 with node 0 the reference. Returns x, std, chi2, Huber weights."""
+def _wls(n: int, lo: np.ndarray, hi: np.ndarray, m: np.ndarray, var: np.ndarray, iterations: int,
+         x0: np.ndarray | None, with_std: bool) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """Solve on local indices 0..n-1 with node 0 the reference. Returns x, std (zeros unless `with_std`),
+    chi2, Huber weights. `x0`: a starting guess (the previous solution), NaN where none."""
     h = np.ones(m.size)
-    x = np.zeros(n)
-    cov = np.zeros((n - 1, n - 1))
+    x = x0
+    w = h / var
     chi2 = 0.0
     for _ in range(iterations):
         w = h / var
-        lap = np.zeros((n, n))
-        np.add.at(lap, (lo, lo), w)
-        np.add.at(lap, (hi, hi), w)
-        np.add.at(lap, (lo, hi), -w)
-        np.add.at(lap, (hi, lo), -w)
-        rhs = np.zeros(n)
-        np.add.at(rhs, hi, w * m)
-        np.add.at(rhs, lo, -w * m)
-        cov = np.linalg.inv(lap[1:, 1:])
-        x = np.r_[0.0, cov @ rhs[1:]]
+        rhs = np.bincount(hi, w * m, n) - np.bincount(lo, w * m, n)
+        x = laplacian.solve(n, lo, hi, w, rhs, x)
         r = x[hi] - x[lo] - m
         z = np.abs(r) / np.sqrt(var)
         chi2 = float(np.sum(h * z * z) / max(m.size - (n - 1), 1))
@@ -81,13 +76,21 @@ def _wls(n: int, lo: np.ndarray, hi: np.ndarray, m: np.ndarray, var: np.ndarray,
         if np.allclose(new_h, h):
             break
         h = new_h
-    std = np.r_[0.0, np.sqrt(np.clip(np.diag(cov), 0.0, None) * max(chi2, 1.0))]
+    assert x is not None
+    std = np.zeros(n)
+    if with_std:
+        std[1:] = np.sqrt(np.clip(laplacian.inverse_diagonal(n, lo, hi, w), 0.0, None) * max(chi2, 1.0))
     return x, std, chi2, h
 
 
 def solve_network(n_nodes: int, lo: np.ndarray, hi: np.ndarray, offset: np.ndarray, offset_var: np.ndarray,
-                  drift: np.ndarray, drift_var: np.ndarray, reference: int, iterations: int = 4) -> NetworkSolution:
-    """Per-node offsets (ns) and drifts (ppb) against `reference` from per-edge measurements of hi - lo."""
+                  drift: np.ndarray, drift_var: np.ndarray, reference: int, iterations: int = 4, *,
+                  guess: tuple[np.ndarray, np.ndarray] | None = None, with_std: bool = True) -> NetworkSolution:
+    """Per-node offsets (ns) and drifts (ppb) against `reference` from per-edge measurements of hi - lo.
+
+    `guess`: (offset, drift) by node index to start the iterative solves from (any values give the same
+    result, close ones fewer iterations). Without `with_std` the standard deviations are 0 (they cost a
+    dense factorization; a pass that only refines the evaluation times does not need them)."""
     lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
     reach = component(n_nodes, lo, hi, reference) if lo.size else np.eye(1, n_nodes, reference, dtype=bool)[0]
     nodes = np.r_[reference, np.flatnonzero(reach & (np.arange(n_nodes) != reference))]
@@ -99,7 +102,8 @@ def solve_network(n_nodes: int, lo: np.ndarray, hi: np.ndarray, offset: np.ndarr
     local[nodes] = np.arange(n)
     use = reach[lo] & reach[hi]
     a, b = local[lo[use]], local[hi[use]]
-    x, xs, chi2, h = _wls(n, a, b, offset[use], offset_var[use], iterations)
-    dr, ds, _, _ = _wls(n, a, b, drift[use], drift_var[use], iterations)
+    x0, d0 = (None, None) if guess is None else (np.asarray(guess[0])[nodes], np.asarray(guess[1])[nodes])
+    x, xs, chi2, h = _wls(n, a, b, offset[use], offset_var[use], iterations, x0, with_std)
+    dr, ds, _, _ = _wls(n, a, b, drift[use], drift_var[use], iterations, d0, with_std)
     return NetworkSolution(nodes=nodes, offset=x, offset_std=xs, drift=dr, drift_std=ds, chi2=chi2,
                            edges=int(use.sum()), downweighted=int(np.sum(h < 0.5)))

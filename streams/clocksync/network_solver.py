@@ -99,13 +99,13 @@ class NetworkSolver:
         sel = np.flatnonzero(usable)
         lo, hi = tab.lo[sel], tab.hi[sel]
         sol = None
-        for _ in range(2):
+        for final in (False, True):
             t_eval = -age[sel] + self._x[lo] / NS       # lo-local time when the reference reads now, s of the fit
             m, var = fits.offset(sel, t_eval)
             drift, drift_var = fits.drift(sel, t_eval)
             drift = drift * (1.0 + self._dr[lo] * 1e-9)   # per reference second, not per lo-local second
             sol = solve_network(n_nodes, lo, hi, m, np.maximum(var, 1e-2), drift, np.maximum(drift_var, 1e-4),
-                                tab.node(ref))
+                                tab.node(ref), guess=(self._x, self._dr), with_std=final)
             self._x = np.zeros(n_nodes)
             self._dr = np.zeros(n_nodes)
             self._x[sol.nodes], self._dr[sol.nodes] = sol.offset, sol.drift
