@@ -31,7 +31,7 @@ class StateStore:
         self.backing: MutableMapping[bytes, bytes] = {} if backing is None else backing
         self.partition = 0                       # the partition whose batch is being processed
         self._cache: dict[str, tuple[int, Any]] = {}
-        self._dirty: set[str] = set()
+        self._dirty: dict[str, int] = {}          # key -> the partition it was written from
         self._deleted: set[str] = set()
         self._expiry: dict[int, list[tuple[int, str]]] = {}
         self._indexed: dict[str, int] = {}       # key -> the earliest expiry it has in the index
@@ -54,7 +54,7 @@ class StateStore:
     def put(self, key: str, value: Any, expires_ns: int) -> None:
         """Keep `value` (written at the next flush) until event time passes `expires_ns`."""
         self._cache[key] = (expires_ns, value)
-        self._dirty.add(key)
+        self._dirty[key] = self.partition
         self._deleted.discard(key)
         self._index(key, expires_ns, self.partition)
 
@@ -67,16 +67,16 @@ class StateStore:
 
     def delete(self, key: str) -> None:
         self._cache.pop(key, None)
-        self._dirty.discard(key)
+        self._dirty.pop(key, None)
         self._deleted.add(key)
 
     def flush(self) -> None:
         """Write the batch's changes to the backing mapping and forget the decoded entries."""
         for key in self._deleted:
             self.backing.pop(key.encode(), None)
-        for key in self._dirty:
+        for key, partition in self._dirty.items():
             expires, value = self._cache[key]
-            self.backing[key.encode()] = _HEADER.pack(expires, self.partition) + self.codec.encode_state(value)
+            self.backing[key.encode()] = _HEADER.pack(expires, partition) + self.codec.encode_state(value)
         self._cache.clear()
         self._dirty.clear()
         self._deleted.clear()

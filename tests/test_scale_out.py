@@ -65,7 +65,7 @@ def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[
 
         publisher = KafkaPublisher(p.settings.bootstrap)
         run_simulation(sim, publisher, SIM.duration_s, realtime=True, on_tick=on_tick)
-        publisher.close()
+        assert publisher.flush() == 0
         if kill_at_s is not None:
             assert "restarted" in killed, "the run ended before the killed worker was restarted"
         assert wait_drained(p.settings.bootstrap, 180, check=p.stack.supervise), "the pipeline never drained"

@@ -1,0 +1,91 @@
+"""StateStore: what a processor's table holds after any sequence of writes, deletes, expiries and reloads."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clocktower.streams.state_store import StateStore
+
+
+class _Codec:
+    def encode_state(self, value: int) -> bytes:
+        return str(value).encode()
+
+    def decode_state(self, data: bytes) -> int:
+        return int(data)
+
+
+KEYS = st.sampled_from(["a", "b", "c", "d", "e"])
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), KEYS, st.integers(0, 100)),
+    st.tuples(st.just("delete"), KEYS, st.just(0)),
+    st.tuples(st.just("expire"), st.just(""), st.integers(0, 100)),
+    st.tuples(st.just("reload"), st.just(""), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_table_matches_a_model_after_any_sequence(ops: list[tuple[str, str, int]]) -> None:
+    backing: dict[bytes, bytes] = {}
+    store = StateStore(_Codec(), backing)
+    model: dict[str, tuple[int, int]] = {}   # key -> (value, expires)
+    expired_total = 0
+    for n, (op, key, t) in enumerate(ops):
+        if op == "put":
+            store.put(key, n, t)
+            model[key] = (n, t)
+        elif op == "delete":
+            store.delete(key)
+            model.pop(key, None)
+        elif op == "expire":
+            gone = store.expire(t)
+            due = {k: v for k, (v, e) in model.items() if e <= t}
+            assert dict(gone) == due
+            expired_total += len(due)
+            for k in due:
+                del model[k]
+        else:
+            store.flush()
+            store.reload()
+        store.flush()   # the end of a batch
+        assert {k.decode(): int(v[10:]) for k, v in backing.items()} == {k: v for k, (v, _) in model.items()}
+        assert sum(len(h) for h in store._expiry.values()) <= len(set(k for _, k, _ in ops[:n + 1]) | {""})
+    assert store.expired == expired_total
+
+
+def test_rewriting_a_key_keeps_one_index_entry_and_its_latest_expiry() -> None:
+    store = StateStore(_Codec())
+    for t in range(10_000):
+        store.put("k", t, t + 100)
+        store.flush()
+        assert store.expire(t) == []
+    assert sum(len(h) for h in store._expiry.values()) == 1
+    assert store.expire(10_099) == [("k", 9_999)]
+
+
+def test_expiry_touches_only_the_partition_being_processed() -> None:
+    """A table may be written only from its own partition's events: entries of others wait for theirs."""
+    store = StateStore(_Codec())
+    store.partition = 1
+    store.put("p1", 1, 10)
+    store.partition = 2
+    store.put("p2", 2, 10)
+    store.flush()
+    assert store.expire(50) == [("p2", 2)]
+    store.partition = 1
+    assert store.expire(50) == [("p1", 1)]
+
+
+def test_an_entry_keeps_the_partition_it_was_written_from_across_a_reload() -> None:
+    backing: dict[bytes, bytes] = {}
+    store = StateStore(_Codec(), backing)
+    store.partition = 1
+    store.put("p1", 1, 10)
+    store.partition = 2
+    store.flush()
+    store.reload()
+    assert store.expire(50) == []
+    store.partition = 1
+    assert store.expire(50) == [("p1", 1)]
