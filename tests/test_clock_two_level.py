@@ -57,7 +57,7 @@ def test_three_fitters_and_one_solver_match_the_single_synchronizer() -> None:
     tr = Trace(nodes=10, seed=29)
     single = ClockSynchronizer()
     fitters = [EdgeFitter() for _ in range(FITTERS)]
-    solver = NetworkSolver()
+    solver, one_by_one = NetworkSolver(), NetworkSolver()
     per_fitter = [0] * FITTERS
     for k in range(16):
         c = tr.probes(k / 4, (k + 1) / 4)
@@ -71,7 +71,13 @@ def test_three_fitters_and_one_solver_match_the_single_synchronizer() -> None:
             per_fitter[w] = max(per_fitter[w], len(out))
             fits += out
         assert solver.add_fits(_wire(fits, ClockEdgeFit))        # a newer round: a solve is due
+        for e in reversed(fits):                                  # one at a time, as a stream delivers them
+            one_by_one.add_fits([e])
         got = solver.update(now)
+        same = {e.node: e for e in one_by_one.update(now)}
+        assert set(same) == {e.node for e in got} and all(
+            abs(same[e.node].offset_ns + same[e.node].offset_frac_ns - e.offset_ns - e.offset_frac_ns) < 1e-6
+            and same[e.node].error_bound_ns == e.error_bound_ns for e in got)
         if k >= 4:
             _check_against(want, got, tr, (k + 1) * UPDATE + 100_000)
     assert all(n > 0 for n in per_fitter) and sum(per_fitter) == len(tr.edges)   # every fitter held edges

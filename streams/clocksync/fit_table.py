@@ -1,8 +1,8 @@
 """The latest ClockEdgeFit of every edge, as array rows the network solve reads at once (pure logic).
 
-The summaries come as event objects, one per edge and fitter update; keeping them as columns makes the
-solve's per-update work vectorized (converting objects is paid once, in `add`). An older summary of an
-edge never replaces a newer one (fitters publish in order, but a replay may not).
+The summaries come as event objects, one per edge and fitter update, possibly one at a time; `add` only
+queues them, and `flush` (once per solve) turns them into columns, so the solve's work is vectorized. An
+older summary of an edge never replaces a newer one (fitters publish in order, but a replay may not).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class FitTable:
         self.cols = {c: np.empty(0) for c in _F8}
         self.cov = np.empty((0, 4, 4))
         self.valid = np.empty(0, dtype=bool)
+        self._pending: dict[tuple[str, str], ClockEdgeFit] = {}
 
     def __len__(self) -> int:
         return int(self.lo.size)
@@ -49,20 +50,36 @@ class FitTable:
         return self._index.get(name)
 
     def add(self, fits: Iterable[ClockEdgeFit]) -> int:
-        """Keep each fit unless its edge has a newer one; returns the newest origin added (0: none)."""
-        latest: dict[int, ClockEdgeFit] = {}
-        fresh: list[tuple[int, int]] = []
+        """Queue each fit unless its edge has a newer one; returns the newest origin queued (0: none).
+        Cheap per call (a dict entry per fit), so fits may come one at a time; `flush` makes them rows."""
+        newest = 0
+        pending = self._pending
         for f in fits:
             key = (f.node, f.hi)
+            old = pending.get(key)
+            if old is None or old.ts_ns <= f.ts_ns:
+                pending[key] = f
+                newest = max(newest, f.ts_ns)
+        return newest
+
+    def flush(self) -> None:
+        """The queued fits into their rows (new edges get new rows)."""
+        if not self._pending:
+            return
+        fresh: list[tuple[int, int]] = []
+        rows: list[int] = []
+        fs: list[ClockEdgeFit] = []
+        n = len(self._rows)
+        for key, f in self._pending.items():
             r = self._rows.get(key)
             if r is None:
-                r = self._rows[key] = len(self._rows)
+                r = self._rows[key] = n + len(fresh)
                 fresh.append((self.node(f.node), self.node(f.hi)))
-            elif r < self.origin.size and self.origin[r] > f.ts_ns:
-                continue
-            old = latest.get(r)
-            if old is None or old.ts_ns <= f.ts_ns:
-                latest[r] = f
+            elif self.origin[r] > f.ts_ns:
+                continue                 # a replay of an older fit
+            rows.append(r)
+            fs.append(f)
+        self._pending = {}
         if fresh:
             k = len(fresh)
             a, b = np.array(fresh, dtype=np.int64).reshape(-1, 2).T
@@ -71,23 +88,21 @@ class FitTable:
             self.cols = {c: np.r_[v, np.zeros(k)] for c, v in self.cols.items()}
             self.cov = np.concatenate([self.cov, np.full((k, 4, 4), np.inf)])
             self.valid = np.r_[self.valid, np.zeros(k, dtype=bool)]
-        if not latest:
-            return 0
-        rows = np.fromiter(latest, dtype=np.int64, count=len(latest))
-        fs = list(latest.values())
+        if not fs:
+            return
+        idx = np.array(rows, dtype=np.int64)
         vals = np.array([_row(f) for f in fs], dtype=np.float64)
         for j, c in enumerate(_F8):
-            self.cols[c][rows] = vals[:, j]
-        self.origin[rows] = [f.ts_ns for f in fs]
+            self.cols[c][idx] = vals[:, j]
+        self.origin[idx] = [f.ts_ns for f in fs]
         ok = np.array([f.valid and len(f.cov) == 16 for f in fs], dtype=bool)
-        self.valid[rows] = ok
-        self.cov[rows] = np.inf
+        self.valid[idx] = ok
+        self.cov[idx] = np.inf
         if ok.any():
-            self.cov[rows[ok]] = np.array([f.cov for f, o in zip(fs, ok.tolist(), strict=True) if o]).reshape(-1, 4, 4)
-        return int(self.origin[rows].max())
+            self.cov[idx[ok]] = np.array([f.cov for f, o in zip(fs, ok.tolist(), strict=True) if o]).reshape(-1, 4, 4)
 
     def keep(self, rows: np.ndarray) -> None:
-        """Forget every row not in `rows` (bool by row)."""
+        """Forget every row not in `rows` (bool by row; call after `flush`)."""
         if rows.all():
             return
         self.lo, self.hi, self.origin, self.valid, self.cov = (v[rows] for v in (self.lo, self.hi, self.origin,

@@ -78,6 +78,7 @@ class NetworkSolver:
         now_ns = int(now_ns)
         self.last_solve_ns = now_ns
         tab = self.table
+        tab.flush()
         age = (tab.origin - now_ns) / NS                        # origin relative to now, s (<= 0 when older)
         fits = tab.pair_fits()
         last = np.maximum(fits.t_last_fwd, fits.t_last_rev) + age
