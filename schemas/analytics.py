@@ -64,6 +64,9 @@ class ClockEstimate(Event):
     offset_frac_ns: Float64 = Field(0.0, description="offset_ns's rounding remainder (at most 0.5): the offset is "
                                                      "offset_ns + offset_frac_ns, ns; 0 in rows written before this "
                                                      "column existed")
+    solve_nodes: UInt32 = Field(0, description="how many estimates the solve published (all with this ts_ns), so "
+                                               "a reader knows when it has all of them; 0 = unknown (rows written "
+                                               "before this column existed)")
 
 
 class ClockEdgeFit(Event):

@@ -133,25 +133,32 @@ def test_view_fed_only_estimates_converts_like_the_synchronizer() -> None:
 
 
 def test_view_follows_the_latest_solve_and_its_reference() -> None:
-    def est(node: str, ts: int, ref: str = "a", offset: int = 1_000) -> ClockEstimate:
-        return ClockEstimate(node=node, ts_ns=ts, reference=ref, offset_ns=0 if node == ref else offset,
-                             drift_ppb=0.0, error_bound_ns=0 if node == ref else 5, drift_std_ppb=0.0)
+    def solve(ts: int, nodes: str, ref: str = "a", offset: int = 1_000) -> list[ClockEstimate]:
+        return [ClockEstimate(node=n, ts_ns=ts, reference=ref, offset_ns=0 if n == ref else offset, drift_ppb=0.0,
+                              error_bound_ns=0 if n == ref else 5, solve_nodes=len(nodes)) for n in nodes]
 
     view = ClockView()
     assert view.to_reference("b", T0) is None
-    view.add_estimates([est("a", T0), est("b", T0), est("c", T0)])
+    view.add_estimates(solve(T0, "abc"))
     assert view.to_reference("b", T0 + 1_000) == (T0, 5) and view.to_reference("a", T0 + 7) == (T0 + 7, 0)
-    view.add_estimates([est("a", T0 + S), est("b", T0 + S, offset=2_000)])    # c left
-    assert view.to_reference("c", T0) is None and view.nodes == ["a", "b"]
+    nxt = solve(T0 + S, "ab", offset=2_000)                    # c left
+    view.add_estimates(nxt[1:])                                # the solve's records one by one: until all are in,
+    assert view.nodes == ["a", "b", "c"] and view.to_reference("c", T0 + 1_000) == (T0, 5)   # the last one holds
+    assert view.to_reference("b", T0 + S + 2_000)[0] == T0 + S  # b already uses its new estimate
+    view.add_estimates(nxt[:1])
+    assert view.to_reference("c", T0) is None and view.nodes == ["a", "b"] and view.latest_ns == T0 + S
     assert view.to_reference("b", T0 + 1_000)[0] == T0                           # the past: the estimate after it
     assert view.to_reference("b", T0 + S + 2_000)[0] == T0 + S                   # now: the latest
-    view.add_estimates([est("b", T0, offset=1_000)])                            # a replayed old one: no change
-    assert view.nodes == ["a", "b"]
-    view.add_estimates([est("b", T0 + 2 * S, ref="b"), est("c", T0 + 2 * S, ref="b")])   # the reference changed
+    view.add_estimates(solve(T0, "b"))                                           # a replayed old one: no change
+    assert view.nodes == ["a", "b"] and view.latest_ns == T0 + S
+    view.add_estimates(solve(T0 + 2 * S, "bc", ref="b"))                         # the reference changed
     assert view.reference == "b" and view.nodes == ["b", "c"] and view.to_reference("a", T0) is None
     assert view.to_reference("c", T0 + 2 * S + 1_000) == (T0 + 2 * S, 5)
-    view.add_estimates([est("a", T0 + S, ref="a")])                               # an older solve's: ignored
+    view.add_estimates(solve(T0 + S, "a"))                                       # an older solve's: ignored
     assert view.reference == "b" and view.to_reference("a", T0 + S) is None
+    view.add_estimates(solve(T0 + 3 * S, "bcd", ref="b")[:2])                    # d's record lost: the next solve
+    view.add_estimates(solve(T0 + 4 * S, "bc", ref="b")[:1])                     # supersedes it anyway
+    assert view.latest_ns == T0 + 3 * S and view.nodes == ["b", "c"]
 
 
 def test_edge_fits_name_their_ends_in_order_and_survive_the_codec() -> None:
@@ -177,7 +184,7 @@ def test_edge_fits_name_their_ends_in_order_and_survive_the_codec() -> None:
     solver.add_fits([fit])
     assert solver.update(one_way.local(0, 0.5 * S)) == [ClockEstimate(
         node="node-0", ts_ns=one_way.local(0, 0.5 * S), reference="node-0", offset_ns=0, drift_ppb=0.0,
-        error_bound_ns=0)]                                          # present, but nothing usable yet
+        error_bound_ns=0, solve_nodes=1)]                           # present, but nothing usable yet
 
 
 def test_sparse_solves_match_the_dense_inverse() -> None:

@@ -7,11 +7,14 @@
 Every stream worker keeps its own view, fed from the estimates topic, so it needs nothing of the solver.
 
 A solve publishes one estimate per node, all with the same ts_ns (the solve's now, on the reference
-clock). The latest solve is the newest ts_ns seen: a node without an estimate at that ts_ns (it left,
-stepped, or was cut off) converts to None, and so does every node before the first estimate. (While a
-solve's estimates arrive over several calls, the nodes still to come convert to None in between.)
+clock) and `solve_nodes` = how many. The latest solve is the newest one received in full (or superseded
+by a newer one's first estimate: a reader that started mid-solve still gets going). While a newer
+solve's estimates come in, one record per node, every node of the latest solve keeps converting, and
+those already received use their new estimate. A node without an estimate in the latest solve (it
+left, stepped, or was cut off) converts to None, and so does every node before the first estimate.
 Estimates against another reference than the latest solve's are dropped: offsets against different
-references do not mix.
+references do not mix (when the reference changes, the old one's history is dropped at the new one's
+first estimate).
 
 Conversion: timestamps from the past are converted with the first estimate made after them (its fit
 window covered them); newer ones with the latest. The bound is the estimate's `error_bound_ns` plus
@@ -38,7 +41,8 @@ class ClockView:
         self.wander_ppb_per_s = wander_ppb_per_s
         self._hist: dict[str, list[ClockEstimate]] = {}    # by node, ts_ns ascending
         self._ts: dict[str, list[int]] = {}
-        self._latest_ns: int | None = None
+        self._latest_ns: int | None = None                 # the latest solve (complete or superseded)
+        self._pending: tuple[int, set[str]] | None = None   # the solve coming in: its ts_ns, nodes received
         self._reference: str | None = None
 
     @property
@@ -47,45 +51,63 @@ class ClockView:
 
     @property
     def latest_ns(self) -> int | None:
-        """ts_ns of the latest solve seen."""
+        """ts_ns of the latest solve (its estimates all received, or a newer solve begun)."""
         return self._latest_ns
 
     def clear(self) -> None:
         """Forget every estimate (a solve found no reference: nothing converts until the next estimates)."""
         self._hist.clear()
         self._ts.clear()
-        self._latest_ns = self._reference = None
+        self._latest_ns = self._pending = self._reference = None
+
+    def _newest_ns(self) -> int:
+        return max(self._latest_ns or 0, self._pending[0] if self._pending else 0)
 
     def add_estimates(self, estimates: Iterable[ClockEstimate]) -> None:
         for e in estimates:
-            if self._latest_ns is None or (e.ts_ns > self._latest_ns and e.reference != self._reference):
+            if e.reference != self._reference:
+                if self._reference is not None and e.ts_ns <= self._newest_ns():
+                    continue              # an older solve's, against another reference
                 self.clear()
                 self._reference = e.reference
-            elif e.reference != self._reference:
-                continue                  # an older solve's, against another reference
-            self._latest_ns = e.ts_ns if self._latest_ns is None else max(self._latest_ns, e.ts_ns)
-            hist = self._hist.setdefault(e.node, [])
-            ts = self._ts.setdefault(e.node, [])
-            k = bisect.bisect_left(ts, e.ts_ns)
-            if k < len(ts) and ts[k] == e.ts_ns:
-                hist[k] = e               # the same solve again: the newer copy wins
-                continue
-            hist.insert(k, e)
-            ts.insert(k, e.ts_ns)
-            if len(ts) > self.history:
-                del hist[0], ts[0]
+            self._insert(e)
+            if self._latest_ns is not None and e.ts_ns <= self._latest_ns:
+                continue                  # a replay of a solve already in
+            if self._pending is None or e.ts_ns > self._pending[0]:
+                if self._pending is not None:
+                    self._latest_ns = self._pending[0]      # superseded before it was complete
+                self._pending = (e.ts_ns, set())
+            ts, seen = self._pending
+            if e.ts_ns == ts:
+                seen.add(e.node)
+                if len(seen) >= e.solve_nodes:
+                    self._latest_ns, self._pending = ts, None
+
+    def _insert(self, e: ClockEstimate) -> None:
+        hist = self._hist.setdefault(e.node, [])
+        ts = self._ts.setdefault(e.node, [])
+        k = bisect.bisect_left(ts, e.ts_ns)
+        if k < len(ts) and ts[k] == e.ts_ns:
+            hist[k] = e                   # the same solve again: the newer copy wins
+            return
+        hist.insert(k, e)
+        ts.insert(k, e.ts_ns)
+        if len(ts) > self.history:
+            del hist[0], ts[0]
 
     def _current(self, node: str) -> list[ClockEstimate] | None:
         hist = self._hist.get(node)
-        return hist if hist and hist[-1].ts_ns == self._latest_ns else None
+        if not hist or (self._latest_ns is not None and hist[-1].ts_ns < self._latest_ns):
+            return None
+        return hist
 
     @property
     def nodes(self) -> list[str]:
-        """Nodes with an estimate in the latest solve (the reference included)."""
+        """Nodes with an estimate in the latest solve or the one coming in (the reference included)."""
         return sorted(n for n in self._hist if self._current(n))
 
     def estimate(self, node: str) -> ClockEstimate | None:
-        """The latest estimate of `node`, if it is in the latest solve."""
+        """The latest estimate of `node`, if it is in the latest solve (or the one coming in)."""
         hist = self._current(node)
         return hist[-1] if hist else None
 

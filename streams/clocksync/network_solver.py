@@ -136,7 +136,8 @@ class NetworkSolver:
             out.append(ClockEstimate(node=names[node], ts_ns=now_ns, reference=ref, offset_ns=round(offset),
                                      offset_frac_ns=offset - round(offset), drift_ppb=float(sol.drift[i]),
                                      error_bound_ns=math.ceil(bound),
-                                     drift_std_ppb=0.0 if is_ref else float(sol.drift_std[i])))
+                                     drift_std_ppb=0.0 if is_ref else float(sol.drift_std[i]),
+                                     solve_nodes=int(sol.nodes.size)))
         return out
 
     @property
