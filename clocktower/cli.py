@@ -23,7 +23,8 @@ from clocktower.shutdown_signals import STOP_SIGNALS, stop_on_signals
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in (("data_dir", args.data_dir), ("kafka_port", args.kafka_port),
-                                   ("http_port", args.http_port)) if v is not None}
+                                   ("http_port", args.http_port),
+                                   ("streams_workers", getattr(args, "streams_workers", None))) if v is not None}
     return Settings(**overrides)
 
 
@@ -43,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     _common(d)
     u = sub.add_parser("up", help="run the services until Ctrl-C")
+    u.add_argument("--streams-workers", type=int, help="stream worker processes sharing the partitions "
+                   "(default 1, or CLOCKTOWER_STREAMS_WORKERS)")
     _common(u)
     q = sub.add_parser("query", help="run SQL against the pipeline's ClickHouse")
     q.add_argument("sql", help="the SQL, or - to read it from stdin; with its own FORMAT clause, the server's "
