@@ -76,6 +76,7 @@ handlers = {name: RecordHandler(topology, identity=identity_check(NodeSigning())
             for name in input_topics()}
 handlers.update({name: RecordHandler(topology, max_future_skew_ns=skew, internal=True)
                  for name in topology.repartition_topics})
+CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
 _reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered
 
@@ -87,8 +88,12 @@ async def _assigned(sender: object, *args: object, **kwargs: object) -> None:
 
 
 @app.task
-async def _start_clock_broadcast() -> None:
+async def _start() -> None:
     clocks.start()
+    # Faust stops every agent whenever 100 table changelog records wait to be sent, and drains them one by
+    # one: with a record per state write that stalls the worker for seconds under load. A larger buffer
+    # lets the producer batch them; they are flushed before every offset commit all the same.
+    app.producer.buffer.max_messages = CHANGELOG_BUFFER
 
 
 def _out(topic: str) -> faust.TopicT:
