@@ -4,7 +4,8 @@
    not timed) is processed by N `python -m clocktower.streams` workers with distinct static member ids;
    from the moment their group is stable until its lag (inputs and repartition topics) is 0.
    cpu_s_per_1m_events_per_worker_N: each worker's user+system CPU time over that span, per 1M events.
-2. recovery_s_after_kill: 2 workers and the sink, telemetry published in real time; one worker is killed
+2. recovery_s_after_kill: 2 workers and the sink, telemetry of `nodes` nodes of 2 GPUs published in real time
+   (what 2 workers, the broker, ClickHouse and the sink keep up with on 2 cores); one worker is killed
    with SIGKILL and restarted 5 s later with its member id; seconds from the kill until the lag of the
    partitions it owned is 0 again. lost_joins_after_kill: flow_samples / 2 - flow_latency rows once drained.
 3. clock_solve_ms_1024_nodes: one network-effect solve of a 1,024-node probe graph (benchmarks/clock_solve.py).
@@ -112,7 +113,7 @@ def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
         children = [stack.start_worker("streams", i) for i in (1, 2)]
         _wait_stable(bootstrap, 2)
         victim = stack.children[children[1]]
-        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=4))
+        sim = FleetSimulator(SimConfig(nodes=nodes, gpus_per_node=2, gpu_health_hz=2.0, duration_s=seconds, seed=4))
         marks: dict[str, float] = {}
         owned: set[tuple[str, int]] = set()
 
