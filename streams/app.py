@@ -23,11 +23,11 @@ from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import ProcessorContext
-from clocktower.streams.record_handler import RecordHandler, identity_check
-from clocktower.streams.registry import APP_ID, build, input_topics, partitions
+from clocktower.streams.record_handler import identity_check
+from clocktower.streams.registry import APP_ID, build, partitions
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.settings import StreamsSettings
-from clocktower.streams.topology import Topology
+from clocktower.streams.topology import Topology, record_handlers
 
 log = logging.getLogger(__name__)
 settings = StreamsSettings()
@@ -71,11 +71,8 @@ def _table(p: Processor) -> faust.Table:
 
 
 topology = Topology(processors, CommandIssuer(settings.control_key_bytes()), budget, _table)
-skew = settings.max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
-handlers = {name: RecordHandler(topology, identity=identity_check(NodeSigning()), max_future_skew_ns=skew)
-            for name in input_topics()}
-handlers.update({name: RecordHandler(topology, max_future_skew_ns=skew, internal=True)
-                 for name in topology.repartition_topics})
+handlers = record_handlers(topology, identity_check(NodeSigning()),
+                           settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
 _reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered

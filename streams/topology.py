@@ -14,12 +14,13 @@ from collections.abc import Callable, MutableMapping, Sequence
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.event import Event
-from clocktower.schemas.topics import BY_MODEL
+from clocktower.schemas.topics import BY_MODEL, TELEMETRY
 from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.processor import Processor, partition_of
 from clocktower.streams.processor_runner import ProcessorRunner
-from clocktower.streams.registry import partitions, repartition_topic, repartitions
+from clocktower.streams.record_handler import IdentityCheck, RecordHandler
+from clocktower.streams.registry import input_topics, partitions, repartition_topic, repartitions
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import StateStore
 
@@ -77,3 +78,16 @@ class Topology:
                     failures.append(EventFailure(i, exc))
         topic = repartition_topic(type(p))
         return [o for part, evs in sorted(parts.items()) for o in records(evs, topic=topic, partition=part)]
+
+
+def record_handlers(topology: Topology, identity: IdentityCheck | None,
+                    max_future_skew_ns: int) -> dict[str, RecordHandler]:
+    """The handler of every topic the streams read. Producer identity (CLOCKTOWER_PRODUCER_KEY) is checked on
+    what nodes publish (telemetry.*), not on what the streams publish and read back (analytics.clock_edges, the
+    repartition topics): nodes do not sign those. Only the streams' Kafka principal may write them (ACLs)."""
+    from_nodes = {t.name for t in TELEMETRY}
+    out = {name: RecordHandler(topology, identity=identity if name in from_nodes else None,
+                               max_future_skew_ns=max_future_skew_ns) for name in input_topics()}
+    out.update({name: RecordHandler(topology, max_future_skew_ns=max_future_skew_ns, internal=True)
+                for name in topology.repartition_topics})
+    return out

@@ -102,3 +102,21 @@ def test_the_agent_reports_a_malformed_node_key_in_one_line(tmp_path) -> None:  
                    "--spool-dir", str(tmp_path / "spool"), env=_env(CLOCKTOWER_NODE_KEY=BAD_NODE_KEY))
     line = assert_one_error_line(r, "node_key", "CLOCKTOWER_NODE_KEY must be 64 hex characters")
     assert "qqqq" not in line
+
+
+def test_the_streams_check_identity_on_what_nodes_publish_not_on_what_they_read_back() -> None:
+    """Clock edge fits and regrouped records are the streams' own: nodes do not sign them, so a producer key must
+    not turn the clock solve or the joins off."""
+    from clocktower.control.issuer import CommandIssuer
+    from clocktower.streams.processor_context import ProcessorContext
+    from clocktower.streams.registry import build
+    from clocktower.streams.remediation_budget import RemediationBudget
+    from clocktower.streams.topology import Topology, record_handlers
+
+    check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
+    topology = Topology(build(ProcessorContext()), CommandIssuer(b"k" * 32), RemediationBudget(), lambda p: None)
+    handlers = record_handlers(topology, check, 10**9)
+    assert handlers["telemetry.gpu"].identity is check and handlers["telemetry.clock"].identity is check
+    assert handlers["analytics.clock_edges"].identity is None
+    assert topology.repartition_topics and all(handlers[t].identity is None and handlers[t].internal
+                                               for t in topology.repartition_topics)
