@@ -97,3 +97,16 @@ def test_state_keys_stay_in_the_partition_of_their_flow() -> None:
     _run(r, e)
     [key] = backing
     assert partition_of(key.decode().rsplit("|", 1)[0], 6) == partition_of(j.partition_key(e), 6)
+
+
+def test_halves_wait_for_a_receiver_whose_records_come_30_s_late() -> None:
+    """The rx side's regrouping worker was killed and caught up 30 s later: every segment still joins."""
+    j = FlowLatencyJoin(ttl_ns=10 * S)
+    r = ProcessorRunner(j)
+    out = _run(r, flow("node-0", "tx", T0 - S, seq=99), flow("node-1", "rx", T0 - S, seq=99))   # both known
+    for i in range(40):   # 40 s of tx halves from node-0, and other flows of other nodes moving time on
+        out += _run(r, flow("node-0", "tx", T0 + i * S, seq=i),
+                    flow("node-2", "tx", T0 + i * S, seq=i, sport=2), flow("node-3", "rx", T0 + i * S, seq=i, sport=2))
+    assert len(out) == 41 and j.expired_halves == 0
+    late = _run(r, *[flow("node-1", "rx", T0 + i * S + 5_000, seq=i) for i in range(40)])
+    assert len(late) == 40 and j.expired_halves == 0
