@@ -15,6 +15,7 @@ from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.progress_view import ProgressView
 from clocktower.runtime.clickhouse_client import http_client
+from clocktower.schemas.topics import TOPICS
 from clocktower.stack import Stack
 from clocktower.summary import build_summary, table_rows
 
@@ -88,11 +89,15 @@ def _note_restarts(stack: Stack, view: ProgressView, errors: list[str]) -> None:
 
 
 def _wait_for_tables(client, stack: Stack, timeout: float = 60.0) -> None:  # noqa: ANN001
-    """The sink creates the tables at start; wait for it so the first counts make sense."""
+    """The sink creates the tables at start (and a new release's new ones in an old data dir); wait for every
+    registry table so the first counts make sense."""
+    tables = sorted({t.table for t in TOPICS})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stack.supervise()
-        if client.query("SELECT count() FROM system.tables WHERE name = 'deadletter'").result_rows[0][0]:
+        found = client.query("SELECT count() FROM system.tables WHERE database = currentDatabase() AND name IN "
+                             "{tables:Array(String)}", parameters={"tables": tables}).result_rows[0][0]
+        if found == len(tables):
             return
         time.sleep(0.2)
     raise TimeoutError("the sink did not create its tables within 60 s")

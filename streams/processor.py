@@ -23,6 +23,8 @@ import zlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import orjson
+
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.event import Event
 from clocktower.streams.processor_context import ProcessorContext
@@ -69,6 +71,12 @@ class Processor(ABC):
 
     def decode_state(self, data: bytes) -> Any:
         raise NotImplementedError(f"{self.name} keeps no table state")
+
+
+def compound_key(*parts: str | int) -> str:
+    """A state or partition key made of several fields, as a JSON array: unlike a separator ("a|b" + "c" vs
+    "a" + "b|c"), no field value can make two different keys equal."""
+    return orjson.dumps(parts).decode()
 
 
 def partition_of(key: str, partitions: int) -> int:

@@ -31,12 +31,13 @@ class ProcessorRunner:
         there and the others' outputs still returned (their state changes are kept); without, it raises."""
         proc, store = self.processor, self.store
         store.partition = partition
+        mine = [(i, e) for i, e in enumerate(events) if isinstance(e, proc.consumes)]
+        for _, e in mine:
+            self.clock.observe(partition, e.node, e.ts_ns)
+        store.now_ns = self.clock.now(partition)
         out: list = []
         try:
-            for i, e in enumerate(events):
-                if not isinstance(e, proc.consumes):
-                    continue
-                self.clock.observe(partition, e.node, e.ts_ns)
+            for i, e in mine:
                 try:
                     out += proc.process(store, e)
                 except Exception as exc:  # noqa: BLE001 - reported to the caller, which dead-letters the record
@@ -44,7 +45,7 @@ class ProcessorRunner:
                         raise
                     failures.append(EventFailure(i, exc))
             try:
-                out += proc.tick(store, self.clock.now(partition))
+                out += proc.tick(store, store.now_ns)
             except Exception as exc:  # noqa: BLE001 - as above
                 if failures is None:
                     raise

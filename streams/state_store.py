@@ -30,6 +30,7 @@ class StateStore:
         self.codec = codec
         self.backing: MutableMapping[bytes, bytes] = {} if backing is None else backing
         self.partition = 0                       # the partition whose batch is being processed
+        self.now_ns = 0                          # that partition's event time (streams/event_clock.py)
         self._cache: dict[str, tuple[int, Any]] = {}
         self._dirty: dict[str, int] = {}          # key -> the partition it was written from
         self._deleted: set[str] = set()

@@ -203,3 +203,16 @@ def test_sparse_solves_match_the_dense_inverse() -> None:
         got = laplacian.solve(n, lo, hi, w, rhs, guess)
         assert got[0] == 0.0 and np.allclose(got, want, rtol=1e-8, atol=1e-6 * np.abs(want).max())
     assert np.allclose(laplacian.inverse_diagonal(n, lo, hi, w), np.diag(cov), rtol=1e-9)
+
+
+def test_the_view_does_not_stretch_an_old_estimate_over_a_gap() -> None:
+    """A worker started after a stop reads the last estimates back: timestamps far from them stay unconverted."""
+    ns = 1_000_000_000
+    t = 1_780_000_000 * ns
+    view = ClockView()
+    view.add_estimates([ClockEstimate(node=n, ts_ns=t, reference="a", offset_ns=o, drift_ppb=50.0,
+                                      error_bound_ns=5, solve_nodes=2) for n, o in (("a", 0), ("b", 1_000_000))])
+    near = view.to_reference("b", t + 5 * ns + 1_000_000)
+    assert near is not None and abs(near[0] - (t + 5 * ns)) < 1_000
+    assert view.to_reference("b", t + 3600 * ns) is None
+    assert view.to_reference("b", t - 3600 * ns) is None

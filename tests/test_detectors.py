@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 
+import orjson
+
 from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
@@ -121,7 +123,7 @@ def test_ports_of_one_node_are_separate_entries() -> None:
     det = Fed(LinkFlapDetector(min_transitions=3))
     for i in range(4):   # two ports, each changing twice: no port reaches three
         assert det(link(T0 + i * S, i % 2 == 0, i // 2, iface="eth0" if i < 2 else "ib0")) == []
-    assert sorted(det.store.backing) == [b"node-1|eth0", b"node-1|ib0"]
+    assert sorted(det.store.backing) == [b'["node-1","eth0"]', b'["node-1","ib0"]']
 
 
 def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:
@@ -180,7 +182,7 @@ def test_state_round_trips_with_an_open_incident_and_its_outputs() -> None:
     det = LinkFlapDetector()
     store = StateStore(det)
     opened = [e for ev in flap_and_recover()[:4] for e in det.process(store, ev)]
-    port = store.get("node-1|eth0")
+    port = store.get('["node-1","eth0"]')
     again = det.decode_state(det.encode_state(port))
     assert again == port and again.incident_id == opened[0].incident_id
     assert again.log.outputs_of(T0 + 3 * S) == opened
@@ -211,7 +213,9 @@ def test_entries_are_keyed_within_the_events_partition_key() -> None:
         for e in events:
             det.process(store, e)
             store.flush()
-            assert table.written and all(k.decode().startswith(det.partition_key(e) + "|") for k in table.written)
+            assert table.written and all(orjson.loads(k)[0] == det.partition_key(e) if k.startswith(b"[")
+                                         else k.decode().rsplit("|", 1)[0] == det.partition_key(e)
+                                         for k in table.written)
             table.written.clear()
         assert len(table) == 2
 
@@ -223,7 +227,7 @@ def test_a_port_silent_for_the_ttl_expires_and_an_open_incident_is_counted() -> 
     w.run(0, [link(T0 + 24 * HOUR, True, 0, iface="ib0")])   # the node reports only ib0 a day later
     assert (det.expired_open, w.store.expired) == (0, 0)
     w.run(0, [link(T0 + 24 * HOUR + 3 * S + 1, True, 0, iface="ib0")])
-    assert (det.expired_open, w.store.expired) == (1, 1) and sorted(w.store.backing) == [b"node-1|ib0"]
+    assert (det.expired_open, w.store.expired) == (1, 1) and sorted(w.store.backing) == [b'["node-1","ib0"]']
 
 
 def test_gpu_entries_expire_after_the_ttl() -> None:

@@ -22,7 +22,7 @@ def test_time_waits_for_a_node_that_runs_behind() -> None:
 
 
 def test_a_rogue_clock_an_hour_off_either_way_changes_nothing() -> None:
-    c = PartitionClock(tolerance_ns=60 * S)
+    c = PartitionClock(tolerance_ns=120 * S)
     for n in range(5):
         c.observe(0, f"n{n}", T0 + 10 * S)
     c.observe(0, "ahead", T0 + 3600 * S)
@@ -30,19 +30,40 @@ def test_a_rogue_clock_an_hour_off_either_way_changes_nothing() -> None:
     assert c.now(0) == T0 + 10 * S
 
 
-def test_a_silent_node_stops_holding_time_back_after_the_tolerance() -> None:
-    c = PartitionClock(tolerance_ns=60 * S)
+class _Wall:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_silent_node_stops_holding_time_back_after_a_minute_of_silence() -> None:
+    wall = _Wall()
+    c = PartitionClock(tolerance_ns=120 * S, silent_s=60, wall=wall)
     c.observe(0, "gone", T0)
     for t in (0, 30, 59):
+        wall.t = t
         c.observe(0, "a", T0 + t * S)
         c.observe(0, "b", T0 + t * S)
         assert c.now(0) == T0
+    wall.t = 61
     c.observe(0, "a", T0 + 61 * S)
-    c.observe(0, "b", T0 + 61 * S)
-    assert c.now(0) == T0 + 61 * S      # "gone" is past the tolerance from the median: no longer counted
-    c.observe(0, "a", T0 + 70 * S)
-    c.observe(0, "b", T0 + 70 * S)
-    assert c.now(0) == T0 + 70 * S
+    assert c.now(0) == T0 + 59 * S      # "gone" is forgotten; "b" (heard 2 s ago) still counts
+
+
+def test_time_goes_on_when_most_nodes_of_a_partition_go_quiet() -> None:
+    """Two of three nodes stop for good: after a minute of silence the third one's time is the partition's."""
+    wall = _Wall()
+    c = PartitionClock(silent_s=60, wall=wall)
+    for t in range(0, 200, 10):
+        wall.t = t
+        if t < 10:
+            c.observe(0, "a", T0 + t * S)
+            c.observe(0, "b", T0 + t * S)
+        c.observe(0, "c", T0 + t * S)
+        c.now(0)
+    assert c.now(0) == T0 + 190 * S
 
 
 def test_partitions_keep_their_own_time_and_it_never_goes_back() -> None:

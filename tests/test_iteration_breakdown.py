@@ -106,14 +106,20 @@ def test_breakdown_counts_each_collective_once_with_the_flight_recorder_on() -> 
 
 
 def test_a_redelivered_iteration_never_replaces_its_row() -> None:
-    """A redelivered iteration came out again as (0, 0, 0) after its collectives were pruned: dropped and counted."""
+    """A redelivered iteration came out again as (0, 0, 0) after its collectives were pruned. Now it gives its
+    row again, identical (the state may have been ahead of the outputs when a worker died); one too old for the
+    rank's recent rows is dropped and counted."""
     agg = Rig()
     agg(coll(T0 + 100, T0 + 150, 0))
     out = agg(it(0, T0, T0 + 200, collectives=1))
     assert [(b.iteration, b.collectives, b.comm_ns) for b in out] == [(0, 1, 50)]
-    assert agg(it(0, T0, T0 + 200, collectives=1)) == []          # Kafka redelivery, spool replay
+    assert agg(it(0, T0, T0 + 200, collectives=1)) == out         # Kafka redelivery, spool replay: the same row
     assert agg(coll(T0 + 250, T0 + 260, 1)) == []                 # the next iteration's collective
-    assert agg.join.late_iterations == 1
+    assert agg.join.reemitted == 1 and agg.join.late_iterations == 0
+    for i in range(1, 10):                                        # 9 more rows push iteration 0 out of `recent`
+        agg(coll(T0 + 200 * i + 50, T0 + 200 * i + 60, i + 1))
+        agg(it(i, T0 + 200 * i, T0 + 200 * i + 200, collectives=1))
+    assert agg(it(0, T0, T0 + 200, collectives=1)) == [] and agg.join.late_iterations == 1
 
 
 def test_a_duplicate_of_a_pending_iteration_gives_one_row() -> None:
@@ -271,7 +277,8 @@ def test_n_workers_give_the_answers_of_one() -> None:
 
 
 def test_a_worker_replaying_its_last_events_changes_nothing() -> None:
-    """kill -9 and restart: events k..n come again over state that saw them: no new rows, the same state."""
+    """kill -9 and restart: events k..n come again over state that saw them: no new rows (only the same rows
+    again, which the ReplacingMergeTree collapses), the same state."""
     events, its, _ = _simulated()
     for k in (0, len(events) // 3, len(events) - 10):
         runner = ProcessorRunner(IterationBreakdownJoin())
@@ -279,7 +286,7 @@ def test_a_worker_replaying_its_last_events_changes_nothing() -> None:
         assert len([e for e in first if isinstance(e, IterationBreakdown)]) == len(its)
         state = dict(runner.store.backing)
         again = [e for i in range(k, len(events), 10) for e in runner.run(0, events[i:i + 10])]
-        assert again == [], k
+        assert set(map(repr, again)) <= set(map(repr, first)), k
         assert runner.store.backing == state, k
 
 
@@ -293,5 +300,5 @@ def test_a_replay_before_the_rows_came_out_gives_the_same_rows() -> None:
     assert agg(*events[:3]) == [] and agg.runner.store.backing == state
     out = agg(coll(T0 + 150, T0 + 190, 2), events[3])
     again = agg(*events)
-    assert [(b.iteration, b.collectives) for b in out] == [(0, 2), (1, 1)] and again == []
+    assert [(b.iteration, b.collectives) for b in out] == [(0, 2), (1, 1)] and again == out   # the same rows
 

@@ -19,8 +19,10 @@ first estimate).
 Conversion: timestamps from the past are converted with the first estimate made after them (its fit
 window covered them); newer ones with the latest. The bound is the estimate's `error_bound_ns` plus
 `bound_sigmas` drift standard deviations and a drift-wander allowance (`wander_ppb_per_s`, a random
-walk's quadratic growth) for the time between the estimate and the timestamp. The reference converts
-to itself with bound 0. Each node keeps its last `history` estimates.
+walk's quadratic growth) for the time between the estimate and the timestamp. A timestamp more than
+`max_gap_ns` (30 s) from the estimate it would use is not converted (None): a worker started after a stop
+reads the last estimates back, and they must not be stretched over the gap. The reference converts to
+itself with bound 0. Each node keeps its last `history` estimates.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ NS = 1_000_000_000
 
 
 class ClockView:
-    def __init__(self, history: int = 32, bound_sigmas: float = 5.0, wander_ppb_per_s: float = 5.0) -> None:
+    def __init__(self, history: int = 32, bound_sigmas: float = 5.0, wander_ppb_per_s: float = 5.0,
+                 max_gap_ns: int = 30 * NS) -> None:
         self.history = history
+        self.max_gap_ns = max_gap_ns
         self.bound_sigmas = bound_sigmas
         self.wander_ppb_per_s = wander_ppb_per_s
         self._hist: dict[str, list[ClockEstimate]] = {}    # by node, ts_ns ascending
@@ -122,6 +126,8 @@ class ClockView:
         k = bisect.bisect_left(self._ts[node], approx)
         e = hist[min(k, len(hist) - 1)]
         since = (local_ns - e.ts_ns - e.offset_ns - e.offset_frac_ns) / (1.0 + e.drift_ppb * 1e-9)   # after ts_ns
+        if abs(since) > self.max_gap_ns:
+            return None   # no estimate near it (a worker reading old estimates after a stop): not converted
         dt = abs(since) / NS
         bound = e.error_bound_ns + self.bound_sigmas * e.drift_std_ppb * dt + 0.5 * self.wander_ppb_per_s * dt * dt
         return e.ts_ns + round(since), math.ceil(bound)

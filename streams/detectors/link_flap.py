@@ -24,7 +24,7 @@ from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
 from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
-from clocktower.streams.processor import Output, Processor
+from clocktower.streams.processor import Output, Processor, compound_key
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
@@ -72,7 +72,7 @@ class LinkFlapDetector(Processor):
 
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, LinkState)
-        key = f"{event.node}|{event.interface}"
+        key = compound_key(event.node, event.interface)
         port: Port | None = state.get(key)
         out: Emitted = []
         if port is None:

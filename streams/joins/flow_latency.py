@@ -1,7 +1,8 @@
 """Join a flow segment's sender (tx) and receiver (rx) samples into one-way latency.
 
 Keyed by the segment's 5-tuple, so a flow's two ends, reported by two nodes, meet on one worker. The
-state entry of a segment (5-tuple and seq) holds whichever half came first; the other half completes it.
+state entry of a segment (5-tuple and seq, a JSON array: no separator to collide) holds whichever half
+came first; the other half completes it.
 A completed entry keeps both halves until it expires, so a half redelivered after a crash (its output may
 not have been written when the worker died) re-emits the same latency instead of waiting forever as a
 new half: the table of results is a ReplacingMergeTree, and the copy collapses. An entry expires
@@ -18,7 +19,7 @@ import orjson
 from clocktower.schemas.analytics import FlowLatency
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import FlowSample
-from clocktower.streams.processor import Output, Processor
+from clocktower.streams.processor import Output, Processor, compound_key
 from clocktower.streams.processor_context import ProcessorContext
 
 DEFAULT_SEGMENT_TTL_NS = 10 * 10**9
@@ -34,7 +35,7 @@ Segment = dict[str, FlowSample]   # "tx" / "rx" -> the half
 
 
 def flow_key(s: FlowSample) -> str:
-    return f"{s.src_ip}|{s.dst_ip}|{s.src_port}|{s.dst_port}|{s.proto}"
+    return compound_key(s.src_ip, s.dst_ip, s.src_port, s.dst_port, s.proto)
 
 
 class FlowLatencyJoin(Processor):
@@ -62,10 +63,11 @@ class FlowLatencyJoin(Processor):
 
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, FlowSample)
-        key = f"{flow_key(event)}|{event.seq}"
+        key = compound_key(event.src_ip, event.dst_ip, event.src_port, event.dst_port, event.proto, event.seq)
         seg: Segment | None = state.get(key)
         if seg is None:
-            state.put(key, {event.direction: event}, event.ts_ns + self.ttl_ns)
+            seg = {event.direction: event}
+            state.put(key, seg, self._expires(seg, state.now_ns))
             return []
         if event.direction in seg:
             if len(seg) == 2:   # redelivered after its segment completed: the same result again
@@ -73,11 +75,13 @@ class FlowLatencyJoin(Processor):
             self.duplicates += 1
             return []
         seg[event.direction] = event
-        state.put(key, seg, self._expires(seg))
+        state.put(key, seg, self._expires(seg, state.now_ns))
         return [self._latency(seg["tx"], seg["rx"])]
 
-    def _expires(self, seg: Segment) -> int:
-        return min(s.ts_ns for s in seg.values()) + self.ttl_ns
+    def _expires(self, seg: Segment, now_ns: int) -> int:
+        """TTL after the first half, or after the partition's time if that is later: a half stamped by a clock
+        far behind the others' (clock sync exists to fix those) must not expire the moment it arrives."""
+        return max(min(s.ts_ns for s in seg.values()), now_ns) + self.ttl_ns
 
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         self.expired_halves += sum(1 for _, seg in expired if seg is not None and len(seg) == 1)

@@ -83,6 +83,11 @@ class RankState:
     pending: list[IterationEvent] = field(default_factory=list)
     emitted_end_ns: int | None = None  # end of its last emitted iteration
     last_ns: int = 0                   # newest event time of its events: it expires rank_ttl_ns after
+    recent: list[IterationBreakdown] = field(default_factory=list)   # its last RECENT rows, to emit again
+
+
+RECENT = 8   # rows kept per rank: a replay after a crash covers the seconds since the last commit
+_ROW_FIELDS = tuple(IterationBreakdown.model_fields)
 
 
 def rank_key(job: str, rank: int) -> str:
@@ -105,6 +110,12 @@ class IterationBreakdownJoin(Processor):
         self.late_collectives = 0      # dropped: at or before the rank's last emitted iteration
         self.dropped_collectives = 0   # dropped: over max_collectives for their rank
         self.expired_ranks = 0         # ranks idle for rank_ttl_ns: their pending iterations emitted as they were
+        self.reemitted = 0             # late iterations whose row was emitted again (a replay after a crash)
+
+    def counters(self) -> dict[str, int]:
+        return {"late_iterations": self.late_iterations, "duplicate_iterations": self.duplicate_iterations,
+                "late_collectives": self.late_collectives, "dropped_collectives": self.dropped_collectives,
+                "expired_ranks": self.expired_ranks, "reemitted_iterations": self.reemitted}
 
     @property
     def state_ttl_ns(self) -> int:   # type: ignore[override]
@@ -143,6 +154,12 @@ class IterationBreakdownJoin(Processor):
         key = rank_key(it.job, it.rank)
         r: RankState = state.get(key) or RankState()
         if r.emitted_end_ns is not None and it.end_ns <= r.emitted_end_ns:
+            # The state may be ahead of the outputs after a crash (it is written at once, the rows at the next
+            # commit): a replayed iteration that was emitted gives its row again; the table collapses copies.
+            again = [b for b in r.recent if b.iteration == it.iteration and b.start_ns == it.start_ns]
+            if again:
+                self.reemitted += 1
+                return list(again)
             self.late_iterations += 1
             return []
         if any(p.iteration == it.iteration and p.start_ns == it.start_ns for p in r.pending):
@@ -186,6 +203,7 @@ class IterationBreakdownJoin(Processor):
         if out:
             done = r.emitted_end_ns = out[-1].end_ns
             r.collectives = {k: c for k, c in r.collectives.items() if c[1] > done}
+            r.recent = (r.recent + out)[-RECENT:]
         return out
 
     @staticmethod
@@ -212,13 +230,16 @@ class IterationBreakdownJoin(Processor):
 
     def encode_state(self, value: RankState) -> bytes:
         pending = [[getattr(it, f) for f in _ITERATION_FIELDS] for it in value.pending]
+        recent = [[getattr(b, f) for f in _ROW_FIELDS] for b in value.recent]
         return orjson.dumps([value.watermark, value.emitted_end_ns, value.last_ns, pending,
-                             _pack_collectives(value.collectives)])
+                             _pack_collectives(value.collectives), recent])
 
     def decode_state(self, data: bytes) -> RankState:
-        watermark, emitted_end, last_ns, pending, packed = orjson.loads(data)
+        watermark, emitted_end, last_ns, pending, packed, *rest = orjson.loads(data)
         its = [IterationEvent.model_construct(**dict(zip(_ITERATION_FIELDS, row, strict=True))) for row in pending]
-        return RankState(_unpack_collectives(packed), watermark, its, emitted_end, last_ns)
+        recent = [IterationBreakdown.model_construct(**dict(zip(_ROW_FIELDS, row, strict=True)))
+                  for row in (rest[0] if rest else [])]
+        return RankState(_unpack_collectives(packed), watermark, its, emitted_end, last_ns, recent)
 
 
 def _pack_collectives(cols: dict[CollectiveKey, Collective]) -> list[list[Any]]:
