@@ -147,6 +147,8 @@ class Stack:
             if index > 1:
                 base = self.s.streams_instance_id or f"clocktower-streams-{socket.gethostname()}"
                 env["CLOCKTOWER_STREAMS_INSTANCE_ID"] = f"{base}-{index}"
+                if self.s.streams_metrics_port:   # each worker its own port: base, base + 1, ...
+                    env["CLOCKTOWER_STREAMS_METRICS_PORT"] = str(self.s.streams_metrics_port + index - 1)
         self._spawn(child, [sys.executable, "-m", WORKERS[name]], env=env)
         return child
 

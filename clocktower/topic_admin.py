@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from clocktower import topic_config
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import TOPICS
-from clocktower.streams.registry import internal_topics, streams_reads
+from clocktower.streams.registry import internal_topics, stateful_topics, streams_reads
 
 
 def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity | None = None,
@@ -27,7 +27,8 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
     topic_config.raise_record_limit(admin, [t.name for t in TOPICS if t.name in existing], timeout)
     wanted = [(t.name, t.partitions, t.config) for t in TOPICS]
     wanted += [(t.name, t.partitions, t.config) for t in internal_topics()]
-    topic_config.raise_partitions(admin, {n: p for n, p, _ in wanted if n in existing}, timeout)
+    topic_config.raise_partitions(admin, {n: p for n, p, _ in wanted if n in existing}, timeout,
+                                  fixed=stateful_topics())
     new = [NewTopic(n, num_partitions=p, replication_factor=1, config=c) for n, p, c in wanted if n not in existing]
     created = []
     for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):

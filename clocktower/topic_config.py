@@ -4,8 +4,9 @@
   broker's default `max.message.bytes` (1048588 on noida-db and Kafka); it is raised to
   MAX_MESSAGE_BYTES so that every record the publisher makes fits.
 * Partitions: a topic made with fewer partitions than the registry now gives it (telemetry.flows went from
-  4 to 6) is grown to that count, since a stream table must have its input's partition count. Growing moves
-  a node's later records to another partition, so their order with the earlier ones is not kept.
+  4 to 6) is grown to that count. Growing moves a node's later records to another partition, so their order
+  with the earlier ones is not kept. A topic that holds stream state by partition (changelogs, repartition
+  topics, the inputs of node-keyed detectors) is never grown: start-up stops and says so.
 * Topic auto-creation: a broker that creates any topic a client names turns a typo'd topic into a
   silent sink for records. On the embedded broker, which clocktower owns, `auto.create.topics.enable`
   is turned off (noida-db takes it as a dynamic broker config and keeps it across restarts). An
@@ -16,10 +17,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
+from clocktower.runtime.errors import UserError
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -63,12 +66,22 @@ def raise_record_limit(admin: AdminClient, topics: list[str], timeout: float) ->
         return []
 
 
-def raise_partitions(admin: AdminClient, wanted: dict[str, int], timeout: float) -> list[str]:
-    """Grow each topic of `wanted` (name -> partitions) that has fewer partitions; returns those grown."""
+def raise_partitions(admin: AdminClient, wanted: dict[str, int], timeout: float,
+                     fixed: Collection[str] = ()) -> list[str]:
+    """Grow each topic of `wanted` (name -> partitions) that has fewer partitions; returns those grown.
+
+    A topic in `fixed` backs stream state by partition (a changelog, a repartition topic, a node-keyed
+    processor's input): growing it would move keys to partitions whose state is empty, so it is refused."""
     if not wanted:
         return []
     meta = admin.list_topics(timeout=timeout).topics
-    low = {n: p for n, p in wanted.items() if n in meta and len(meta[n].partitions) < p}
+    have = {n: len(meta[n].partitions) for n in wanted if n in meta}
+    low = {n: p for n, p in wanted.items() if n in have and have[n] < p}
+    stuck = sorted(n for n in low if n in fixed)
+    if stuck:
+        raise UserError(f"topics {', '.join(f'{n} ({have[n]} partitions, wants {low[n]})' for n in stuck)} hold "
+                        "stream state by partition; growing them would hide that state. Keep the old count, or "
+                        "delete them and the streams' changelogs (the state is then lost) before starting")
     if not low:
         return []
     for name, fut in admin.create_partitions([NewPartitions(n, p) for n, p in low.items()],

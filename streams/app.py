@@ -106,8 +106,8 @@ async def _process(name: str, stream: faust.StreamT) -> None:
         if _reload:
             topology.reload()
             _reload = False
-        headers = list((event.headers or {}).items())
         msg = event.message
+        headers = list(msg.headers or ())   # the record's own list: Faust's event.headers is a dict
         for out in handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers):
             await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
 

@@ -35,6 +35,7 @@ class ClockBroadcast:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.estimates = 0
+        self.errors = 0
 
     def to_reference(self, node: str, local_ns: int) -> tuple[int, int] | None:
         with self._lock:
@@ -51,8 +52,11 @@ class ClockBroadcast:
 
     def _assign(self, consumer: Consumer) -> None:
         meta = consumer.list_topics(TOPIC, timeout=10)
+        topic = meta.topics.get(TOPIC)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise RuntimeError(f"{TOPIC} has no partitions yet")
         tps = []
-        for p in sorted(meta.topics[TOPIC].partitions):
+        for p in sorted(topic.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)
             tps.append(TopicPartition(TOPIC, p, max(low, high - self.lookback_records)))
         consumer.assign(tps)   # assign, never subscribe: every worker reads every partition
@@ -68,10 +72,14 @@ class ClockBroadcast:
                     log.warning("clock broadcast: cannot assign %s yet: %s", TOPIC, exc)
                     self._stop.wait(1.0)
             while not self._stop.is_set():
-                for msg in consumer.consume(500, timeout=0.25):
-                    if msg.error():
-                        continue
-                    self._take(msg.key(), msg.value(), msg.headers() or [])
+                try:
+                    for msg in consumer.consume(500, timeout=0.25):
+                        if not msg.error():
+                            self._take(msg.key(), msg.value(), msg.headers() or [])
+                except Exception:  # noqa: BLE001 - never let the view freeze silently: log, back off, go on
+                    self.errors += 1
+                    log.exception("clock broadcast: reading %s failed; retrying", TOPIC)
+                    self._stop.wait(1.0)
                 if not self._stop.is_set():
                     self._stop.wait(0.05)   # the embedded broker answers empty fetches at once
         finally:

@@ -95,6 +95,16 @@ def internal_topics() -> list[InternalTopic]:
     return out
 
 
+def stateful_topics() -> set[str]:
+    """Topics whose partition count fixes where table state lives: the changelogs, the repartition topics and
+    the inputs of node-keyed durable processors. Growing one moves keys to partitions whose state is empty."""
+    out = {t.name for t in internal_topics()}
+    for cls in PROCESSORS:
+        if cls.durable and not repartitions(cls):
+            out.update(t.name for t in inputs(cls))
+    return out
+
+
 def streams_reads() -> tuple[str, ...]:
     """What the streams' consumer group reads: inputs and repartition topics (their lag is the streams')."""
     return input_topics() + tuple(repartition_topic(c) for c in PROCESSORS if repartitions(c))

@@ -13,11 +13,13 @@ processed whose event time has passed (the table may be written only from its ow
 from __future__ import annotations
 
 import heapq
+import logging
 import struct
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
+log = logging.getLogger(__name__)
 
 
 class StateCodec(Protocol):
@@ -96,7 +98,12 @@ class StateStore:
             if current > now_ns:
                 self._index(key, current, self.partition)   # rewritten with a later expiry since
                 continue
-            out.append((key, self.get(key)))
+            try:
+                value = self.get(key)
+            except Exception:  # noqa: BLE001 - an entry that does not decode is dropped, the others go on
+                log.exception("state entry %r does not decode; dropped", key[:200])
+                value = None
+            out.append((key, value))
             self.delete(key)
         self.expired += len(out)
         return out

@@ -1,0 +1,52 @@
+"""Topic setup on a real broker: the streams' own topics are made, an input topic that is only regrouped is
+grown to the registry's count, and a topic that holds stream state by partition is never grown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clocktower.runtime.errors import UserError
+from clocktower.schemas.topics import BY_NAME
+from clocktower.streams.registry import internal_topics, stateful_topics
+from clocktower.topic_admin import ensure_topics
+from tests.standalone_broker import StandaloneBroker
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path / "kafka")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _partitions(admin: AdminClient) -> dict[str, int]:
+    return {n: len(t.partitions) for n, t in admin.list_topics(timeout=10).topics.items()}
+
+
+def test_setup_makes_internal_topics_and_grows_only_regrouped_inputs(broker: StandaloneBroker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic("telemetry.flows", 4, 1)]).values():   # made by an older release
+        f.result(10)
+    ensure_topics(broker.bootstrap)
+    have = _partitions(admin)
+    assert have["telemetry.flows"] == BY_NAME["telemetry.flows"].partitions == 6
+    assert {t.name: t.partitions for t in internal_topics()}.items() <= have.items()
+    assert "telemetry.flows" not in stateful_topics() and "telemetry.links" in stateful_topics()
+
+
+def test_a_topic_backing_state_by_partition_is_not_grown(broker: StandaloneBroker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic("telemetry.gpu", 1, 1)]).values():   # the GPU detector's input
+        f.result(10)
+    with pytest.raises(UserError, match="telemetry.gpu .1 partitions, wants 2"):
+        ensure_topics(broker.bootstrap)
+    assert _partitions(admin)["telemetry.gpu"] == 1
