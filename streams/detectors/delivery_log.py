@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+import orjson
 
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident
+
+T = TypeVar("T")
 
 SEEN = 8       # newest applied timestamps kept per entry: how far out of order a reading may come
 EMITTED = 4    # newest emissions kept per entry: how many of a key's outputs a replay can send again
@@ -69,3 +73,13 @@ def _encode(o: Incident | CommandIntent) -> dict[str, Any]:
 
 def _decode(d: dict[str, Any]) -> Incident | CommandIntent:
     return Incident.model_construct(**d["incident"]) if "incident" in d else CommandIntent(**d["intent"])
+
+
+def encode_entry(value: Any) -> bytes:
+    """A detector's state entry (a dataclass with a `log: DeliveryLog` field) as JSON."""
+    return orjson.dumps({**vars(value), "log": value.log.to_dict()})
+
+
+def decode_entry(cls: type[T], data: bytes) -> T:
+    d = orjson.loads(data)
+    return cls(**{**d, "log": DeliveryLog.from_dict(d["log"])})

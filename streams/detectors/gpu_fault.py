@@ -18,14 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import orjson
-
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident, IncidentKind
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
+from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
 from clocktower.streams.processor import Output, Processor
 from clocktower.streams.remediation_budget import RemediationBudget
 
@@ -137,8 +135,7 @@ class GpuFaultDetector(Processor):
         return []
 
     def encode_state(self, value: Gpu) -> bytes:
-        return orjson.dumps({**vars(value), "log": value.log.to_dict()})
+        return encode_entry(value)
 
     def decode_state(self, data: bytes) -> Gpu:
-        d = orjson.loads(data)
-        return Gpu(**{**d, "log": DeliveryLog.from_dict(d["log"])})
+        return decode_entry(Gpu, data)

@@ -16,14 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import orjson
-
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
-from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
+from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
 from clocktower.streams.processor import Output, Processor, compound_key
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
@@ -107,11 +105,10 @@ class LinkFlapDetector(Processor):
         return []
 
     def encode_state(self, value: Port) -> bytes:
-        return orjson.dumps({**vars(value), "log": value.log.to_dict()})
+        return encode_entry(value)
 
     def decode_state(self, data: bytes) -> Port:
-        d = orjson.loads(data)
-        return Port(**{**d, "log": DeliveryLog.from_dict(d["log"])})
+        return decode_entry(Port, data)
 
     def _incident(self, ev: LinkState, port: Port, state: str, severity: str, detail: str) -> Incident:
         return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=port.incident_id or "", kind="link_flap",
