@@ -1,4 +1,4 @@
-"""`python -m clocktower.streams`: run the Faust worker (logs at warn level unless -l is given).
+"""`python -m clocktower.streams`: run the Faust worker (logs at CLOCKTOWER_STREAMS_LOG_LEVEL, warn by default).
 
 Faust's web server is off: it would bind 0.0.0.0:6066 even with web_enabled=False.
 """
@@ -16,5 +16,5 @@ if __name__ == "__main__":
             start_http_server(settings.streams_metrics_port, addr=settings.metrics_host)
         except OSError as exc:   # metrics are not worth stopping the worker for
             logging.getLogger("streams").error("metrics endpoint not started: %s", exc)
-    sys.argv = [sys.argv[0], "worker", "--without-web", "-l", "warn", *sys.argv[1:]]
+    sys.argv = [sys.argv[0], "worker", "--without-web", "-l", settings.streams_log_level, *sys.argv[1:]]
     app.main()

@@ -52,7 +52,7 @@ app = faust.App(
     # (noida-db never completes the rebalance that would otherwise wait for the dead member).
     consumer_group_instance_id=instance_id,
     producer_acks=-1,
-    stream_wait_empty=False,
+    stream_wait_empty=True,    # a rebalance waits for the events in flight: none is dropped, so no gap holds commits
     producer_compression_type="lz4",
     producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from clocktower.runtime.settings import RuntimeSettings
@@ -27,3 +29,5 @@ class StreamsSettings(RuntimeSettings):
     streams_segment_ttl_s: float = Field(
         default=10.0, gt=0, description="event time a half-joined flow segment waits for its other half before it "
         "expires (counted in clocktower_streams_state_expired_total)")
+    streams_log_level: Literal["debug", "info", "warn", "error"] = Field(
+        default="warn", description="the stream worker's log level (info shows rebalances and table recovery)")
