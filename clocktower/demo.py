@@ -22,7 +22,7 @@ from clocktower.summary import build_summary, table_rows
 
 def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console, drain_timeout: float = 120.0,
              seed: int = 0) -> dict:
-    stack = Stack(settings)
+    stack = Stack(settings, fresh_stream_state=True)   # a new simulated fleet: last run's stream state is not its
     errors: list[str] = []
     try:
         stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))

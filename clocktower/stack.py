@@ -26,6 +26,7 @@ from clocktower.runtime.credentials import DASHBOARDS_USER, credentials_path
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import write_owner
 from clocktower.shutdown_signals import ignoring_stop_signals
+from clocktower.stream_state import reset_stream_state
 from clocktower.topic_admin import ensure_topics
 
 
@@ -66,8 +67,10 @@ SERVICES = ("broker", "clickhouse")
 
 
 class Stack:
-    def __init__(self, settings: Settings, with_streams: bool = True, with_sink: bool = True) -> None:
+    def __init__(self, settings: Settings, with_streams: bool = True, with_sink: bool = True,
+                 fresh_stream_state: bool = False) -> None:
         self.s = settings
+        self.fresh_stream_state = fresh_stream_state   # the demo: a new simulated fleet on every run
         self.data_dir = settings.data_dir.resolve()
         self.logs = self.data_dir / "logs"
         self.lock = DataDirLock(self.data_dir)
@@ -114,6 +117,8 @@ class Stack:
                                        "--port", str(s.http_port), "--max-connections", str(s.http_max_connections),
                                        "--credentials", str(credentials_path(self.data_dir))])
             self._wait(lambda: _ping(s.clickhouse), "clickhouse", 60)
+        if self.fresh_stream_state and s.embedded_kafka:
+            reset_stream_state(s.bootstrap, self.data_dir)
         on_step("creating topics")
         ensure_topics(s.bootstrap, disable_auto_create=s.embedded_kafka)   # a typo'd topic fails, not auto-created
         write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse,

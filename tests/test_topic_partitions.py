@@ -50,3 +50,19 @@ def test_a_topic_backing_state_by_partition_is_not_grown(broker: StandaloneBroke
     with pytest.raises(UserError, match="telemetry.gpu .1 partitions, wants 2"):
         ensure_topics(broker.bootstrap)
     assert _partitions(admin)["telemetry.gpu"] == 1
+
+
+def test_the_demo_starts_its_streams_from_no_state(broker: StandaloneBroker, tmp_path: Path) -> None:
+    """Each demo run simulates a new fleet: the last run's changelogs and local stores are removed."""
+    from clocktower.stream_state import reset_stream_state
+    from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+    from clocktower.streams.registry import changelog_topic
+
+    ensure_topics(broker.bootstrap)
+    (tmp_path / "streams" / "worker" / "v1").mkdir(parents=True)
+    gone = reset_stream_state(broker.bootstrap, tmp_path)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert changelog_topic(GpuFaultDetector) in gone and not (tmp_path / "streams").exists()
+    assert not set(gone) & set(_partitions(admin))
+    ensure_topics(broker.bootstrap)   # and the setup makes them again, empty
+    assert set(gone) <= set(_partitions(admin))
