@@ -4,7 +4,8 @@ A partition's events come from many nodes, through workers that may run behind: 
 killed worker's input catches up seconds later. Expiring on the newest timestamp would drop a segment's
 first half just before its late partner arrives. So a partition's time is the oldest newest-timestamp
 among its nodes (it waits for the slowest), except for nodes more than `tolerance_ns` away from the
-median: a node whose clock is far off, either way, neither holds expiry back nor rushes it. A node not
+median: a minority of nodes whose clocks are far off, either way, neither holds expiry back nor rushes it
+(with two nodes, or half of them off, the lower median is theirs: it needs three or more). A node not
 heard from for `silent_s` of the worker's own clock stops counting (it left, or its partition moved), so
 time goes on even when most nodes of a partition go quiet. Time never goes back.
 """

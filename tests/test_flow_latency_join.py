@@ -113,3 +113,13 @@ def test_halves_wait_for_a_receiver_whose_records_come_30_s_late() -> None:
     assert len(out) == 41 and j.expired_halves == 0
     late = _run(r, *[flow("node-1", "rx", T0 + i * S + 5_000, seq=i) for i in range(40)])
     assert len(late) == 40 and j.expired_halves == 0
+
+
+def test_a_key_that_comes_round_again_starts_a_new_segment() -> None:
+    """A sender whose seq restarted (a new run, a restarted agent) reuses keys within the TTL: new pairs join."""
+    j = FlowLatencyJoin()
+    r = ProcessorRunner(j)
+    [first] = _run(r, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 7_000))
+    [again] = _run(r, flow("node-0", "tx", T0 + 2 * S), flow("node-1", "rx", T0 + 2 * S + 9_000))
+    assert (first.tx_ns, first.latency_ns) == (T0, 7_000) and (again.tx_ns, again.latency_ns) == (T0 + 2 * S, 9_000)
+    assert j.reused_keys == 1 and j.duplicates == 0

@@ -97,6 +97,8 @@ def _results(p: Pipeline) -> dict[str, list]:
                           " latency_ns FROM flow_latency FINAL ORDER BY ALL"),
         "corrected": q("SELECT src_ip, dst_ip, src_port, dst_port, proto, seq, corrected_latency_ns, error_bound_ns"
                        " FROM flow_latency FINAL WHERE clock_corrected ORDER BY ALL"),
+        "corrected_truth": q("SELECT node, src_node, tx_ns, rx_ns, corrected_latency_ns, error_bound_ns"
+                             " FROM flow_latency FINAL WHERE clock_corrected"),
         "iteration_breakdown": q(f"SELECT * {NOT_ORIGIN} FROM iteration_breakdown FINAL ORDER BY ALL"),
         "clock_estimates": q("SELECT node, reference, ts_ns, offset_ns, error_bound_ns FROM clock_estimates"
                              " ORDER BY ALL"),
@@ -115,12 +117,22 @@ def _same_answers(one: dict[str, list], many: dict[str, list]) -> None:
         assert many[table] == one[table], f"{table} differs: {len(many[table])} rows vs {len(one[table])}"
     # corrected latencies: each run within its stated bound, so two runs within the sum of the bounds. Rows
     # joined before a worker had its first estimates stay uncorrected, and the estimates take a hop more with
-    # several workers (about 1-2 s at the start on this 2-core machine): most rows, not all, are in both.
+    # several workers (1-2 s at the start on this 2-core machine, more under a full test run's load): at least a
+    # third of the rows in both (seen: 54-89 %); each run's corrected rows are checked against the truth below.
     a = {r[:6]: r[6:] for r in one["corrected"]}
     shared = [(a[r[:6]], r[6:]) for r in many["corrected"] if r[:6] in a]
-    assert len(shared) > 0.6 * len(one["flow_latency"]), (len(one["corrected"]), len(many["corrected"]))
+    assert len(shared) > 0.3 * len(one["flow_latency"]), (len(one["corrected"]), len(many["corrected"]))
     for (lat1, b1), (lat2, b2) in shared:
         assert abs(lat1 - lat2) <= b1 + b2 + 2
+
+
+def _latency_within_bounds(results: dict[str, list], sim: FleetSimulator) -> None:
+    """Every corrected one-way delay within its stated error bound of the simulator's true delay."""
+    rows = results["corrected_truth"]
+    assert rows
+    for node, src_node, tx_ns, rx_ns, corrected, bound in rows:
+        true = sim.clocks[node].to_true(rx_ns) - sim.clocks[src_node].to_true(tx_ns)
+        assert abs(corrected - true) <= bound + 2, (node, src_node, tx_ns, corrected, true, bound)
 
 
 def _clocks_within_bounds(results: dict[str, list], sim: FleetSimulator) -> None:
@@ -141,10 +153,14 @@ def test_three_workers_give_the_answers_of_one(one_worker, tmp_path: Path) -> No
     many, sim3 = _run(tmp_path / "ct", 3)
     _same_answers(one, many)
     _clocks_within_bounds(many, sim3)
+    _latency_within_bounds(one, sim)
+    _latency_within_bounds(many, sim3)
 
 
 def test_a_worker_killed_mid_run_loses_no_join(one_worker, tmp_path: Path) -> None:
     one, _ = one_worker
-    killed, _ = _run(tmp_path / "ct", 3, kill_at_s=3.0)
+    killed, sim = _run(tmp_path / "ct", 3, kill_at_s=3.0)
     assert len(killed["flow_latency"]) * 2 == killed["flow_samples"][0][0]
     _same_answers(one, killed)
+    _clocks_within_bounds(killed, sim)
+    _latency_within_bounds(killed, sim)

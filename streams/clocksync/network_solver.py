@@ -57,6 +57,7 @@ class NetworkSolver:
         self._x = np.zeros(0)          # last offsets per node index (ns), 0 where unknown
         self._dr = np.zeros(0)         # last drifts per node index (ppb)
         self._reference: str | None = reference
+        self._reference_since: int | None = None   # when the current reference was chosen (its warm-up)
         self.solution: NetworkSolution | None = None
         self.latest_origin_ns = 0      # newest fit origin added
         self.last_solve_ns: int | None = None
@@ -93,7 +94,7 @@ class NetworkSolver:
         self.edges_valid = int(usable.sum())
         present = np.zeros(n_nodes, dtype=bool)
         present[tab.lo] = present[tab.hi] = True
-        ref = self._pick_reference(present)
+        ref = self._pick_reference(present, now_ns)
         if ref is None:
             self.solution = None
             return []
@@ -114,16 +115,21 @@ class NetworkSolver:
         self.solution = sol
         return self._publish(sol, ref, now_ns)
 
-    def _pick_reference(self, present: np.ndarray) -> str | None:
+    def _pick_reference(self, present: np.ndarray, now_ns: int) -> str | None:
         names = self.table.names
         if self.fixed_reference is not None:
             i = self.table.index_of(self.fixed_reference)
             return self.fixed_reference if i is not None and present[i] else None
         cur = self._reference
-        if cur is not None and present[self.table.node(cur)]:
-            return cur
         live = [names[i] for i in np.flatnonzero(present)]
+        warming = self._reference_since is not None and now_ns - self._reference_since < self.window_ns
+        if cur is not None and present[self.table.node(cur)] and not (warming and min(live) < cur):
+            return cur
+        # The smallest node id; kept while it stays, except in its first window: fits from several workers come
+        # in one edge at a time at first, and the smallest node's edges may simply not be in yet.
         self._reference = min(live) if live else None
+        if self._reference != cur:
+            self._reference_since = now_ns
         return self._reference
 
     def _publish(self, sol: NetworkSolution, ref: str, now_ns: int) -> list[ClockEstimate]:

@@ -7,7 +7,9 @@ among the edges still reporting. An edge whose latest fit is more than `gone_ns`
 newest is taken as gone, so a node that leaves holds the solves up for that long at most; a fitter
 that lags less delays the estimates instead of losing its edges (measured: one of 3 workers on this
 2-core machine ran 2 s behind, and a 2 s cut-off left half the fleet out of most solves).
-Each time the watermark crosses a step of `clock_update_ns`, it solves at the watermark: every edge
+No solve runs in the first `warmup_ns` (1 s) of fits, so the fitters of workers that started a little later
+are in the first solve, and the reference (the smallest node id) is the fleet's, not that of the first edges
+to report. Each time the watermark crosses a step of `clock_update_ns`, it solves at the watermark: every edge
 then has a fit at least that recent, and
 newer fits are read back along their fitted curve. One fitter's fits of one update arrive as several
 records; the watermark moves once the last of them is in, so a solve never sees half an update.
@@ -35,13 +37,16 @@ class ClockSolve(Processor):
     key_by: ClassVar[str] = "fleet (analytics.clock_edges has one partition)"
     durable: ClassVar[bool] = False
 
-    def __init__(self, update_ns: int = 250_000_000, window_ns: int = 2 * NS, gone_ns: int = 10 * NS) -> None:
+    def __init__(self, update_ns: int = 250_000_000, window_ns: int = 2 * NS, gone_ns: int = 10 * NS,
+                 warmup_ns: int = NS) -> None:
         self.solver = NetworkSolver(window_ns=window_ns)
         self.update_ns = update_ns
         self.gone_ns = gone_ns
+        self.warmup_ns = warmup_ns   # fitters on other workers start later: the first solves wait for them
         self._latest: dict[tuple[str, str], int] = {}   # edge -> origin of its latest fit
         self._solved_step = -1
         self._solved_at: int | None = None
+        self._first_ns: int | None = None   # the first fit's origin: no solve in the warm-up after it
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ClockSolve:
@@ -53,6 +58,8 @@ class ClockSolve(Processor):
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, ClockEdgeFit)
         edge = (event.node, event.hi)
+        if self._first_ns is None:
+            self._first_ns = event.ts_ns
         if event.ts_ns > self._latest.get(edge, -1):
             self._latest[edge] = event.ts_ns
         self.solver.add_fits([event])
@@ -69,7 +76,7 @@ class ClockSolve(Processor):
 
     def tick(self, state: Any, now_ns: int) -> list[Output]:
         wm = self.watermark()
-        if wm is None or wm // self.update_ns <= self._solved_step:
+        if wm is None or wm // self.update_ns <= self._solved_step or wm - self._first_ns < self.warmup_ns:
             return []
         self._solved_step, self._solved_at = wm // self.update_ns, wm
         return list(self.solver.update(wm))

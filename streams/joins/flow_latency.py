@@ -5,9 +5,13 @@ state entry of a segment (5-tuple and seq, a JSON array: no separator to collide
 came first; the other half completes it.
 A completed entry keeps both halves until it expires, so a half redelivered after a crash (its output may
 not have been written when the worker died) re-emits the same latency instead of waiting forever as a
-new half: the table of results is a ReplacingMergeTree, and the copy collapses. An entry expires
-`state_ttl_ns` of event time after its first half (default 10 s, CLOCKTOWER_STREAMS_SEGMENT_TTL_S); a half
-that expires unjoined is counted. Raw clocks are used until a clock estimate is at hand (ClockCorrection).
+new half: the table of results is a ReplacingMergeTree, and the copy collapses. A copy has the same
+timestamp; a half with the key of a completed segment but another timestamp starts a new segment (a sender
+whose seq restarted, e.g. a new run), while a second half for a waiting one is a duplicate (the first kept).
+An entry expires `state_ttl_ns` of event time (default 10 s, CLOCKTOWER_STREAMS_SEGMENT_TTL_S) after its
+first half, or after the partition's time when that is later (a half from a clock far behind must not
+expire on arrival); a half that expires unjoined is counted. Raw clocks are used until a clock estimate is
+at hand (ClockCorrection).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class FlowLatencyJoin(Processor):
         self.ttl_ns = ttl_ns
         self.duplicates = 0        # a half seen again while its segment waits: the first one is kept
         self.expired_halves = 0    # halves whose other end never came within the TTL
+        self.reused_keys = 0       # a half with the key of a completed segment but another time: a new one
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> FlowLatencyJoin:
@@ -70,6 +75,12 @@ class FlowLatencyJoin(Processor):
             state.put(key, seg, self._expires(seg, state.now_ns))
             return []
         if event.direction in seg:
+            if len(seg) == 2 and seg[event.direction].ts_ns != event.ts_ns:
+                # Not a copy of a completed segment: the key came round again (a sender's seq restarted).
+                self.reused_keys += 1
+                seg = {event.direction: event}
+                state.put(key, seg, self._expires(seg, state.now_ns))
+                return []
             if len(seg) == 2:   # redelivered after its segment completed: the same result again
                 return [self._latency(seg["tx"], seg["rx"])]
             self.duplicates += 1
@@ -88,7 +99,8 @@ class FlowLatencyJoin(Processor):
         return []
 
     def counters(self) -> dict[str, int]:
-        return {"duplicate_halves": self.duplicates, "expired_halves": self.expired_halves}
+        return {"duplicate_halves": self.duplicates, "expired_halves": self.expired_halves,
+                "reused_keys": self.reused_keys}
 
     def encode_state(self, value: Segment) -> bytes:
         return orjson.dumps({d: s.model_dump() for d, s in value.items()})

@@ -139,7 +139,7 @@ class IterationBreakdownJoin(Processor):
         value = (c.start_ns, c.end_ns, c.bytes)
         if r.emitted_end_ns is not None and c.end_ns <= r.emitted_end_ns:
             self.late_collectives += 1
-            return []
+            return self._again(r, c.end_ns)
         if r.collectives.get((c.communicator, c.seq)) == value:
             return []                  # redelivered while its iteration waits: nothing changes
         r.collectives[(c.communicator, c.seq)] = value
@@ -156,19 +156,29 @@ class IterationBreakdownJoin(Processor):
         if r.emitted_end_ns is not None and it.end_ns <= r.emitted_end_ns:
             # The state may be ahead of the outputs after a crash (it is written at once, the rows at the next
             # commit): a replayed iteration that was emitted gives its row again; the table collapses copies.
-            again = [b for b in r.recent if b.iteration == it.iteration and b.start_ns == it.start_ns]
-            if again:
+            again = self._again(r, it.end_ns)
+            if any(b.iteration == it.iteration and b.start_ns == it.start_ns for b in again):
                 self.reemitted += 1
-                return list(again)
-            self.late_iterations += 1
-            return []
+            else:
+                self.late_iterations += 1
+            return again
         if any(p.iteration == it.iteration and p.start_ns == it.start_ns for p in r.pending):
             self.duplicate_iterations += 1
-            return []
+            return self._again(r, it.end_ns)   # its first arrival may have released earlier rows
         r.pending.append(it)
         out = self._release(r)
         self._put(state, key, r, it.ts_ns)
         return list(out)
+
+    @staticmethod
+    def _again(r: RankState, end_ns: int) -> list[Output]:
+        """The rank's recent rows that an event ending at `end_ns` may have released when it first came: every
+        one that began before it ended (the iteration it completed overlaps it; earlier ones it let go).
+
+        After a kill -9 the state can be ahead of the outputs (rocksdb is written at once, the rows at the
+        next commit), so a redelivered collective or iteration gives those rows again; the
+        ReplacingMergeTree collapses the copies. A superset is harmless; a row missed is lost."""
+        return [b for b in r.recent if b.start_ns < end_ns]
 
     def _put(self, state: Any, key: str, r: RankState, ts_ns: int) -> None:
         r.last_ns = max(r.last_ns, ts_ns)
