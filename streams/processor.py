@@ -39,7 +39,8 @@ class Processor(ABC):
     consumes: ClassVar[tuple[type[Event], ...]]
     key_by: ClassVar[str] = "node"             # what `partition_key` is, in words ("node" = the records' own key)
     durable: ClassVar[bool] = True             # state in a changelogged table; False: rebuilt from input
-    state_ttl_ns: ClassVar[int] = 3600 * 10**9  # an entry not written for this much event time expires
+    state_ttl_ns: int = 3600 * 10**9          # an entry not written for this much event time expires (an
+                                               # instance sets its own from its options)
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> Processor:

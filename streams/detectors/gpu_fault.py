@@ -23,8 +23,9 @@ from clocktower.schemas.analytics import Incident, IncidentKind
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
-from clocktower.streams.processor import Output, Processor
+from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
+from clocktower.streams.detectors.replaying_detector import ReplayingDetector
+from clocktower.streams.processor import Output
 from clocktower.streams.remediation_budget import RemediationBudget
 
 if TYPE_CHECKING:
@@ -45,29 +46,24 @@ class Gpu:
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
 
-class GpuFaultDetector(Processor):
+class GpuFaultDetector(ReplayingDetector):
     """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
 
     name: ClassVar[str] = "gpu_fault"
     consumes: ClassVar[tuple[type[Event], ...]] = (GpuHealth,)
     key_by: ClassVar[str] = "node"
+    entry: ClassVar[type] = Gpu
 
     def __init__(self, *, budget: RemediationBudget | None = None, ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
+        super().__init__(ttl_ns)
         self.budget = budget if budget is not None else RemediationBudget()
-        self.ttl_ns = ttl_ns
-        self.redelivered = 0     # readings already applied: not applied again, their outputs re-emitted
-        self.expired_open = 0    # GPUs whose entry expired with a thermal incident open
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> GpuFaultDetector:
         return cls(budget=ctx.remediation_budget)
 
-    @property
-    def state_ttl_ns(self) -> int:   # type: ignore[override]
-        return self.ttl_ns
-
-    def counters(self) -> dict[str, int]:
-        return {"redelivered": self.redelivered, "expired_open": self.expired_open}
+    def is_open(self, entry: Gpu) -> bool:
+        return entry.thermal_incident is not None
 
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, GpuHealth)
@@ -80,7 +76,7 @@ class GpuFaultDetector(Processor):
             return list(gpu.log.outputs_of(event.ts_ns))
         out = self._apply(gpu, event)
         gpu.log.applied(event.ts_ns, out)
-        state.put(key, gpu, gpu.log.newest + self.ttl_ns)
+        state.put(key, gpu, gpu.log.newest + self.state_ttl_ns)
         return list(out)
 
     def _apply(self, gpu: Gpu, ev: GpuHealth) -> Emitted:
@@ -130,12 +126,3 @@ class GpuFaultDetector(Processor):
                                    {"reason": inc.kind, "gpu": str(ev.gpu)}),
                 CommandIntent(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id, {"replace": ev.node})]
 
-    def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
-        self.expired_open += sum(1 for _, gpu in expired if gpu is not None and gpu.thermal_incident is not None)
-        return []
-
-    def encode_state(self, value: Gpu) -> bytes:
-        return encode_entry(value)
-
-    def decode_state(self, data: bytes) -> Gpu:
-        return decode_entry(Gpu, data)

@@ -21,8 +21,9 @@ from clocktower.schemas.analytics import Incident
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
-from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
-from clocktower.streams.processor import Output, Processor, compound_key
+from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
+from clocktower.streams.detectors.replaying_detector import ReplayingDetector
+from clocktower.streams.processor import Output, compound_key
 
 DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
@@ -44,29 +45,24 @@ class Port:
         return sum(n for _, n in self.changes)
 
 
-class LinkFlapDetector(Processor):
+class LinkFlapDetector(ReplayingDetector):
     """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
 
     name: ClassVar[str] = "link_flap"
     consumes: ClassVar[tuple[type[Event], ...]] = (LinkState,)
     key_by: ClassVar[str] = "node"
+    entry: ClassVar[type] = Port
 
     def __init__(self, *, window_ns: int = 10 * 10**9, min_transitions: int = 3, stable_ns: int = 5 * 10**9,
                  backups: dict[str, str] | None = None, ttl_ns: int = DEFAULT_PORT_TTL_NS) -> None:
+        super().__init__(ttl_ns)
         self.window_ns = window_ns
         self.min_transitions = min_transitions
         self.stable_ns = stable_ns
         self.backups = backups or DEFAULT_BACKUPS
-        self.ttl_ns = ttl_ns
-        self.redelivered = 0     # reports already applied: not applied again, their outputs re-emitted
-        self.expired_open = 0    # ports whose entry expired with an incident open
 
-    @property
-    def state_ttl_ns(self) -> int:   # type: ignore[override]
-        return self.ttl_ns
-
-    def counters(self) -> dict[str, int]:
-        return {"redelivered": self.redelivered, "expired_open": self.expired_open}
+    def is_open(self, entry: Port) -> bool:
+        return entry.incident_id is not None
 
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, LinkState)
@@ -81,7 +77,7 @@ class LinkFlapDetector(Processor):
         else:
             out = self._apply(port, event)
         port.log.applied(event.ts_ns, out)
-        state.put(key, port, port.log.newest + self.ttl_ns)
+        state.put(key, port, port.log.newest + self.state_ttl_ns)
         return list(out)
 
     def _apply(self, port: Port, ev: LinkState) -> Emitted:
@@ -100,15 +96,6 @@ class LinkFlapDetector(Processor):
             return self._resolve(ev, port)
         return []
 
-    def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
-        self.expired_open += sum(1 for _, port in expired if port is not None and port.incident_id is not None)
-        return []
-
-    def encode_state(self, value: Port) -> bytes:
-        return encode_entry(value)
-
-    def decode_state(self, data: bytes) -> Port:
-        return decode_entry(Port, data)
 
     def _incident(self, ev: LinkState, port: Port, state: str, severity: str, detail: str) -> Incident:
         return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=port.incident_id or "", kind="link_flap",

@@ -49,7 +49,7 @@ class FlowLatencyJoin(Processor):
 
     def __init__(self, clocks: ClockCorrection | None = None, ttl_ns: int = DEFAULT_SEGMENT_TTL_NS) -> None:
         self.clocks = clocks
-        self.ttl_ns = ttl_ns
+        self.state_ttl_ns = ttl_ns
         self.duplicates = 0        # a half seen again while its segment waits: the first one is kept
         self.expired_halves = 0    # halves whose other end never came within the TTL
         self.reused_keys = 0       # a half with the key of a completed segment but another time: a new one
@@ -57,10 +57,6 @@ class FlowLatencyJoin(Processor):
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> FlowLatencyJoin:
         return cls(ctx.clocks, ctx.segment_ttl_ns)
-
-    @property
-    def state_ttl_ns(self) -> int:   # type: ignore[override]
-        return self.ttl_ns
 
     def partition_key(self, event: Event) -> str:
         assert isinstance(event, FlowSample)
@@ -92,7 +88,7 @@ class FlowLatencyJoin(Processor):
     def _expires(self, seg: Segment, now_ns: int) -> int:
         """TTL after the first half, or after the partition's time if that is later: a half stamped by a clock
         far behind the others' (clock sync exists to fix those) must not expire the moment it arrives."""
-        return max(min(s.ts_ns for s in seg.values()), now_ns) + self.ttl_ns
+        return max(min(s.ts_ns for s in seg.values()), now_ns) + self.state_ttl_ns
 
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         self.expired_halves += sum(1 for _, seg in expired if seg is not None and len(seg) == 1)

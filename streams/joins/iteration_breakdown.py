@@ -104,7 +104,7 @@ class IterationBreakdownJoin(Processor):
         self.grace = grace
         self.max_pending = max_pending
         self.max_collectives = max_collectives
-        self.rank_ttl_ns = rank_ttl_ns
+        self.state_ttl_ns = rank_ttl_ns
         self.late_iterations = 0       # dropped: at or before the rank's last emitted iteration
         self.duplicate_iterations = 0  # dropped: a copy of one still pending
         self.late_collectives = 0      # dropped: at or before the rank's last emitted iteration
@@ -116,10 +116,6 @@ class IterationBreakdownJoin(Processor):
         return {"late_iterations": self.late_iterations, "duplicate_iterations": self.duplicate_iterations,
                 "late_collectives": self.late_collectives, "dropped_collectives": self.dropped_collectives,
                 "expired_ranks": self.expired_ranks, "reemitted_iterations": self.reemitted}
-
-    @property
-    def state_ttl_ns(self) -> int:   # type: ignore[override]
-        return self.rank_ttl_ns
 
     def partition_key(self, event: Event) -> str:
         assert isinstance(event, CollectiveEvent | IterationEvent)
@@ -182,7 +178,7 @@ class IterationBreakdownJoin(Processor):
 
     def _put(self, state: Any, key: str, r: RankState, ts_ns: int) -> None:
         r.last_ns = max(r.last_ns, ts_ns)
-        state.put(key, r, r.last_ns + self.rank_ttl_ns)
+        state.put(key, r, r.last_ns + self.state_ttl_ns)
 
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         out: list[Output] = []
