@@ -40,13 +40,15 @@ class StateStore:
         self._indexed: dict[str, int] = {}       # key -> the earliest expiry it has in the index
         self.expired = 0
 
+    def _stored(self, key: str) -> bytes | None:
+        """The backing bytes of a key this batch has not cached; None if absent or deleted in this batch."""
+        return None if key in self._deleted else self.backing.get(key.encode())
+
     def get(self, key: str) -> Any | None:
         hit = self._cache.get(key)
         if hit is not None:
             return hit[1]
-        if key in self._deleted:
-            return None
-        raw = self.backing.get(key.encode())
+        raw = self._stored(key)
         if raw is None:
             return None
         expires, _ = _HEADER.unpack_from(raw)
@@ -112,9 +114,7 @@ class StateStore:
         hit = self._cache.get(key)
         if hit is not None:
             return hit[0]
-        if key in self._deleted:
-            return None
-        raw = self.backing.get(key.encode())
+        raw = self._stored(key)
         return None if raw is None else _HEADER.unpack_from(raw)[0]
 
     def reload(self) -> None:

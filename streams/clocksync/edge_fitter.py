@@ -35,6 +35,7 @@ import numpy as np
 from clocktower.schemas.analytics import ClockEdgeFit
 from clocktower.schemas.telemetry import ClockProbe
 from clocktower.streams.clocksync.edge_registry import EdgeRegistry
+from clocktower.streams.clocksync.node_ids import NodeIds
 from clocktower.streams.clocksync.pair_fit import PairFits, fit_pairs, floor_drops
 from clocktower.streams.clocksync.probe_filter import ProbePairFilter, PurePairs
 
@@ -60,8 +61,8 @@ class EdgeFitter:
         self.curvature_sd = curvature_sd
         self.recency_s = recency_s
         self.filter = ProbePairFilter(tolerance_ns=pure_tolerance_ns, max_age_ns=2 * self.window_ns)
-        self._names: list[str] = []
-        self._index: dict[str, int] = {}
+        self._ids = NodeIds()
+        self._names = self._ids.names
         self._buf: list[tuple[int, int, int, int, int, int]] = []
         self._store = _empty_store()
         self._edges = EdgeRegistry()
@@ -76,11 +77,7 @@ class EdgeFitter:
 
     # --- input -------------------------------------------------------------------------------------------
     def _node(self, name: str) -> int:
-        i = self._index.get(name)
-        if i is None:
-            i = self._index[name] = len(self._names)
-            self._names.append(name)
-        return i
+        return self._ids.id(name)
 
     def add_probe(self, p: ClockProbe) -> None:
         self._buf.append((self._node(p.sender), self._node(p.receiver), p.pair_id, p.idx, p.tx_ns, p.rx_ns))

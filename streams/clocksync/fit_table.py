@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from clocktower.schemas.analytics import ClockEdgeFit
+from clocktower.streams.clocksync.node_ids import NodeIds
 from clocktower.streams.clocksync.pair_fit import PairFits
 
 _F8 = ("D", "c", "b", "a", "sigma", "n_fwd", "n_rev", "t_first", "t_last_fwd", "t_last_rev")
@@ -25,8 +26,8 @@ def _row(f: ClockEdgeFit) -> tuple[float, ...]:
 
 class FitTable:
     def __init__(self) -> None:
-        self.names: list[str] = []               # node names; node index = position (never reused)
-        self._index: dict[str, int] = {}
+        self._ids = NodeIds()
+        self.names = self._ids.names              # node names; node index = position (never reused)
         self._rows: dict[tuple[str, str], int] = {}
         self.lo = np.empty(0, dtype=np.int64)    # node indices, by row
         self.hi = np.empty(0, dtype=np.int64)
@@ -40,14 +41,10 @@ class FitTable:
         return int(self.lo.size)
 
     def node(self, name: str) -> int:
-        i = self._index.get(name)
-        if i is None:
-            i = self._index[name] = len(self.names)
-            self.names.append(name)
-        return i
+        return self._ids.id(name)
 
     def index_of(self, name: str) -> int | None:
-        return self._index.get(name)
+        return self._ids.get(name)
 
     def add(self, fits: Iterable[ClockEdgeFit]) -> int:
         """Queue each fit unless its edge has a newer one; returns the newest origin queued (0: none).
