@@ -117,7 +117,8 @@ class IterationBreakdown(Event):
 
 
 IncidentKind = Literal[
-    "link_flap", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "gpu_lost", "straggler"
+    "link_flap", "link_down", "link_quarantine", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "gpu_lost",
+    "straggler",
 ]
 
 
@@ -135,3 +136,5 @@ class Incident(Event):
     target: Name
     opened_ns: TimestampNs
     detail: Text = ""
+    command_ids: list[str] = Field(default_factory=list, max_length=64,
+                                   description="ids of the control commands this incident caused, in order")

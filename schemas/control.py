@@ -6,17 +6,19 @@ from typing import Literal
 
 from pydantic import Field
 
-from clocktower.schemas.column_types import Name, Text, TimestampNs
+from clocktower.schemas.column_types import Name, Text, TimestampNs, UInt64
 from clocktower.schemas.event import Event
 
-Action = Literal["failover", "restore", "qos", "rate_limit", "pause", "resume", "drain", "spare"]
+Action = Literal["failover", "restore", "quarantine", "release", "qos", "rate_limit", "pause", "resume", "drain",
+                 "spare"]
 
 
 class ControlCommand(Event):
     """A signed instruction for exactly one node (`node`), valid until `expires_ns`.
 
-    `signature` is an HMAC over every other field (see control/signing.py);
-    actuators refuse unsigned, expired, foreign or replayed commands. Defaults that are true values:
+    `signature` is an Ed25519 signature (base64url) over every other field (control/signing.py): only the
+    streams (and the operator's CLI) hold the private key, actuators only the public one, so no node can forge a
+    command. Actuators refuse unsigned, expired, foreign or replayed commands. Defaults that are true values:
     `params` {} (the action takes none), `incident_id` "" (issued by hand, not for an incident).
     """
 
@@ -34,11 +36,23 @@ class ControlCommand(Event):
 
 
 class ControlAck(Event):
-    """An actuator's answer to one command. `detail` is free text ("" = none)."""
+    """An actuator's answer to one command, or a report of what the node's own watchdog did.
+
+    `status`: "applied" (done, or already so: applying is idempotent), "refused" (not verified or not allowed:
+    forged, expired, replayed, foreign, malformed, quarantined; the node is unchanged) or "failed" (verified, but
+    applying it failed). `detail` says why or what was done ("" = nothing to add). `origin` "watchdog" is a
+    local failover the agent made by itself, without a command (`command_id` is then the watchdog's own id).
+    `apply_ns` is how long applying took on the node (0 when nothing was applied). `action`/`target` repeat
+    the command's, so acks can be read without a join ("" when a malformed command gave none).
+    """
 
     SCHEMA = "control_ack"
     ORDER_BY = ("node", "ts_ns")
 
     command_id: Name
-    status: Literal["applied", "rejected", "failed"]
+    status: Literal["applied", "refused", "failed"]
     detail: Text = ""
+    action: Literal[Action, ""] = ""
+    target: str = Field(default="", max_length=256)
+    origin: Literal["command", "watchdog"] = "command"
+    apply_ns: UInt64 = 0

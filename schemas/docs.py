@@ -90,7 +90,7 @@ def _required(model: type[Event], name: str) -> str:
     if field.is_required():
         return "yes"
     when = [f"`{k}` = `{v}`" for (k, v), fields in model.REQUIRED_WHEN.items() if name in fields]
-    default = "{}" if field.default_factory is dict else json.dumps(field.default)
+    default = json.dumps(field.default_factory()) if field.default_factory is not None else json.dumps(field.default)
     return (f"when {' or '.join(when)}; else " if when else "no, ") + f"`{default}`"
 
 

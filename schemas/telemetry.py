@@ -162,6 +162,11 @@ class LinkState(Event):
     is null (NULL in ClickHouse) where it could not be read (file missing or unreadable), never a fake 0.
     port_*_data are bytes (sysfs counts 4-byte words). For IB ports `operstate` is the physical state
     (e.g. "LinkUp") and `carrier_changes` is the `link_downed` counter (one per flap, not two).
+
+    `link` names the physical port this report is about, so one port is one link in every detector: an RDMA
+    port with a netdev (RoCE `mlx5_0/1` over `eth0`, found in sysfs) has `link` "eth0"; "" means the interface
+    itself. `backup` is the port that carries this one's traffic when it fails (per-node configuration, or
+    discovered from the routes); "" means it has none, and no failover can be asked for.
     """
 
     SCHEMA = "link_state"
@@ -187,6 +192,8 @@ class LinkState(Event):
     symbol_error: UInt64 | None = 0
     link_downed: UInt64 | None = 0
     link_error_recovery: UInt64 | None = 0
+    link: str = Field(default="", max_length=256, description="the physical port reported on (\"\" = interface)")
+    backup: str = Field(default="", max_length=256, description="this port's backup port (\"\" = none)")
 
     @model_validator(mode="after")
     def _ib_counters_given(self) -> LinkState:

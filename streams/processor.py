@@ -19,7 +19,6 @@ over state that already saw them): the processors drop what they have seen, or r
 
 from __future__ import annotations
 
-import zlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -27,6 +26,7 @@ import orjson
 
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.event import Event
+from clocktower.schemas.partitioning import partition_of  # noqa: F401 - re-exported: the streams regroup with it
 from clocktower.streams.processor_context import ProcessorContext
 
 Output = Event | CommandIntent
@@ -79,7 +79,3 @@ def compound_key(*parts: str | int) -> str:
     "a" + "b|c"), no field value can make two different keys equal."""
     return orjson.dumps(parts).decode()
 
-
-def partition_of(key: str, partitions: int) -> int:
-    """The partition a repartitioned key goes to: a stable hash, the same in every worker and release."""
-    return zlib.crc32(key.encode()) % partitions
