@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clocktower.schemas.control import Action
+from clocktower.schemas.ids import stable_id
 
 
 @dataclass(frozen=True)
@@ -21,3 +22,8 @@ class CommandIntent:
     ts_ns: int
     incident_id: str = ""
     params: dict[str, str] = field(default_factory=dict)
+
+
+def command_id_of(intent: CommandIntent) -> str:
+    """The id the issuer gives `intent`'s command: a detector computes it too, to name it in its incident."""
+    return stable_id(intent.action, intent.incident_id or intent.node, intent.target, intent.ts_ns)
