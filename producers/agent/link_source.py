@@ -64,7 +64,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,7 +126,8 @@ class LinkSource:
     name = "links"
 
     def __init__(self, node: str, interfaces: Sequence[str] | None = None, netns: str | None = None,
-                 sysfs_net: Path = SYSFS_NET, report_interval_s: float | None = 1.0) -> None:
+                 sysfs_net: Path = SYSFS_NET, report_interval_s: float | None = 1.0,
+                 listeners: Sequence[Callable[[LinkState], None]] = ()) -> None:
         self.node = node
         # Every link's last known state is re-sent this often (from memory, no netlink request): the
         # link-flap detector runs on event time, so it needs reports after the last change to see that a
@@ -137,6 +138,11 @@ class LinkSource:
         self.sysfs_net = sysfs_net
         self.counts: Counter[str] = Counter()
         self.resyncs = 0
+        # Called on the source's thread with each LinkState before it is emitted (the agent's local
+        # watchdog: a failover must not wait for the publisher). A listener's exception is logged and
+        # counted (`listener_errors`), never stops the source or the emit.
+        self.listeners = tuple(listeners)
+        self.listener_errors = 0
         self._seen: dict[int, _Seen] = {}      # by ifindex; only touched on the source's thread
         self._emit: Emit | None = None
         self._thread: threading.Thread | None = None
@@ -367,6 +373,13 @@ class LinkSource:
     def _send(self, events: list[LinkState]) -> None:
         if not events or self._emit is None:
             return
+        for listener in self.listeners:
+            for event in events:
+                try:
+                    listener(event)
+                except Exception:
+                    self.listener_errors += 1
+                    log.exception("links: listener %r failed on %s; ignored", listener, event.interface)
         try:
             self._emit(list(events))
         except Exception:
