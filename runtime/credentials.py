@@ -1,4 +1,4 @@
-"""Reading the secrets `clocktower up` generates in the data dir: ClickHouse logins and the control key.
+"""Reading the secrets `clocktower up` generates in the data dir: ClickHouse logins and the control key pair.
 
 The write side (clocktower/generated_secrets.py) is the CLI's; every service reads them through here, so the
 file names and formats are defined once. Files are read with runtime/private_file.py's checks (0600, own user).
@@ -10,13 +10,16 @@ credentials.json holds two users of the embedded ClickHouse endpoint:
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import read_private_file
 
 CREDENTIALS_FILE = "credentials.json"
-CONTROL_KEY_FILE = "control.key"
+CONTROL_KEY_FILE = "control.key"          # Ed25519 private key (PEM, 0600): signs control commands
+CONTROL_PUBLIC_KEY_FILE = "control.pub"   # its public key (PEM): all an actuator gets
 ADMIN_USER = "clocktower"
 DASHBOARDS_USER = "dashboards"
 
@@ -27,6 +30,10 @@ def credentials_path(data_dir: Path) -> Path:
 
 def control_key_path(data_dir: Path) -> Path:
     return data_dir / CONTROL_KEY_FILE
+
+
+def control_public_key_path(data_dir: Path) -> Path:
+    return data_dir / CONTROL_PUBLIC_KEY_FILE
 
 
 def read_users(path: Path) -> dict[str, tuple[str, bool]]:
@@ -53,11 +60,26 @@ def admin_login(data_dir: Path) -> tuple[str, str] | None:
 
 
 def read_control_key(data_dir: Path) -> bytes | None:
-    """The generated command-signing key, or None before the first start."""
+    """The generated private signing key (PEM bytes), or None before the first start."""
     path = control_key_path(data_dir)
     if not path.exists():
         return None
-    key = read_private_file(path).strip()
-    if len(key) < 32:
-        raise UserError(f"{path} holds no usable key: delete it and restart `clocktower up`")
-    return key
+    return read_private_file(path)
+
+
+def read_public_file(path: Path) -> bytes:
+    """A public file's bytes (a public key may be world-readable, never writable by others, never a symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path} is not a regular file")
+        if st.st_mode & 0o022:
+            raise UserError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 644 it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(1 << 16)
+    finally:
+        os.close(fd)

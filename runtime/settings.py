@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from clocktower.runtime.credentials import admin_login, control_key_path, read_control_key
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import read_owner
+from clocktower.runtime.private_file import read_private_file
 from clocktower.schemas.envelope_checks import DEFAULT_MAX_FUTURE_SKEW_S
 
 
@@ -33,12 +34,23 @@ class RuntimeSettings(BaseSettings):
     kafka_port: int = Field(default=9092, ge=1, le=65535)
     http_port: int = Field(default=8123, ge=1, le=65535)
     host: str = "127.0.0.1"
-    control_key: str | None = Field(default=None, description="command-signing key; default: the one "
-                                    "`clocktower up` generates in the data dir on first start")
+    control_private_key_file: Path | None = Field(default=None, description=(
+        "Ed25519 private key (PEM, 0600) that signs control commands; default with the embedded broker: the one "
+        "`clocktower up` generates in the data dir. With an external Kafka it must be set"))
+    control_key: str | None = Field(default=None, description="no longer used (it was an HMAC key)")
     metrics_host: str = Field(default="127.0.0.1", description="where the Prometheus endpoints bind; 0.0.0.0 "
                               "only inside a container whose port is not published")
     max_future_skew_s: float = Field(default=DEFAULT_MAX_FUTURE_SKEW_S, gt=0, description="the sink and the streams "
                                      "dead-letter a record with an event stamped more than this ahead of their clock")
+
+    @field_validator("control_key")
+    @classmethod
+    def _no_hmac_key(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("CLOCKTOWER_CONTROL_KEY (a shared HMAC key) is no longer used: commands are signed with "
+                             "Ed25519. Unset it, and set CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE on the streams "
+                             "(`clocktower control keygen DIR` makes a pair)")
+        return v
 
     @field_validator("clickhouse_url")
     @classmethod
@@ -87,12 +99,18 @@ class RuntimeSettings(BaseSettings):
         return owner is not None and owner.get("clickhouse_embedded") is True and \
             owner.get("clickhouse") == self.clickhouse_url
 
-    def control_key_bytes(self) -> bytes:
-        """CLOCKTOWER_CONTROL_KEY, else the key generated in the data dir; there is no built-in one."""
-        if self.control_key:
-            return self.control_key.encode()
+    def control_private_key_pem(self) -> tuple[bytes, Path]:
+        """(PEM bytes, their file) of the signing key: CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE, else, with the embedded
+        broker, the data dir's generated one. There is no built-in key, and an external cluster never gets the data
+        dir's: it needs one configured."""
+        if self.control_private_key_file is not None:
+            return read_private_file(self.control_private_key_file), self.control_private_key_file
+        path = control_key_path(self.data_dir)
+        if not self.embedded_kafka:
+            raise UserError("no control signing key: with an external Kafka set CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE "
+                            "(`clocktower control keygen DIR` makes a key pair)")
         key = read_control_key(self.data_dir)
         if key is None:
-            raise UserError(f"no control key: set CLOCKTOWER_CONTROL_KEY, or run `clocktower up` once to "
-                            f"generate {control_key_path(self.data_dir)}")
-        return key
+            raise UserError(f"no control signing key: run `clocktower up` once to generate {path}, or set "
+                            "CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE")
+        return key, path

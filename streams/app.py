@@ -15,6 +15,7 @@ import socket
 import faust
 
 from clocktower.control.issuer import CommandIssuer
+from clocktower.control.key_files import signer_from
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
@@ -70,7 +71,7 @@ def _table(p: Processor) -> faust.Table:
     return tables[p.name]
 
 
-topology = Topology(processors, CommandIssuer(settings.control_key_bytes()), budget, _table)
+topology = Topology(processors, CommandIssuer(signer_from(settings)), budget, _table)
 handlers = record_handlers(topology, identity_check(NodeSigning()),
                            settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 CHANGELOG_BUFFER = 10_000

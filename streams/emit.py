@@ -9,7 +9,9 @@ from typing import NamedTuple
 
 from clocktower.schemas.batch_split import encode_records
 from clocktower.schemas.codec import Headers
+from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.event import Event
+from clocktower.schemas.partitioning import partition_of
 from clocktower.schemas.topics import topic_for
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,8 @@ class Out(NamedTuple):
 def records(events: Iterable[Event], max_events: int = 1000, topic: str | None = None,
             partition: int | None = None) -> Iterator[Out]:
     """A record per node and schema (at most `max_events` events, none over the record limit), to the
-    events' own topic or to `topic`/`partition` (a repartition topic)."""
+    events' own topic or to `topic`/`partition` (a repartition topic). A control command goes to its node's
+    partition of control.commands (schemas/partitioning.py), the one its node's actuator reads."""
     keyf = lambda e: (type(e).SCHEMA, e.node)  # noqa: E731
     for _, grp in groupby(sorted(events, key=keyf), key=keyf):
         chunk = list(grp)
@@ -39,5 +42,9 @@ def records(events: Iterable[Event], max_events: int = 1000, topic: str | None =
             for event, size in split.oversized:   # derived events have bounded texts: not expected; never silent
                 log.error("not published: a derived %s event of %s is %d bytes, over the record limit",
                           event.SCHEMA, event.node, size)
+            spec = topic_for(type(part[0]))
+            to = partition
+            if topic is None and spec.model is ControlCommand:
+                to = partition_of(part[0].node, spec.partitions)
             for r in split.records:
-                yield Out(topic or topic_for(type(part[0])).name, r.key, r.value, r.headers, partition)
+                yield Out(topic or spec.name, r.key, r.value, r.headers, to)

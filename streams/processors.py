@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clocktower.control.issuer import CommandIssuer
+from clocktower.control.signing import CommandSigner
 from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.event import Event
 from clocktower.streams.clocksync.clock_view import ClockView
@@ -25,7 +26,7 @@ from clocktower.streams.remediation_budget import RemediationBudget
 
 
 class Processors:
-    def __init__(self, control_key: bytes, *, clock_pure_tolerance_ns: float = 2_000.0,
+    def __init__(self, signer: CommandSigner, *, clock_pure_tolerance_ns: float = 2_000.0,
                  clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None,
                  segment_ttl_ns: int = 10 * 10**9) -> None:
         self.clock_view = ClockView()
@@ -33,7 +34,7 @@ class Processors:
         ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
                                remediation_budget=self.budget)
-        issuer = CommandIssuer(control_key)
+        issuer = CommandIssuer(signer)
         self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
 
     def processor(self, name: str) -> Processor:

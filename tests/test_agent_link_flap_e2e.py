@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from clocktower.control.signing import verify
+from clocktower.control.key_files import verifier_from_file
 from clocktower.producers.agent.link_source import LinkSource
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.spooling_publisher import SpoolingPublisher
+from clocktower.runtime.credentials import control_public_key_path
 from clocktower.schemas.control import ControlCommand
 from tests.netns import namespace_with_veth
 
@@ -71,7 +72,8 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
     assert [r[cmds.column_names.index("action")] for r in cmds.result_rows][:1] == ["failover"]
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
-    assert cmd.target == "eth0" and cmd.params["to"] == "eth1" and verify(cmd, pipeline.settings.control_key_bytes())
+    assert cmd.target == "eth0" and cmd.params["to"] == "eth1"
+    assert verifier_from_file(control_public_key_path(pipeline.settings.data_dir)).verify(cmd)
     resolved = _rows(client, f"SELECT count() FROM incidents FINAL WHERE node = '{NODE}' AND state = 'resolve' "
                      "HAVING count() > 0", 1, deadline, pipeline)
     assert resolved, "the incident was never resolved: no report after the port became stable?"

@@ -108,6 +108,10 @@ def test_make_compose_env_writes_fresh_private_secrets_once(tmp_path: Path) -> N
     needed = {REQUIRED_VAR.match(v).group(1) for s in SERVICES for k, v in _env(s).items()  # type: ignore[union-attr]
               if REQUIRED_VAR.match(v)}
     assert values.pop("CLOCKTOWER_CLICKHOUSE_USER") == "clocktower"  # the CLI logs in as the writer, not `default`
+    keys = Path(values.pop("CLOCKTOWER_SECRETS_DIR"))
+    assert os.stat(keys / "control.key").st_mode & 0o777 == 0o600
+    assert (keys / "control.key").read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert (keys / "control.pub").read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
     assert needed <= set(values) and all(len(v) >= 32 for v in values.values())
     assert first.read_text() != second.read_text()
     before = first.read_text()

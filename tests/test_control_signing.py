@@ -1,103 +1,171 @@
-"""Control signing lives in control/: detectors return intents, the streams' edge signs them, actuators verify.
+"""Control commands no node can forge: Ed25519 signing at the streams' edge, verification with the public key only.
 
-The pinned ids and signatures were produced by the old in-detector signing (streams/command_signing.py,
-before the move) for the same inputs: the move must not change one byte of a command.
+Detectors return intents and hold no key; the one issuer signs them. An actuator holds only the public key, and
+`refusal()` names why a command must not be applied: unsigned, forged or altered, another node's, expired, or
+valid for too long.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from clocktower.control.intent import CommandIntent
+from clocktower.control.command_check import MAX_LIFETIME_NS, refusal
+from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.issuer import CommandIssuer
-from clocktower.control.signing import verify
+from clocktower.control.key_files import signer_from, verifier_from_file
+from clocktower.control.keys import BadKeyFile, load_private_key, load_public_key, new_key_pair
+from clocktower.control.signing import CommandSigner, CommandVerifier
+from clocktower.generated_secrets import ensure_control_keys
+from clocktower.runtime.credentials import control_key_path, control_public_key_path
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.settings import RuntimeSettings
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ControlCommand
-from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
-from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.processors import Processors
 from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
 S = 10**9
-KEY = b"k" * 32
 CONTROL = Path(__file__).resolve().parents[1] / "control"
-
-# (action, command_id, expires_ns, signature) from the old signing, for _events() under KEY.
-BEFORE_THE_MOVE = [
-    ("failover", "failover:link_flap:node-1:ac02cbd1bebcf48d1962a6de0ed7843d:81293a600758e1dbcaa902fdb45b5654",
-     1780000063000000000, "d0aad7b16380e3a34aaa8d8c27b8360faed25e2a32a2d5064fa5b720e23d1929"),
-    ("restore", "restore:link_flap:node-1:ac02cbd1bebcf48d1962a6de0ed7843d:cddc33f2ab97dc967c16f65d0daf76f2",
-     1780000075000000000, "7016566b53284acf8f6ddab10b6deb885ff20d4d7cc3662c234bf923b433930e"),
-    ("drain", "drain:gpu_xid:node-3:91d84c6055a0ed96694d8804b49252d8:3ffb48159fb2e7f44fd0c8d5b653aefd",
-     1780000061000000000, "b7665c082411093f11c7e5fde93e100dc82709df17b39d3f980bd962c90aaacf"),
-    ("spare", "spare:gpu_xid:node-3:91d84c6055a0ed96694d8804b49252d8:1ecb4fdb0d994fdbb845f8974b67dacf",
-     1780000061000000000, "31d43b05fe034c27469e9c01da17a7d968ee9df5eea1cd8fc3fd64e89394d0c3"),
-]
-
-
-def _link(ts: int, up: bool, changes: int) -> LinkState:
-    return LinkState(node="node-1", ts_ns=ts, interface="eth0", kind="ethernet", up=up, carrier_changes=changes,
-                     speed_mbps=0, operstate="up" if up else "down", carrier=up)
+OTHER = CommandVerifier(Ed25519PrivateKey.generate().public_key())
 
 
 def _gpu(ts: int, **kw: object) -> GpuHealth:
     return GpuHealth(node="node-3", ts_ns=ts, gpu=5, uuid="GPU-x", **{**GPU_READINGS, **kw})
 
 
-def _events() -> list[LinkState | GpuHealth]:
-    """A link flap that opens and resolves (failover, restore), then a GPU that falls off the bus (drain, spare)."""
-    return [_link(T0, True, 0), _link(T0 + S, False, 1), _link(T0 + 2 * S, True, 2), _link(T0 + 3 * S, False, 3),
-            _link(T0 + 9 * S, True, 4), _link(T0 + 15 * S, True, 4), _gpu(T0), _gpu(T0 + S, xid=79)]
+def _command(**intent: object) -> ControlCommand:
+    fields = {"node": "node-1", "action": "failover", "target": "eth0", "ts_ns": T0, "incident_id": "inc",
+              "params": {"from": "eth0", "to": "eth1"}, **intent}
+    return CommandIssuer(TEST_SIGNER).issue(CommandIntent(**fields))  # type: ignore[arg-type]
 
 
-def test_edge_signing_gives_the_commands_of_before_the_move() -> None:
-    out: list = []
-    processors = Processors(KEY)
-    for e in _events():
-        out += processors.on_batch([e])
+def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies() -> None:
+    processors = Processors(TEST_SIGNER)
+    out = processors.on_batch([_gpu(T0)]) + processors.on_batch([_gpu(T0 + S, xid=79)])
     cmds = [e for e in out if isinstance(e, ControlCommand)]
-    assert [(c.action, c.command_id, c.expires_ns, c.signature) for c in cmds] == BEFORE_THE_MOVE
-    assert all(verify(c, KEY) for c in cmds) and not any(verify(c, b"other-key") for c in cmds)
+    assert [c.action for c in cmds] == ["drain", "spare"]
+    assert all(TEST_VERIFIER.verify(c) for c in cmds) and not any(OTHER.verify(c) for c in cmds)
     assert not any(isinstance(e, CommandIntent) for e in out), "no intent leaves the streams unsigned"
-    incidents = [e.incident_id for e in out if isinstance(e, Incident)]
-    # Each command stays attached to its incident: failover/restore to the flap, drain/spare to the XID.
-    assert [c.incident_id for c in cmds] == [incidents[0], incidents[0], incidents[2], incidents[2]]
+    incident = next(e for e in out if isinstance(e, Incident))
+    assert {c.incident_id for c in cmds} == {incident.incident_id}
 
 
-def test_detectors_hold_no_key_and_return_intents_the_issuer_signs_alike() -> None:
-    links, gpus = LinkFlapDetector(), GpuFaultDetector()
-    stores = {links: StateStore(links), gpus: StateStore(gpus)}
-    intents: list = []
-    for e in _events():
-        det = links if isinstance(e, LinkState) else gpus
-        intents += det.process(stores[det], e)
-        stores[det].flush()
-    assert [i.action for i in intents if isinstance(i, CommandIntent)] == ["failover", "restore", "drain", "spare"]
-    assert not any(isinstance(e, ControlCommand) for e in intents)
-    signed = [c for c in CommandIssuer(KEY).signed(intents) if isinstance(c, ControlCommand)]
-    assert [(c.action, c.command_id, c.expires_ns, c.signature) for c in signed] == BEFORE_THE_MOVE
+def test_detectors_hold_no_key_and_the_issuer_gives_the_ids_they_predict() -> None:
+    det = GpuFaultDetector()
+    store = StateStore(det)
+    intents = det.process(store, _gpu(T0)) + det.process(store, _gpu(T0 + S, xid=79))
+    asked = [i for i in intents if isinstance(i, CommandIntent)]
+    signed = [c for c in CommandIssuer(TEST_SIGNER).signed(intents) if isinstance(c, ControlCommand)]
+    assert [c.command_id for c in signed] == [command_id_of(i) for i in asked] and len(signed) == 2
+    assert all(c.expires_ns == c.ts_ns + 60 * S for c in signed)
 
 
-def test_signature_covers_every_field() -> None:
-    cmd = CommandIssuer(KEY).issue(CommandIntent("node-1", "failover", "eth0", T0, "inc", {"to": "eth1"}))
-    assert verify(cmd, KEY)
+def test_ed25519_signatures_are_deterministic_and_cover_every_field() -> None:
+    cmd = _command()
+    assert cmd == _command() and len(cmd.signature) == 86 and TEST_VERIFIER.verify(cmd)
     for change in ({"node": "node-2"}, {"params": {"to": "eth9"}}, {"expires_ns": cmd.expires_ns + 1},
-                   {"incident_id": "other"}, {"command_id": "replayed"}):
-        assert not verify(cmd.model_copy(update=change), KEY)
+                   {"incident_id": "other"}, {"command_id": "replayed"}, {"action": "restore"},
+                   {"target": "eth1"}, {"ts_ns": cmd.ts_ns + 1}):
+        assert not TEST_VERIFIER.verify(cmd.model_copy(update=change)), change
+    for sig in ("-", "", "A" * 86, cmd.signature[:-1], cmd.signature + "A", "!" * 86):
+        assert not TEST_VERIFIER.verify(cmd.model_copy(update={"signature": sig})), sig
 
 
-def test_an_empty_key_is_refused() -> None:
-    with pytest.raises(ValueError, match="empty"):
-        CommandIssuer(b"")
+@pytest.mark.parametrize(("case", "reason"), [
+    ("good", None),
+    ("unsigned", "unsigned"),
+    ("forged", "bad signature"),
+    ("altered", "bad signature"),
+    ("foreign", "scoped to node 'node-2', not to this node 'node-1'"),
+    ("expired", "expired 1.000 s ago"),
+    ("too_long", "more than the 3600 s allowed"),
+])
+def test_refusal_names_why(case: str, reason: str | None) -> None:
+    now = T0 + S
+    cmd = {
+        "good": _command(),
+        "unsigned": _command().model_copy(update={"signature": "-"}),
+        "forged": CommandIssuer(CommandSigner(Ed25519PrivateKey.generate())).issue(
+            CommandIntent("node-1", "failover", "eth0", T0, "inc")),
+        "altered": _command().model_copy(update={"params": {"to": "eth7"}}),
+        "foreign": _command(node="node-2"),
+        "expired": CommandIssuer(TEST_SIGNER, ttl_ns=S // 2).issue(
+            CommandIntent("node-1", "failover", "eth0", T0 - S // 2, "inc")),
+        "too_long": CommandIssuer(TEST_SIGNER, ttl_ns=MAX_LIFETIME_NS + S).issue(
+            CommandIntent("node-1", "failover", "eth0", T0, "inc")),
+    }[case]
+    got = refusal(cmd, node="node-1", now_ns=now, verifier=TEST_VERIFIER)
+    assert got == reason if reason is None else reason in (got or ""), got
 
 
-def test_control_imports_only_schemas_and_libraries() -> None:
+def test_key_files_round_trip_and_bad_ones_are_refused_with_their_name(tmp_path: Path) -> None:
+    private, public = new_key_pair()
+    signer = CommandSigner(load_private_key(private, "p"))
+    cmd = CommandIssuer(signer).issue(CommandIntent("node-1", "drain", "node-1", T0))
+    assert CommandVerifier(load_public_key(public, "q")).verify(cmd)
+    rsa_pem = rsa.generate_private_key(public_exponent=65537, key_size=1024).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    for bad in (b"", b"not a key", rsa_pem, public):
+        with pytest.raises(BadKeyFile, match="/etc/x"):
+            load_private_key(bad, "/etc/x")
+    with pytest.raises(BadKeyFile, match="/etc/y"):
+        load_public_key(private, "/etc/y")
+
+
+def test_up_makes_a_pair_once_and_moves_an_old_hmac_key_aside(tmp_path: Path) -> None:
+    d = tmp_path / "ct"
+    d.mkdir(mode=0o700)
+    control_key_path(d).write_bytes(b"an-old-shared-hmac-secret-of-32-bytes-or-more\n")
+    assert ensure_control_keys(d) and (d / "control.key.hmac-old").exists()
+    assert os.stat(control_key_path(d)).st_mode & 0o777 == 0o600
+    assert os.stat(control_public_key_path(d)).st_mode & 0o777 == 0o644
+    before = control_key_path(d).read_bytes()
+    assert not ensure_control_keys(d) and control_key_path(d).read_bytes() == before
+    signer = signer_from(RuntimeSettings(data_dir=d))
+    cmd = CommandIssuer(signer).issue(CommandIntent("node-1", "drain", "node-1", T0))
+    assert verifier_from_file(control_public_key_path(d)).verify(cmd)
+
+
+def test_no_key_means_no_start_and_an_external_cluster_never_gets_the_data_dir_s(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    for name in list(os.environ):
+        if name.startswith("CLOCKTOWER_"):
+            monkeypatch.delenv(name)
+    with pytest.raises(UserError, match="run `clocktower up` once"):
+        signer_from(RuntimeSettings(data_dir=tmp_path))
+    tmp_path.chmod(0o700)
+    ensure_control_keys(tmp_path)
+    with pytest.raises(UserError, match="with an external Kafka set CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE"):
+        signer_from(RuntimeSettings(data_dir=tmp_path, kafka_bootstrap="kafka:9092"))
+    given = signer_from(RuntimeSettings(data_dir=tmp_path, kafka_bootstrap="kafka:9092",
+                                        control_private_key_file=control_key_path(tmp_path)))
+    assert isinstance(given, CommandSigner)
+    with pytest.raises(ValueError, match="no longer used"):
+        RuntimeSettings(data_dir=tmp_path, control_key="k" * 32)
+
+
+def test_a_world_writable_public_key_is_not_trusted(tmp_path: Path) -> None:
+    path = tmp_path / "control.pub"
+    path.write_bytes(new_key_pair()[1])
+    path.chmod(0o666)
+    with pytest.raises(UserError, match="writable by other users"):
+        verifier_from_file(path)
+
+
+def test_control_imports_only_schemas_runtime_and_libraries() -> None:
     """The actuators import control/; it must not pull in the stream processors, sinks, producers or the CLI."""
     offenders = []
     for path in CONTROL.rglob("*.py"):
@@ -105,5 +173,5 @@ def test_control_imports_only_schemas_and_libraries() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("clocktower")
-                          and not n.startswith(("clocktower.schemas", "clocktower.control"))]
+                          and not n.startswith(("clocktower.schemas", "clocktower.control", "clocktower.runtime"))]
     assert offenders == []

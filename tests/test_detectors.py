@@ -20,10 +20,10 @@ from clocktower.streams.processor_context import ProcessorContext
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
-KEY = b"k" * 32
 S = 10**9
 HOUR = 3600 * S
 
@@ -44,7 +44,7 @@ def worker(proc: Processor, backing: MutableMapping[bytes, bytes] | None = None)
     """A worker that (re)starts over the table `backing`, as after a restart or a rebalance."""
     store = StateStore(proc, backing)
     store.reload()
-    return ProcessorRunner(proc, store, CommandIssuer(KEY))
+    return ProcessorRunner(proc, store, CommandIssuer(TEST_SIGNER))
 
 
 def one_by_one(runner: ProcessorRunner, events: Sequence[Event]) -> list[list[Event]]:

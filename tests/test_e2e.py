@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from clocktower.control.signing import verify
+from clocktower.control.key_files import verifier_from_file
 from clocktower.drain import wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.runtime.credentials import control_public_key_path
 from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.topics import BY_SCHEMA
 from clocktower.summary import table_rows
@@ -59,4 +60,5 @@ def test_pipeline_counts_are_exact_flap_is_remediated_and_bad_records_are_dead_l
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
     assert cmd.node == "node-1.demo" and cmd.target == "eth0" and cmd.params["to"] == "eth1"
-    assert verify(cmd, pipeline.settings.control_key_bytes()), "the stored command must carry a valid signature"
+    verifier = verifier_from_file(control_public_key_path(pipeline.settings.data_dir))
+    assert verifier.verify(cmd), "the stored command must carry a valid signature"

@@ -21,6 +21,7 @@ from clocktower.runtime.credentials import (
 )
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import write_owner
+from clocktower.runtime.private_file import create_private_file
 
 
 def mode(path: Path) -> int:
@@ -44,7 +45,7 @@ def test_first_start_writes_private_random_secrets_and_never_rewrites_them(tmp_p
     assert len(users[ADMIN_USER][0]) >= 24 and users[ADMIN_USER][0] != users[DASHBOARDS_USER][0]
     assert read_users(credentials_path(two)) != users, "two data dirs got the same passwords"
     key = read_control_key(one)
-    assert key is not None and len(key) >= 32 and key != read_control_key(two)
+    assert key is not None and key.startswith(b"-----BEGIN PRIVATE KEY-----") and key != read_control_key(two)
     before = credentials_path(one).read_bytes(), control_key_path(one).read_bytes()
     ensure_secrets(one)  # a restart
     assert (credentials_path(one).read_bytes(), control_key_path(one).read_bytes()) == before
@@ -71,15 +72,16 @@ def test_secrets_readable_by_others_are_refused(tmp_path: Path) -> None:
 
 
 def test_settings_carry_no_built_in_key_and_read_the_generated_one(tmp_path: Path) -> None:
-    assert Settings.model_fields["control_key"].default is None
+    assert Settings.model_fields["control_private_key_file"].default is None
     assert Settings.model_fields["clickhouse_password"].default is None
     settings = Settings(data_dir=tmp_path / "ct")
-    with pytest.raises(UserError, match="no control key"):
-        settings.control_key_bytes()
+    with pytest.raises(UserError, match="no control signing key"):
+        settings.control_private_key_pem()
     ensure_secrets(tmp_path / "ct")
-    assert settings.control_key_bytes() == read_control_key(tmp_path / "ct")
-    assert Settings(data_dir=tmp_path / "ct", control_key="from-the-environment").control_key_bytes() == (
-        b"from-the-environment")
+    assert settings.control_private_key_pem() == (read_control_key(tmp_path / "ct"), control_key_path(tmp_path / "ct"))
+    own = tmp_path / "own.key"
+    create_private_file(own, b"-----BEGIN PRIVATE KEY-----")
+    assert Settings(data_dir=tmp_path / "ct", control_private_key_file=own).control_private_key_pem()[1] == own
 
 
 def test_clickhouse_login_prefers_explicit_settings_then_the_data_dir(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def test_an_idle_stream_consumer_backs_off_after_empty_fetches(services: Pipelin
 
 def test_the_stream_worker_installs_the_backoff(tmp_path: Path) -> None:
     """The Faust app's consumers are aiokafka consumers: importing the app installs the fetcher."""
-    env = {**os.environ, "CLOCKTOWER_CONTROL_KEY": "k" * 32, "CLOCKTOWER_DATA_DIR": str(tmp_path),
+    env = {**os.environ, "CLOCKTOWER_DATA_DIR": str(tmp_path),
            "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS": "300"}
     code = ("import clocktower.streams.app, aiokafka.consumer.consumer as c; "
             "print(c.Fetcher.__name__, c.Fetcher.idle_backoff_s)")

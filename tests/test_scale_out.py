@@ -21,11 +21,12 @@ from confluent_kafka.admin import AdminClient
 from clocktower.drain import wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
-from clocktower.runtime.credentials import control_key_path
+from clocktower.runtime.credentials import control_key_path, control_public_key_path
 from clocktower.runtime.private_file import create_private_file
 from clocktower.schemas.topics import BY_NAME
 from clocktower.streams.registry import APP_ID
 from tests.conftest import Pipeline, start_pipeline
+from tests.control_keys import TEST_PUBLIC_PEM, private_pem
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.e2e
 # the broker, ClickHouse and the sink get through on 2 cores.
 SIM = SimConfig(nodes=6, gpus_per_node=2, gpu_health_hz=2.0, duration_s=12, seed=11)
 S = 1_000_000_000
-CONTROL_KEY = b"scale-out-test-" + b"k" * 32 + b"\n"
 # One start for every run of this module (event times, and so incident and command ids, match across runs), an
 # hour back: inside every table's retention (clock_edges keeps a day), and no event is stamped in the future.
 START_NS = (time.time_ns() // (3600 * S) - 1) * 3600 * S
@@ -51,7 +51,8 @@ def _members(bootstrap: str) -> int:
 
 def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[dict[str, list], FleetSimulator]:
     data_dir.mkdir(parents=True)
-    create_private_file(control_key_path(data_dir), CONTROL_KEY)   # one key for all runs: same signatures
+    create_private_file(control_key_path(data_dir), private_pem())   # one key for all runs: same signatures
+    create_private_file(control_public_key_path(data_dir), TEST_PUBLIC_PEM)
     p: Pipeline = start_pipeline(data_dir, with_streams=False, remediation_max_per_hour=1000)
     try:
         children = [p.stack.start_worker("streams", i) for i in range(1, workers + 1)]

@@ -6,7 +6,6 @@ from prometheus_client import REGISTRY
 
 from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
-from clocktower.control.signing import verify
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.control import ControlCommand
@@ -21,10 +20,11 @@ from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
-KEY = b"k" * 32
+KEY = TEST_SIGNER
 S = 10**9
 NODE = "n" * 256          # the longest node name the schema allows
 IFACE = "i" * 256         # and the longest interface name
@@ -55,7 +55,7 @@ def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
     inc = next(e for e in out if isinstance(e, Incident))
     cmds = [e for e in out if isinstance(e, ControlCommand)]
     assert inc.kind == "gpu_xid" and len(inc.incident_id) <= 256 and len(inc.target) <= 256
-    assert [c.action for c in cmds] == ["drain", "spare"] and all(verify(c, KEY) for c in cmds)
+    assert [c.action for c in cmds] == ["drain", "spare"] and all(TEST_VERIFIER.verify(c) for c in cmds)
     assert all(c.incident_id == inc.incident_id for c in cmds)
 
 

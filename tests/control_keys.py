@@ -1,0 +1,19 @@
+"""A fixed Ed25519 key pair for tests: signatures are deterministic, so runs compare command for command."""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from clocktower.control.keys import public_pem
+from clocktower.control.signing import CommandSigner, CommandVerifier
+
+_KEY = Ed25519PrivateKey.from_private_bytes(b"clocktower-test-control-key-32b!")
+TEST_SIGNER = CommandSigner(_KEY)
+TEST_VERIFIER = CommandVerifier(_KEY.public_key())
+TEST_PUBLIC_PEM = public_pem(_KEY)
+
+
+def private_pem() -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    return _KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption())
