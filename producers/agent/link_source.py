@@ -48,6 +48,9 @@ non-urgent events at most once a second. On a physical NIC a carrier loss is non
 urgent, as are all changes of veths, VLANs and bond/team ports), so a loss within a second of the previous
 linkwatch run can be reported, and stamped, up to ~1 s late. The veth test bed cannot show this.
 
+`link` is always "" here (a netdev is its physical port's own name); `backup` is the port's backup from
+`topology` (port_topology.TopologyCache: configured or seen in the routes; "" = none), re-read per batch.
+
 `interfaces=None` selects every link but loopback (IFF_LOOPBACK); otherwise exactly the named ones (by
 current name, so a link renamed out of the selection is reported as deleted). `netns` watches inside a
 named network namespace (/var/run/netns/NAME, as `ip netns add` makes; never created here): the tests use it.
@@ -72,6 +75,7 @@ from typing import Any
 from pyroute2 import netns as pr_netns
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
+from clocktower.producers.agent.port_topology import PortTopology
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.schemas.telemetry import LinkState
 
@@ -127,8 +131,10 @@ class LinkSource:
 
     def __init__(self, node: str, interfaces: Sequence[str] | None = None, netns: str | None = None,
                  sysfs_net: Path = SYSFS_NET, report_interval_s: float | None = 1.0,
-                 listeners: Sequence[Callable[[LinkState], None]] = ()) -> None:
+                 listeners: Sequence[Callable[[LinkState], None]] = (),
+                 topology: Callable[[], PortTopology] | None = None) -> None:
         self.node = node
+        self.topology = topology        # fills `backup` (a netdev's `link` is "": see port_topology.py)
         # Every link's last known state is re-sent this often (from memory, no netlink request): the
         # link-flap detector runs on event time, so it needs reports after the last change to see that a
         # port has been stable and resolve the incident. None or 0: changes only.
@@ -143,6 +149,7 @@ class LinkSource:
         # counted (`listener_errors`), never stops the source or the emit.
         self.listeners = tuple(listeners)
         self.listener_errors = 0
+        self._topology = PortTopology()     # refreshed per batch from `topology` (never waits: TopologyCache)
         self._seen: dict[int, _Seen] = {}      # by ifindex; only touched on the source's thread
         self._emit: Emit | None = None
         self._thread: threading.Thread | None = None
@@ -183,6 +190,8 @@ class LinkSource:
         try:
             self._sock = self._open_socket()
             self._wake_r, self._wake_w = socket.socketpair()
+            if self.topology is not None:
+                self._topology = self.topology()          # the first discovery, before the snapshot
             self._resync(initial=True)
         except Exception as e:
             self._close()
@@ -252,6 +261,9 @@ class LinkSource:
                 ready = [key.data for key, _ in sel.select(timeout)]   # blocks until a message or a report
                 if "wake" in ready:
                     return
+                if self.topology is not None:
+                    with contextlib.suppress(Exception):          # TopologyCache: cached, never waits
+                        self._topology = self.topology()
                 if "netlink" not in ready and next_report is not None and time.monotonic() >= next_report:
                     # after a stall, one report and back on the period (no burst); a pending message goes first
                     next_report = max(next_report + period, time.monotonic())   # type: ignore[operator]
@@ -362,12 +374,14 @@ class LinkSource:
         up = link_up(seen.operstate, seen.admin_up, seen.carrier)
         speed = read_speed_mbps(seen.ifname, self.sysfs_net) if self.netns is None and up else 0
         return LinkState(node=self.node, ts_ns=ts_ns, interface=seen.ifname, kind="ethernet", up=up,
+                         backup=self._topology.backup_of(seen.ifname),
                          carrier_changes=seen.carrier_changes, speed_mbps=speed, operstate=seen.operstate,
                          carrier=seen.carrier)
 
     def _deleted(self, index: int, ts_ns: int) -> LinkState:
         seen = self._seen.pop(index)
         return LinkState(node=self.node, ts_ns=ts_ns, interface=seen.ifname, kind="ethernet", up=False,
+                         backup=self._topology.backup_of(seen.ifname),
                          carrier_changes=seen.carrier_changes, speed_mbps=0, operstate="deleted", carrier=False)
 
     def _send(self, events: list[LinkState]) -> None:
