@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import orjson
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
+_PORT_NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")    # a netdev ("eth0") or an RDMA port ("mlx5_0/1")
+
+
+def parse_link_backups(value: Any) -> dict[str, str]:
+    """`{"eth0": "eth1"}` (a dict or its JSON) or `eth0=eth1,ib0=ib1` -> {primary: backup}; ValueError says why."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"link_backups is not valid JSON: {e}") from None
+        else:
+            value = {}
+            for item in filter(None, (part.strip() for part in text.split(","))):
+                primary, eq, backup = item.partition("=")
+                if not eq:
+                    raise ValueError(f"link_backups item {item!r} is not PRIMARY=BACKUP")
+                if primary.strip() in value:
+                    raise ValueError(f"link_backups names {primary.strip()!r} twice")
+                value[primary.strip()] = backup.strip()
+    if not isinstance(value, dict):
+        raise ValueError("link_backups must be a JSON object or PRIMARY=BACKUP,... pairs")
+    out: dict[str, str] = {}
+    for primary, backup in value.items():
+        for name in (primary, backup):
+            if not isinstance(name, str) or not _PORT_NAME.match(name):
+                raise ValueError(f"link_backups: {name!r} is not a port name (1-64 of A-Z a-z 0-9 _ . : @ / -)")
+        if primary == backup:
+            raise ValueError(f"link_backups: {primary!r} cannot be its own backup")
+        out[primary] = backup
+    return out
 
 
 class AgentSettings(BaseSettings):
@@ -34,6 +68,14 @@ class AgentSettings(BaseSettings):
     link_interfaces: tuple[str, ...] | None = None
     link_report_s: float = Field(default=1.0, ge=0, le=3600, description=(
         "re-send every link's state this often (0: changes only); detectors need reports to see stability"))
+    link_backups: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict, description=(
+        "which port backs up which on this node, as JSON {\"eth0\": \"eth1\"} or eth0=eth1,ib0=ib1; wins over "
+        "the routes, per primary; names are netdevs or RDMA ports (DEV/N)"))
+    backups_from_routes: bool = Field(default=True, description=(
+        "for a port with no configured backup, take one from the main routing table: a destination reachable "
+        "through two devices (two metrics, or a multipath route) makes the lower metric's device the primary"))
+    topology_refresh_s: float = Field(default=30.0, ge=0, le=86_400, description=(
+        "how often the ports' netdevs and backups are discovered again (0: only at start)"))
     ib_sysfs_root: Path = Path("/sys/class/infiniband")
     ib_poll_s: float = Field(default=1.0, gt=0, le=3600)
     clock_bind: str | None = Field(default=None, description=(
@@ -50,3 +92,8 @@ class AgentSettings(BaseSettings):
     compression: Literal["lz4", "zstd"] = "lz4"
     spool_dir: Path = Path(".clocktower-agent/spool")
     spool_max_mb: float = Field(default=256.0, gt=0)
+
+    @field_validator("link_backups", mode="before")
+    @classmethod
+    def _link_backups(cls, value: Any) -> dict[str, str]:
+        return parse_link_backups(value)

@@ -36,6 +36,9 @@ RDMA device): the runner can then run and report each on its own. It reads every
   "deleted"). So with a longer report interval a state change still surfaces within one poll interval.
 
 `ts_ns` is time.time_ns() taken just before the port is read.
+
+`link` is the port's netdev (RoCE `eth0`, IPoIB `ib0`) and `backup` its backup port, from `topology`
+(port_topology.TopologyCache, read once per poll); a port with no netdev reports link "" (it is its own link).
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clocktower.producers.agent.port_topology import PortTopology
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.schemas.telemetry import LinkState
 
@@ -132,16 +137,16 @@ class IbPort:
         """What a state change is: any of these differing between two polls."""
         return (self.state, self.phys_state, self.rate_mbps)
 
-    def to_event(self, node: str, ts_ns: int, last_link_downed: int = 0) -> LinkState:
+    def to_event(self, node: str, ts_ns: int, last_link_downed: int = 0, link: str = "", backup: str = "") -> LinkState:
         """The port's LinkState; an unread counter is None. `last_link_downed` is `carrier_changes` while
-        `link_downed` is unread (see the module doc)."""
+        `link_downed` is unread (see the module doc); `link`/`backup` come from the port topology."""
         c = self.counters
         downed = c.get("link_downed")
         return LinkState(node=node, ts_ns=ts_ns, interface=self.name, kind="infiniband", up=self.up,
                          carrier_changes=last_link_downed if downed is None else downed,
                          speed_mbps=self.rate_mbps if self.up else 0,
                          operstate=self.phys_state, carrier=self.phys_state.lower() == "linkup",
-                         ib_state=self.state, **{k: c.get(k) for k in COUNTERS})
+                         ib_state=self.state, link=link, backup=backup, **{k: c.get(k) for k in COUNTERS})
 
 
 def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
@@ -188,13 +193,15 @@ class IbPortSource:
     name = "ib"
 
     def __init__(self, node: str, root: Path | str = IB_ROOT, interval_s: float = 1.0,
-                 report_interval_s: float | None = None) -> None:
+                 report_interval_s: float | None = None,
+                 topology: Callable[[], PortTopology] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         self.node = node
         self.root = Path(root)
         self.interval_s = interval_s
         self.report_interval_s = interval_s if report_interval_s is None else report_interval_s
+        self.topology = topology
         self.counts: Counter[str] = Counter()
         self.state_changes = 0
         self._last: dict[str, IbPort] = {}
@@ -231,6 +238,7 @@ class IbPortSource:
         full = self._last_report is None or now - self._last_report >= self.report_interval_s - 1e-9
         if full:
             self._last_report = now
+        topo = self.topology() if self.topology is not None else PortTopology()
         out: list[LinkState] = []
         current: dict[str, IbPort] = {}
         for dev, n, path in _port_dirs(self.root):
@@ -245,11 +253,13 @@ class IbPortSource:
             if downed is not None:
                 self._link_downed[port.name] = downed
             if full or changed:
-                out.append(port.to_event(self.node, ts, self._link_downed.get(port.name, 0)))
+                out.append(port.to_event(self.node, ts, self._link_downed.get(port.name, 0),
+                                         topo.link_of(port.name), topo.backup_of(port.name)))
         for name, gone in self._last.items():
             if name not in current:
                 self.state_changes += 1
-                out.append(gone.to_event(self.node, time.time_ns(), self._link_downed.pop(name, 0)).model_copy(
+                out.append(gone.to_event(self.node, time.time_ns(), self._link_downed.pop(name, 0),
+                                         topo.link_of(name), topo.backup_of(name)).model_copy(
                     update={"up": False, "carrier": False, "speed_mbps": 0, "operstate": "deleted"}))
         self._last = current
         return out
