@@ -14,10 +14,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from clocktower import agent_cli
+from clocktower import agent_cli, control_cli
 from clocktower.config import Settings
 from clocktower.runtime.errors import UserError
-from clocktower.runtime.owner_note import read_owner
 from clocktower.shutdown_signals import STOP_SIGNALS, stop_on_signals
 
 
@@ -57,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     _common(t)
     agent_cli.add_parser(sub)
+    control_cli.add_parser(sub, _common)
     return ap
 
 
@@ -123,17 +123,10 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_topics(args: argparse.Namespace, console: Console) -> int:
     from clocktower.result_table import print_table
+    from clocktower.running_broker import running_bootstrap
     from clocktower.topic_admin import consumer_lag
 
-    settings = _settings(args)
-    bootstrap = settings.bootstrap
-    if settings.embedded_kafka:
-        owner = read_owner(settings.data_dir)
-        if owner is None:
-            raise UserError(f"no broker is running for {settings.data_dir}: start `clocktower up` first, "
-                            "or set CLOCKTOWER_KAFKA_BOOTSTRAP")
-        bootstrap = owner["kafka"]
-    rows = consumer_lag(bootstrap)
+    rows = consumer_lag(running_bootstrap(_settings(args)))
     if args.json:
         print(orjson.dumps(rows).decode())
     else:
@@ -143,11 +136,15 @@ def cmd_topics(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_control(args: argparse.Namespace, console: Console) -> int:
+    return control_cli.cmd_control(args, _settings(args) if hasattr(args, "data_dir") else Settings(), console)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     console = Console()
     handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics,
-               "agent": agent_cli.cmd_agent}[args.command]
+               "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
     try:
         return handler(args, console)
     except UserError as exc:

@@ -1,0 +1,126 @@
+"""`clocktower control`: the operator's hand on the control plane.
+
+- `keygen DIR` writes an Ed25519 pair (control.key 0600 for the streams, control.pub for every actuator), for a
+  cluster whose streams do not run under `clocktower up`.
+- `release NODE IFACE` lifts a link's quarantine: it signs a `release` command with the streams' private key (the
+  operator's CLI is the only other holder), sends it to NODE's partition of control.commands, and waits for the
+  node's ack. The actuator then restores the link's routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from rich.console import Console
+from rich.markup import escape
+
+from clocktower.config import Settings
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.control.key_files import signer_from
+from clocktower.generated_secrets import ensure_control_keys
+from clocktower.running_broker import running_bootstrap
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import private_dir
+from clocktower.schemas.codec import DecodeError, decode_batch, encode_batch
+from clocktower.schemas.control import ControlAck, ControlCommand
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.partitioning import partition_of
+from clocktower.schemas.topics import BY_MODEL
+
+RELEASE_TTL_NS = 120 * 10**9
+
+
+def add_parser(sub: argparse._SubParsersAction, common: object) -> None:
+    c = sub.add_parser("control", help="operator commands to nodes: release a quarantined link, make a key pair")
+    csub = c.add_subparsers(dest="control_command", required=True)
+    k = csub.add_parser("keygen", help="write an Ed25519 control key pair (control.key, control.pub) into DIR")
+    k.add_argument("dir", type=Path)
+    r = csub.add_parser("release", help="lift a link's quarantine: the node restores its routes")
+    r.add_argument("node")
+    r.add_argument("iface")
+    r.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the node's ack (0: do not wait)")
+    common(r)   # type: ignore[operator]
+
+
+def cmd_control(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    if args.control_command == "keygen":
+        private_dir(args.dir)
+        if not ensure_control_keys(args.dir):
+            raise UserError(f"{args.dir} already holds control.key: kept (delete it to make a new pair)")
+        console.print(f"wrote {escape(str(args.dir))}/control.key (0600: the streams' signing key, keep it there) "
+                      "and control.pub (copy it to every node's actuator)", highlight=False)
+        return 0
+    return _release(args, settings, console)
+
+
+def _release(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    if not args.node or not args.iface:
+        raise UserError("release needs a node and an interface")
+    issuer = CommandIssuer(signer_from(settings), ttl_ns=RELEASE_TTL_NS)
+    cmd = issuer.issue(CommandIntent(args.node, "release", args.iface, time.time_ns(),
+                                     f"operator-release-{uuid.uuid4().hex[:12]}", {"to": args.iface}))
+    bootstrap = running_bootstrap(settings)
+    login = KafkaSecurity().librdkafka()
+    acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
+    try:
+        _send(bootstrap, login, cmd)
+        console.print(f"sent release of {escape(args.node)}/{escape(args.iface)}: command {escape(cmd.command_id)}",
+                      highlight=False)
+        if acks is None:
+            return 0
+        ack = _wait_ack(acks, cmd, args.wait)
+    finally:
+        if acks is not None:
+            acks.close()
+    if ack is None:
+        raise UserError(f"no ack from {args.node} within {args.wait:g} s: is its agent running with --actuate?")
+    console.print(f"{escape(args.node)}: {ack.status}: {escape(ack.detail)}", highlight=False)
+    return 0 if ack.status == "applied" else 1
+
+
+def _send(bootstrap: str, login: dict[str, str], cmd: ControlCommand) -> None:
+    spec = BY_MODEL[ControlCommand]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **login})
+    meta = producer.list_topics(spec.name, timeout=10).topics.get(spec.name)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise UserError(f"topic {spec.name} is not there: has `clocktower up` (or the topics job) run?")
+    key, value, headers = encode_batch([cmd])
+    producer.produce(spec.name, key=key, value=value, headers=headers,
+                     partition=partition_of(cmd.node, len(meta.partitions)))
+    if producer.flush(15) != 0:
+        raise UserError(f"the broker at {bootstrap} did not take the command within 15 s")
+
+
+def _ack_reader(bootstrap: str, login: dict[str, str]) -> Consumer:
+    """A consumer of control.acks from their current end (set before the command is sent: no ack is missed)."""
+    topic = BY_MODEL[ControlAck].name
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"clocktower-cli-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, **login})
+    meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    parts = sorted(meta.partitions) if meta is not None and meta.partitions else [0]
+    ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]
+    consumer.assign([TopicPartition(topic, p, end if end >= 0 else OFFSET_END) for p, end in zip(parts, ends,
+                                                                                              strict=True)])
+    return consumer
+
+
+def _wait_ack(consumer: Consumer, cmd: ControlCommand, wait_s: float) -> ControlAck | None:
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        for msg in consumer.consume(num_messages=100, timeout=min(left, 0.5)):
+            if msg.error() is not None:
+                continue
+            try:
+                events = decode_batch(msg.topic(), msg.key(), msg.value(), msg.headers()).events
+            except DecodeError:
+                continue
+            for ack in events:
+                if isinstance(ack, ControlAck) and ack.command_id == cmd.command_id and ack.node == cmd.node:
+                    return ack
+        time.sleep(0.05)   # the embedded broker answers empty fetches at once
+    return None
