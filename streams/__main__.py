@@ -8,9 +8,11 @@ import sys
 
 from prometheus_client import start_http_server
 
+from clocktower.runtime.parent_watch import watch_parent
 from clocktower.streams.app import app, settings
 
 if __name__ == "__main__":
+    watch_parent()
     if settings.streams_metrics_port:
         try:
             start_http_server(settings.streams_metrics_port, addr=settings.metrics_host)

@@ -13,6 +13,7 @@ import threading
 from prometheus_client import start_http_server
 
 from clocktower.runtime.clickhouse_client import http_client
+from clocktower.runtime.parent_watch import watch_parent
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.settings import SinkSettings
@@ -21,6 +22,7 @@ from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
+    watch_parent()
     s = SinkSettings()
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.metrics_host)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from clocktower.runtime.credentials import read_users
 from clocktower.runtime.errors import UserError
+from clocktower.runtime.parent_watch import watch_parent
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseHttpEndpoint, DataDirLocked, PortInUse
 from clocktower.sinks.endpoint.auth import User
 
@@ -30,6 +31,7 @@ def main() -> int:
     ap.add_argument("--max-connections", type=int, default=32, help="connections served at once")
     ap.add_argument("--allow-host", action="append", default=[], help="another name clients may use in Host")
     args = ap.parse_args()
+    watch_parent()
     if not args.credentials:
         print("error: no credentials file: pass --credentials (`clocktower up` generates one in the data dir)",
               file=sys.stderr, flush=True)
