@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from clickhouse_connect.driver.client import Client
 
 from clocktower.clock_report import clock_sync_report
+from clocktower.control_report import control_loop_report
 from clocktower.producers.simulator.node_clock import NodeClock
 from clocktower.schemas.topics import BY_SCHEMA, TOPICS
 
@@ -31,8 +32,9 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
     rows = {t: n - rows_before.get(t, 0) for t, n in table_rows(client).items()}
     missing = {BY_SCHEMA[s].table: n - rows[BY_SCHEMA[s].table] for s, n in produced.items()
                if n != rows[BY_SCHEMA[s].table]}
-    faults = [dict(zip(("fault_id", "kind", "target", "node"), r, strict=True)) for r in client.query(
-        "SELECT fault_id, kind, target, node FROM faults_injected WHERE ts_ns >= {s:Int64} ORDER BY start_ns",
+    faults = [dict(zip(("fault_id", "kind", "target", "node", "start_ns"), r, strict=True)) for r in client.query(
+        "SELECT fault_id, kind, target, node, start_ns FROM faults_injected WHERE ts_ns >= {s:Int64} "
+        "ORDER BY start_ns",
         parameters={"s": since_ns}).result_rows]
     incidents = dict(client.query(
         "SELECT kind, uniqExact(incident_id) FROM incidents WHERE state = 'open' AND ts_ns >= {s:Int64} "
@@ -44,6 +46,7 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         f["detected"] = (DETECTS.get(f["kind"], ""), f["node"]) in opened
     commands = dict(client.query("SELECT action, count() FROM control_commands WHERE ts_ns >= {s:Int64} "
                                  "GROUP BY action", parameters={"s": since_ns}).result_rows)
+    control = control_loop_report(client, since_ns, faults, DETECTS)
     errs = list(errors)
     if delivery_failures:
         errs.append(f"{delivery_failures} events failed delivery to Kafka")
@@ -60,6 +63,7 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         "faults_injected": faults,
         "incidents_detected": {k: int(v) for k, v in sorted(incidents.items())},
         "control_commands": {k: int(v) for k, v in sorted(commands.items())},
+        **control,
         "clock_sync": clock,
         "deadletter": rows["deadletter"],
         "errors": errs,

@@ -24,12 +24,16 @@ def render_summary(summary: Mapping) -> Group:
     clock = summary["clock_sync"]
     lines = [
         f"incidents: {escape(_counts(summary['incidents_detected']))}",
-        f"control commands: {escape(_counts(summary['control_commands']))}",
+        f"control commands: {escape(_counts(summary['control_commands']))}; acks: "
+        f"{escape(_counts(summary['control_acks']))}; local watchdog actions: {summary['watchdog_actions']}",
         f"events produced {sum(summary['events_produced'].values()):,}, rows stored "
         f"{sum(summary['rows'].values()):,}, dead letters {summary['deadletter']:,}",
         f"clock sync: {clock['nodes_estimated']} nodes against {escape(', '.join(clock['reference']) or '-')}, "
         f"{clock['flow_latency_corrected']:,} of {clock['flow_latency_rows']:,} flow latencies corrected",
     ]
+    to_ack = sorted(f["fault_to_ack_ms"] for f in summary["fault_to_ack"])
+    if to_ack:
+        lines.append(f"  fault to ack: {len(to_ack)} faults, {to_ack[0]:,.0f} to {to_ack[-1]:,.0f} ms")
     truth = clock.get("vs_ground_truth")
     if truth and truth["offset_error_ns"]:
         lines.append(f"  vs ground truth: offset error p99 {truth['offset_error_ns']['p99']:,} ns, "
