@@ -1,0 +1,315 @@
+"""LinkRouting on the kernel's routing tables (pyroute2), optionally inside a named network namespace.
+
+A link's routes are its static IPv4 unicast routes: every table but `local`, output interface the link,
+any protocol but `kernel` (the connected-subnet routes the kernel manages itself) and `MOVED_PROTO`.
+
+- **fail_over** replaces each route with the same key (table, destination, TOS, metric) pointing at the
+  backup port, marked `proto MOVED_PROTO` (171: `ip route show proto 171` lists what clocktower moved). A
+  replace is one atomic change per route: traffic never sees a missing route. A route via a gateway goes via
+  the backup's gateway from `gateways` (backup port -> address) where one is configured, else it becomes a
+  device route on the backup: that works where the far end answers ARP for the destination on that port
+  (Linux does by default, arp_ignore=0) or the port is point-to-point. Other routes are unchanged.
+- **restore** puts the remembered routes back as they were (same gateway, protocol, source, metric). It
+  refuses while the link is admin down or has no carrier: the routes would go onto a dead port.
+- Setting a link admin down silently deletes its routes (no RTM_DELROUTE), so the routes are remembered
+  before they are needed: `remember(link)` (the watchdog calls it when it first sees the link up) and every
+  fail_over record them, in memory and in the JSON file `state_path` (written atomically: tmp, fsync,
+  rename), so a failover after an admin-down, and a restore by a restarted agent, still know them.
+
+Limits: IPv4 only; multipath routes (RTA_MULTIPATH) and policy rules are not moved; route metrics other
+than the priority (mtu, rto_min, ...) are not copied; a route added to the link while it is failed over is
+not known until the next remember after the restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from clocktower.actuators.link_routing import RoutingError
+
+log = logging.getLogger(__name__)
+
+MOVED_PROTO = 171          # rtm_protocol of the routes clocktower moved onto a backup port
+RTPROT_KERNEL = 2
+RT_TABLE_LOCAL = 255
+RTN_UNICAST = 1
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+IFF_UP = 0x1
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Route:
+    """One remembered route, as the link carried it (what restore puts back)."""
+
+    dst: str | None            # None: the default route
+    dst_len: int
+    table: int
+    priority: int
+    tos: int
+    gateway: str | None
+    prefsrc: str | None
+    proto: int
+    scope: int
+
+    @property
+    def key(self) -> tuple[int, str | None, int, int, int]:
+        """The kernel's identity of an IPv4 route: a replace with the same key replaces it."""
+        return (self.table, self.dst, self.dst_len, self.tos, self.priority)
+
+    def text(self) -> str:
+        return f"{self.dst or 'default'}/{self.dst_len}" + (f" via {self.gateway}" if self.gateway else "")
+
+    @classmethod
+    def parse(cls, raw: Any) -> Route:
+        """From the state file; anything malformed raises (TypeError/ValueError/KeyError)."""
+        if not isinstance(raw, dict):
+            raise TypeError("a route must be an object")
+        r = cls(**raw)
+        if not all(isinstance(v, int) for v in (r.dst_len, r.table, r.priority, r.tos, r.proto, r.scope)):
+            raise TypeError(f"route {raw!r}: integer fields expected")
+        if not all(v is None or isinstance(v, str) for v in (r.dst, r.gateway, r.prefsrc)):
+            raise TypeError(f"route {raw!r}: address fields must be strings")
+        return r
+
+
+@dataclass
+class _LinkRecord:
+    backup: str
+    on_backup: bool
+    routes: list[Route]
+
+
+def _route_of(msg: Any) -> Route:
+    return Route(dst=msg.get("dst"), dst_len=int(msg["dst_len"]), table=int(msg.get("table") or msg["table"]),
+                 priority=int(msg.get("priority") or 0), tos=int(msg["tos"]), gateway=msg.get("gateway"),
+                 prefsrc=msg.get("prefsrc"), proto=int(msg["proto"]), scope=int(msg["scope"]))
+
+
+def _merge(old: Iterable[Route], new: Iterable[Route]) -> list[Route]:
+    """Remembered routes updated by what the link carries now (same key: the live one wins)."""
+    by_key = {r.key: r for r in old}
+    by_key.update((r.key, r) for r in new)
+    return list(by_key.values())
+
+
+class KernelRouting:
+    """LinkRouting with pyroute2; `netns` names a namespace (/var/run/netns/NAME), None = this one."""
+
+    def __init__(self, state_path: Path, netns: str | None = None, gateways: Mapping[str, str] | None = None) -> None:
+        self.state_path = Path(state_path)
+        self.netns = netns
+        self.gateways = dict(gateways or {})
+        self._lock = threading.Lock()
+        self._links: dict[str, _LinkRecord] = self._load()
+        try:
+            self._ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+        except Exception as e:
+            raise RoutingError(f"cannot open rtnetlink{self._where()}: {e}") from e
+
+    def close(self) -> None:
+        self._ipr.close()
+
+    def __enter__(self) -> KernelRouting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- LinkRouting ---------------------------------------------------------------------------
+
+    def remember(self, link: str) -> str:
+        with self._lock:
+            index = self._index(link)
+            rec = self._links.get(link)
+            if rec is not None and rec.on_backup:
+                return f"{link} is on {rec.backup}: kept {len(rec.routes)} remembered route(s)"
+            live = self._live(index)
+            if not live:
+                known = len(rec.routes) if rec else 0
+                return f"{link} carries no routes now: kept {known} remembered route(s)"
+            if rec is None or set(rec.routes) != set(live):
+                self._links[link] = _LinkRecord(backup=rec.backup if rec else "", on_backup=False, routes=live)
+                return f"remembered {len(live)} route(s) of {link}{self._save()}"
+            return f"remembered {len(live)} route(s) of {link}"
+
+    def fail_over(self, link: str, backup: str) -> str:
+        if link == backup:
+            raise RoutingError(f"{link} cannot be its own backup")
+        with self._lock:
+            index, backup_index = self._index(link), self._index(backup)
+            rec = self._links.get(link)
+            routes = _merge(rec.routes if rec else [], self._live(index))
+            if not routes:
+                raise RoutingError(f"{link} carries no routes to move to {backup}, and none are remembered "
+                                   f"(an admin-down before the first remember deletes them)")
+            moved = {lr.route.key for lr in self._dump() if lr.route.proto == MOVED_PROTO and lr.oif == backup_index}
+            gateway = self.gateways.get(backup)
+            todo = [r for r in routes if r.key not in moved]
+            for r in todo:
+                self._replace(replace(r, gateway=gateway if r.gateway else None, proto=MOVED_PROTO,
+                                      scope=RT_SCOPE_UNIVERSE if gateway and r.gateway else RT_SCOPE_LINK),
+                              backup_index, f"move {r.text()} from {link} to {backup}")
+            self._links[link] = _LinkRecord(backup=backup, on_backup=True, routes=routes)
+            note = self._save()
+        if not todo:
+            return f"already on {backup}{note}"
+        how = f"via {gateway}" if gateway else "as device routes"
+        return f"moved {len(todo)} route(s) of {link} to {backup} ({how}){note}"
+
+    def restore(self, link: str, backup: str) -> str:
+        with self._lock:
+            index = self._index(link)
+            rec = self._links.get(link)
+            if rec is None or not rec.routes:
+                return f"already on {link} (no routes of {link} were moved)"
+            present = {r.key: r for r in self._dump() if r.oif == index}
+            todo = [r for r in rec.routes if present.get(r.key) is None
+                    or present[r.key].route != r]
+            if todo:
+                state = self._link_state(index)
+                if state:
+                    raise RoutingError(f"{link} is {state}: its routes stay on {rec.backup or backup}")
+            for r in todo:
+                self._replace(r, index, f"restore {r.text()} onto {link}")
+            self._links[link] = _LinkRecord(backup=rec.backup or backup, on_backup=False, routes=rec.routes)
+            note = self._save()
+        if not todo:
+            return f"already on {link}{note}"
+        return f"restored {len(todo)} route(s) of {link} from {rec.backup or backup}{note}"
+
+    def on_backup(self, link: str) -> bool:
+        with self._lock:
+            rec = self._links.get(link)
+            return bool(rec and rec.on_backup)
+
+    # -- kernel --------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f" in network namespace {self.netns!r}" if self.netns else ""
+
+    def _get_link(self, name: str) -> Any:
+        if not name:
+            raise RoutingError("no interface named (empty name)")
+        try:
+            return self._ipr.link("get", ifname=name)[0]
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                raise RoutingError(f"no interface {name!r}{self._where()}") from e
+            raise RoutingError(f"cannot read interface {name!r}{self._where()}: {e}") from e
+
+    def _index(self, name: str) -> int:
+        return int(self._get_link(name)["index"])
+
+    def _link_state(self, index: int) -> str:
+        """"" when the link can carry routes, else why not ("admin down", "without carrier")."""
+        msg = self._ipr.link("get", index=index)[0]
+        if not msg["flags"] & IFF_UP:
+            return "admin down"
+        if not msg.get("carrier"):
+            return "without carrier"
+        return ""
+
+    def _dump(self) -> list[_LiveRoute]:
+        try:
+            msgs = list(self._ipr.route("dump", family=socket.AF_INET))
+        except NetlinkError as e:
+            raise RoutingError(f"cannot read the routes{self._where()}: {e}") from e
+        out = []
+        for msg in msgs:
+            if msg["type"] != RTN_UNICAST or msg.get("table") == RT_TABLE_LOCAL or msg.get("oif") is None:
+                continue
+            out.append(_LiveRoute(route=_route_of(msg), oif=int(msg.get("oif"))))
+        return out
+
+    def _live(self, index: int) -> list[Route]:
+        """The routes the link carries now (not the kernel's own, not ones moved onto it)."""
+        return [lr.route for lr in self._dump()
+                if lr.oif == index and lr.route.proto not in (RTPROT_KERNEL, MOVED_PROTO)]
+
+    def _replace(self, r: Route, oif: int, what: str) -> None:
+        spec: dict[str, Any] = {"dst_len": r.dst_len, "table": r.table, "priority": r.priority, "tos": r.tos,
+                                "proto": r.proto, "scope": r.scope, "oif": oif, "type": RTN_UNICAST}
+        for name in ("dst", "gateway", "prefsrc"):
+            if getattr(r, name) is not None:
+                spec[name] = getattr(r, name)
+        try:
+            self._ipr.route("replace", **spec)
+        except NetlinkError as e:
+            raise RoutingError(f"cannot {what}{self._where()}: {os.strerror(e.code) if e.code else e}") from e
+
+    # -- state file ----------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, _LinkRecord]:
+        try:
+            raw = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("routing: state file %s unreadable (%s); starting without remembered routes",
+                        self.state_path, e)
+            return {}
+        links: dict[str, _LinkRecord] = {}
+        try:
+            if raw.get("version") != STATE_VERSION:
+                raise ValueError(f"version {raw.get('version')!r}, expected {STATE_VERSION}")
+            for link, rec in raw["links"].items():
+                if not isinstance(rec["backup"], str) or not isinstance(rec["on_backup"], bool):
+                    raise TypeError(f"link {link!r}: backup must be a string and on_backup a boolean")
+                links[str(link)] = _LinkRecord(rec["backup"], rec["on_backup"],
+                                               [Route.parse(r) for r in rec["routes"]])
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            log.warning("routing: state file %s malformed (%s); starting without remembered routes",
+                        self.state_path, e)
+            return {}
+        return links
+
+    def _save(self) -> str:
+        """Write atomically (a crash leaves the old file or the new one); "" or a note that it failed.
+
+        The routes are already moved when this runs: a failed write must not turn that into a failure,
+        so it is logged and said in the result instead (the next successful write catches up).
+        """
+        data = {"version": STATE_VERSION, "links": {
+            link: {"backup": rec.backup, "on_backup": rec.on_backup, "routes": [asdict(r) for r in rec.routes]}
+            for link, rec in self._links.items()}}
+        path = self.state_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            log.warning("routing: cannot write the state file %s: %s", path, e)
+            return f" (state file not written: {e})"
+        return ""
+
+
+@dataclass(frozen=True)
+class _LiveRoute:
+    route: Route
+    oif: int

@@ -1,0 +1,455 @@
+"""A failover test bed: two hosts (network namespaces) joined by a primary and a backup veth pair.
+
+    host a                                       host b
+    lo  10.71.0.1/32                             lo  10.71.0.2/32
+    pri 10.71.1.1/24  <==== primary veth ====>   pri 10.71.1.2/24
+    bkp 10.71.2.1/24  <==== backup veth =====>   bkp 10.71.2.2/24
+
+Each host reaches the other's service address (on lo) through a static route via the primary
+(`10.71.0.2/32 via 10.71.1.2 dev pri src 10.71.0.1 proto static`, and the mirror on b), so a TCP connection
+between the service addresses survives when both hosts move that route to the backup.
+
+- `carrier_down(host)` sets the *other* end of the primary admin down: `host`'s end loses carrier, its routes
+  stay. `hard_down()` sets both ends admin down: both lose carrier and the kernel deletes both hosts' routes
+  via the primary (what a restore must re-add). `hard_up()`/`carrier_up(host)` undo them.
+- `monitor` polls every interface's rx byte counter in both namespaces every ~0.5 ms (/proc/net/dev opened
+  from a thread that entered the namespace: /proc/thread-self/net is per network namespace, /sys is not):
+  `flow_start(host, link, after_ns)` is when data bytes first arrived on that port after a moment.
+- `stream()` is a long-lived TCP stream from a's service address to b's, sending a counter pattern; the
+  receiver checks that every byte arrives once and in order.
+- `agents(state_dir)` runs, per host, what a node agent would: a real `LinkSource(netns=...)` feeding a
+  `LinkWatchdog` that fails over through `KernelRouting` (acks collected per host).
+
+`failover_bed()` skips the test (pytest) when the machine cannot build it, or raises BedUnavailable with
+`skip=False` (the benchmark). Everything it creates is removed on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clocktower.actuators.link_watchdog import LinkWatchdog
+from clocktower.actuators.route_table import KernelRouting
+from clocktower.producers.agent.link_source import LinkSource
+from clocktower.schemas.control import ControlAck
+from clocktower.schemas.telemetry import LinkState
+
+PRIMARY = "pri"
+BACKUP = "bkp"
+HOSTS = ("a", "b")
+SERVICE = {"a": "10.71.0.1", "b": "10.71.0.2"}
+ADDR = {("a", PRIMARY): "10.71.1.1", ("b", PRIMARY): "10.71.1.2",
+        ("a", BACKUP): "10.71.2.1", ("b", BACKUP): "10.71.2.2"}
+STREAM_PORT = 7171
+DATA_BYTES = 500           # a rise of the rx counter by this much is data, not ARP/neighbour chatter
+_PATTERN_PERIOD = 251      # byte i of the stream is i % 251 (prime: no chunk size hides a shift)
+_PATTERN = bytes(range(_PATTERN_PERIOD)) * (70_000 // _PATTERN_PERIOD + 2)
+RECV_SIZE = 65_536
+
+
+class BedUnavailable(Exception):
+    """The machine cannot build the bed (not root, no network namespaces)."""
+
+
+def other(host: str) -> str:
+    return "b" if host == "a" else "a"
+
+
+def in_netns(ns: str, fn: Callable[[], Any]) -> Any:
+    """Run fn on a fresh thread that entered namespace `ns` (setns changes only the calling thread)."""
+    from pyroute2 import netns
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            netns.setns(ns, flags=0)
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, name=f"in-netns-{ns}")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def _sysctl(path: str, value: str) -> None:
+    Path("/proc/sys", path).write_text(value)
+
+
+class PathMonitor:
+    """Per-port rx byte counters of both hosts, polled every `period_s`; changes kept with their time."""
+
+    def __init__(self, namespaces: dict[str, str], period_s: float = 0.0005) -> None:
+        self.period_s = period_s
+        # kept open for the monitor's life: the file shows the namespace it was opened in
+        self._files = {host: in_netns(ns, lambda: open("/proc/thread-self/net/dev", "rb", buffering=0))  # noqa: SIM115
+                       for host, ns in namespaces.items()}
+        self._changes: dict[tuple[str, str], list[tuple[int, int]]] = {}   # (host, link) -> [(ts_ns, rx)]
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bed-path-monitor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        for f in self._files.values():
+            f.close()
+
+    def _read(self, host: str) -> dict[str, int]:
+        f = self._files[host]
+        f.seek(0)
+        out = {}
+        for line in f.read().decode().splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            out[name.strip()] = int(rest.split()[0])
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time_ns()
+            snapshot = {host: self._read(host) for host in self._files}
+            with self._cond:
+                for host, counters in snapshot.items():
+                    for link, rx in counters.items():
+                        series = self._changes.setdefault((host, link), [])
+                        if not series or series[-1][1] != rx:
+                            series.append((now, rx))
+                self._cond.notify_all()
+            time.sleep(self.period_s)
+
+    def rx_bytes(self, host: str, link: str) -> int:
+        with self._cond:
+            series = self._changes.get((host, link))
+            return series[-1][1] if series else 0
+
+    def flow_start(self, host: str, link: str, after_ns: int, timeout_s: float = 5.0,
+                   min_bytes: int = DATA_BYTES) -> int | None:
+        """When `link` of `host` first received `min_bytes` more than it had at `after_ns` (ns since the epoch;
+        the poll that saw it, so late by at most one period), or None after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                series = self._changes.get((host, link), [])
+                base = next((rx for ts, rx in reversed(series) if ts <= after_ns), 0)
+                hit = next((ts for ts, rx in series if ts > after_ns and rx - base >= min_bytes), None)
+                if hit is not None:
+                    return hit
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.05))
+
+    def last_flow(self, host: str, link: str) -> int:
+        """When `link` of `host` last received anything (0: never)."""
+        with self._cond:
+            series = self._changes.get((host, link))
+            return series[-1][0] if series and len(series) > 1 else 0
+
+
+@dataclass
+class StreamResult:
+    sent: int
+    received: int
+    errors: list[str]
+    max_stall_ms: float            # the longest gap between two reads at the receiver
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.received == self.sent
+
+
+class TcpStream:
+    """A's service address -> B's: numbered bytes (i % 251), checked at B; one `chunk` every `interval_s`."""
+
+    def __init__(self, bed: FailoverBed, chunk: int = 4096, interval_s: float = 0.0005) -> None:
+        from pyroute2.netns import create_socket
+
+        self.chunk, self.interval_s = chunk, interval_s
+        self.sent = 0
+        self.received = 0
+        self.errors: list[str] = []
+        self.max_stall_ms = 0.0
+        self.result: StreamResult | None = None
+        self._stop = threading.Event()
+        self._progress = threading.Condition()
+        listener = create_socket(bed.ns["b"], socket.AF_INET, socket.SOCK_STREAM, flags=0)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((SERVICE["b"], STREAM_PORT))
+        listener.listen(1)
+        self._tx = create_socket(bed.ns["a"], socket.AF_INET, socket.SOCK_STREAM, flags=0)
+        self._tx.bind((SERVICE["a"], 0))
+        self._tx.settimeout(10.0)
+        self._tx.connect((SERVICE["b"], STREAM_PORT))
+        listener.settimeout(10.0)
+        self._rx, _ = listener.accept()
+        listener.close()
+        self._rx.settimeout(30.0)
+        self._threads = [threading.Thread(target=self._send, name="bed-stream-tx", daemon=True),
+                         threading.Thread(target=self._recv, name="bed-stream-rx", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _send(self) -> None:
+        try:
+            while not self._stop.is_set():
+                start = self.sent % _PATTERN_PERIOD
+                self._tx.sendall(_PATTERN[start:start + self.chunk])
+                self.sent += self.chunk
+                time.sleep(self.interval_s)
+            self._tx.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            self.errors.append(f"send failed after {self.sent} bytes: {e}")
+
+    def _recv(self) -> None:
+        buf = bytearray(RECV_SIZE)
+        last = time.monotonic()
+        try:
+            while True:
+                n = self._rx.recv_into(buf)
+                now = time.monotonic()
+                self.max_stall_ms = max(self.max_stall_ms, (now - last) * 1e3)
+                last = now
+                if n == 0:
+                    return
+                start = self.received % _PATTERN_PERIOD
+                if buf[:n] != _PATTERN[start:start + n] and not self.errors:
+                    bad = next(i for i in range(n) if buf[i] != _PATTERN[start + i])
+                    self.errors.append(f"byte {self.received + bad} is {buf[bad]}, expected "
+                                       f"{(self.received + bad) % _PATTERN_PERIOD}: lost or reordered bytes")
+                with self._progress:
+                    self.received += n
+                    self._progress.notify_all()
+        except OSError as e:
+            self.errors.append(f"receive failed after {self.received} bytes: {e}")
+        finally:
+            with self._progress:
+                self._progress.notify_all()
+
+    def wait_bytes(self, n: int, timeout_s: float = 10.0) -> None:
+        """Block until the receiver has `n` bytes; AssertionError (with the state) if it does not in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._progress:
+            while self.received < n and not self.errors:
+                left = deadline - time.monotonic()
+                assert left > 0, f"stream stalled: {self.received} of {n} bytes after {timeout_s} s"
+                self._progress.wait(left)
+        assert not self.errors, self.errors
+
+    def stop(self, timeout_s: float = 20.0) -> StreamResult:
+        """Stop sending, let the receiver read to the end, and give the verdict."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout_s)
+        if any(t.is_alive() for t in self._threads):
+            self.errors.append(f"stream did not finish within {timeout_s} s ({self.received} of {self.sent})")
+        for s in (self._tx, self._rx):
+            s.close()
+        self.result = StreamResult(self.sent, self.received, list(self.errors), self.max_stall_ms)
+        return self.result
+
+
+@dataclass
+class HostAgent:
+    """What one host's node agent runs for links: source -> watchdog -> kernel routing."""
+
+    host: str
+    routing: KernelRouting
+    watchdog: LinkWatchdog
+    source: LinkSource
+    acks: list[ControlAck] = field(default_factory=list)
+    states: list[LinkState] = field(default_factory=list)
+
+
+class FailoverBed:
+    PRIMARY = PRIMARY
+    BACKUP = BACKUP
+
+    def __init__(self, prefix: str) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.prefix = prefix
+        self.ns = {host: f"{prefix}-{host}-{tag}" for host in HOSTS}
+        self._tmp = {(host, link): f"c{prefix[:3]}{tag}{host}{link[0]}" for host in HOSTS for link in (PRIMARY, BACKUP)}
+        self._ipr: dict[str, Any] = {}
+        self.monitor: PathMonitor
+
+    # -- building and removing -----------------------------------------------------------------
+
+    def build(self) -> None:
+        from pyroute2 import IPRoute, netns
+
+        for host in HOSTS:
+            netns.create(self.ns[host])
+            in_netns(self.ns[host], _quiet_sysctls)
+        with IPRoute() as ip:
+            for link in (PRIMARY, BACKUP):
+                ip.link("add", ifname=self._tmp["a", link], kind="veth", peer={"ifname": self._tmp["b", link]})
+                for host in HOSTS:
+                    ip.link("set", index=ip.link_lookup(ifname=self._tmp[host, link])[0], net_ns_fd=self.ns[host])
+        for host in HOSTS:
+            from pyroute2 import IPRoute as NsIPRoute
+
+            ipr = self._ipr[host] = NsIPRoute(netns=self.ns[host], flags=0)
+            lo = ipr.link_lookup(ifname="lo")[0]
+            ipr.link("set", index=lo, state="up")
+            ipr.addr("add", index=lo, address=SERVICE[host], prefixlen=32)
+            for link in (PRIMARY, BACKUP):
+                index = ipr.link_lookup(ifname=self._tmp[host, link])[0]
+                ipr.link("set", index=index, ifname=link)
+                ipr.addr("add", index=index, address=ADDR[host, link], prefixlen=24)
+                ipr.link("set", index=index, state="up")
+        for host in HOSTS:
+            self.wait_carrier(host, PRIMARY, True)
+            self.wait_carrier(host, BACKUP, True)
+            self._ipr[host].route("add", dst=SERVICE[other(host)], dst_len=32, gateway=ADDR[other(host), PRIMARY],
+                                  prefsrc=SERVICE[host], proto=4)
+        self.monitor = PathMonitor(self.ns)
+
+    def remove(self) -> None:
+        from pyroute2 import IPRoute, netns
+
+        if hasattr(self, "monitor"):
+            self.monitor.close()
+        for ipr in self._ipr.values():
+            ipr.close()
+        for name in self.ns.values():
+            with contextlib.suppress(OSError, FileNotFoundError):
+                netns.remove(name)
+        with IPRoute() as ip:                       # ends still in this namespace if building failed early
+            for name in self._tmp.values():
+                for index in ip.link_lookup(ifname=name):
+                    ip.link("del", index=index)
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def ip(self, host: str) -> Any:
+        """The bed's own IPRoute in `host`'s namespace (not thread-safe: use from one thread)."""
+        return self._ipr[host]
+
+    def set_admin(self, host: str, link: str, up: bool) -> None:
+        ipr = self._ipr[host]
+        ipr.link("set", index=ipr.link_lookup(ifname=link)[0], state="up" if up else "down")
+
+    def carrier_down(self, host: str, link: str = PRIMARY) -> None:
+        """`host`'s end of `link` loses carrier (the far end goes admin down); `host`'s routes stay."""
+        self.set_admin(other(host), link, False)
+
+    def carrier_up(self, host: str, link: str = PRIMARY) -> None:
+        self.set_admin(other(host), link, True)
+
+    def hard_down(self, link: str = PRIMARY) -> None:
+        """Both ends admin down: no carrier anywhere, and the kernel deletes both hosts' routes via it."""
+        for host in HOSTS:
+            self.set_admin(host, link, False)
+
+    def hard_up(self, link: str = PRIMARY) -> None:
+        for host in HOSTS:
+            self.set_admin(host, link, True)
+
+    def carrier(self, host: str, link: str) -> bool:
+        msg = self._ipr[host].link("get", ifname=link)[0]
+        return bool(msg["flags"] & 1 and msg.get("carrier"))
+
+    def wait_carrier(self, host: str, link: str, up: bool, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.carrier(host, link) != up:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}/{link}: carrier not {'up' if up else 'down'} after {timeout_s} s")
+            time.sleep(0.002)
+
+    def route_to_peer(self, host: str) -> tuple[str, str | None]:
+        """(device, gateway) of `host`'s route to the other host's service address; ("", None) if none."""
+        ipr = self._ipr[host]
+        for msg in ipr.route("dump", family=socket.AF_INET):
+            if msg.get("dst") == SERVICE[other(host)] and msg["dst_len"] == 32:
+                name = ipr.link("get", index=msg.get("oif"))[0].get("ifname")
+                return name, msg.get("gateway")
+        return "", None
+
+    # -- what runs on the hosts ----------------------------------------------------------------
+
+    def routing(self, host: str, state_path: Path) -> KernelRouting:
+        """`host`'s kernel routing, the backup's gateway configured (the far end's backup address)."""
+        return KernelRouting(state_path, netns=self.ns[host], gateways={BACKUP: ADDR[other(host), BACKUP]})
+
+    @contextmanager
+    def agents(self, state_dir: Path, delay_s: float = 0.05,
+               on_ack: Callable[[str, ControlAck], None] | None = None) -> Iterator[dict[str, HostAgent]]:
+        """Per host: KernelRouting + LinkWatchdog({pri: bkp}) fed by a real LinkSource in its namespace."""
+        agents: dict[str, HostAgent] = {}
+        try:
+            for host in HOSTS:
+                routing = self.routing(host, Path(state_dir) / f"routing-{host}.json")
+                acks: list[ControlAck] = []
+
+                def report(ack: ControlAck, host: str = host, acks: list[ControlAck] = acks) -> None:
+                    acks.append(ack)
+                    if on_ack is not None:
+                        on_ack(host, ack)
+
+                watchdog = LinkWatchdog(f"host-{host}", routing, {PRIMARY: BACKUP}, report, delay_s=delay_s)
+                source = LinkSource(f"host-{host}", interfaces=[PRIMARY, BACKUP], netns=self.ns[host],
+                                    listeners=[watchdog.observe])
+                agent = agents[host] = HostAgent(host, routing, watchdog, source, acks)
+                source.start(agent.states.extend)
+            yield agents
+        finally:
+            for agent in agents.values():
+                agent.source.stop()
+                agent.watchdog.stop()
+                agent.routing.close()
+
+    @contextmanager
+    def stream(self, chunk: int = 4096, interval_s: float = 0.0005) -> Iterator[TcpStream]:
+        """A running TcpStream; stopped (and its `result` set) on exit."""
+        s = TcpStream(self, chunk=chunk, interval_s=interval_s)
+        try:
+            yield s
+        finally:
+            s.stop()
+
+
+def _quiet_sysctls() -> None:
+    """In a new namespace: no reverse-path filter (a reply may come in on the other port for a moment
+    while only one host has failed over) and no IPv6 (its neighbour chatter would look like traffic)."""
+    for conf in ("all", "default"):
+        _sysctl(f"net/ipv4/conf/{conf}/rp_filter", "0")
+        _sysctl(f"net/ipv6/conf/{conf}/disable_ipv6", "1")
+
+
+@contextmanager
+def failover_bed(prefix: str = "fob", skip: bool = True) -> Iterator[FailoverBed]:
+    """Build the bed (see the module doc); skip the test (or raise BedUnavailable) where it cannot be."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        _unavailable("building the failover bed needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) on Linux", skip)
+    bed = FailoverBed(prefix)
+    try:
+        try:
+            bed.build()
+        except (OSError, ImportError) as e:
+            _unavailable(f"cannot build network namespaces joined by veth pairs here: {e}", skip)
+        yield bed
+    finally:
+        bed.remove()
+
+
+def _unavailable(reason: str, skip: bool) -> None:
+    if skip:
+        import pytest
+
+        pytest.skip(reason)
+    raise BedUnavailable(reason)
