@@ -1,0 +1,163 @@
+"""The node's actuator: verify one control command, apply it idempotently, and say what happened in a ControlAck.
+
+Order for each command (the consumer, command_consumer.py, does the last two):
+1. refuse what must not be applied: unsigned, forged or altered, for another node, expired, valid for too long
+   (control/command_check.py); then a replay (an id already handled, remembered on disk: seen_commands.py).
+   None of these is recorded or changes the node;
+2. record the id as started (fsynced);
+3. apply it (routes through `LinkRouting`, quarantine marks, the operator's hooks);
+4. record the outcome (applied or failed, fsynced);
+5. publish the ack (the agent's spooling publisher: it is not lost while the broker is away);
+6. commit the record's offset.
+A crash between 2 and 4 leaves the id "started": the redelivered command is applied again, which is safe as every
+action is idempotent. A crash between 4 and 6 gives a redelivered command a `refused` "replayed" ack that names
+the first outcome. `handle` never raises: an error while applying is a `failed` ack with the reason.
+
+Params (streams/detectors/link_flap.py): failover and quarantine {"from": link, "to": backup}; restore and release
+{"from": backup, "to": link}; the target is the link in all four. A release naming no backup uses the one kept
+with the quarantine mark.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.control.command_check import refusal
+from clocktower.control.signing import CommandVerifier
+from clocktower.schemas.codec import bounded
+from clocktower.schemas.control import ControlAck, ControlCommand
+
+log = logging.getLogger(__name__)
+DETAIL_LIMIT = 4000
+LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
+HOOK_ACTIONS = ("drain", "spare")
+
+
+class Refused(Exception):
+    """Applying is not allowed (the node is unchanged); the message is the ack's detail."""
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+class Actuator:
+    """Applies `node`'s commands; see the module doc. Thread-safe (one command at a time)."""
+
+    def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
+                 quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns) -> None:
+        self.node = node
+        self.verifier = verifier
+        self.routing = routing
+        self.seen = seen
+        self.quarantine = quarantine
+        self.hooks = hooks
+        self.clock = clock
+        self._lock = threading.Lock()
+
+    def handle(self, cmd: ControlCommand) -> ControlAck:
+        """The ack for `cmd`, after applying it if it may be applied. Never raises."""
+        with self._lock:
+            try:
+                return self._handle(cmd)
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the actuator: the ack says it
+                log.exception("command %s could not be handled", cmd.command_id)
+                return self._ack(cmd, "failed", f"actuator error: {type(exc).__name__}: {exc}")
+
+    def refuse(self, command_id: str, reason: str, action: str = "", target: str = "") -> ControlAck:
+        """A refused ack for a command that could not even be read (a malformed record naming `command_id`)."""
+        return ControlAck(node=self.node, ts_ns=self.clock(), command_id=bounded(command_id, 256) or "unknown",
+                          status="refused", detail=bounded(reason, DETAIL_LIMIT),
+                          action=action if action in LINK_ACTIONS + HOOK_ACTIONS else "",  # type: ignore[arg-type]
+                          target=bounded(target, 256))
+
+    def _handle(self, cmd: ControlCommand) -> ControlAck:
+        now = self.clock()
+        reason = refusal(cmd, node=self.node, now_ns=now, verifier=self.verifier)
+        if reason is not None:
+            return self._ack(cmd, "refused", reason)
+        try:
+            prev = self.seen.claim(cmd.command_id, cmd.expires_ns)
+        except OSError as exc:   # no replay protection without the record: do not apply
+            return self._ack(cmd, "failed", f"cannot record the command id ({exc}); not applied")
+        if prev is not None:
+            return self._ack(cmd, "refused", f"replayed (first handled at {_iso(prev.first_ns)}, status {prev.status})")
+        started = time.perf_counter_ns()
+        try:
+            status, detail = "applied", self._apply(cmd)
+        except Refused as exc:
+            status, detail = "refused", str(exc)
+        except Exception as exc:  # noqa: BLE001 - RoutingError, HookError or anything else: the ack says why
+            status, detail = "failed", str(exc) or type(exc).__name__
+        apply_ns = time.perf_counter_ns() - started if status != "refused" else 0
+        try:
+            self.seen.finish(cmd.command_id, status)
+        except OSError as exc:
+            log.error("outcome of %s not recorded (%s): a redelivery applies it again", cmd.command_id, exc)
+        return self._ack(cmd, status, detail, apply_ns)  # type: ignore[arg-type]
+
+    def _ack(self, cmd: ControlCommand, status: str, detail: str, apply_ns: int = 0) -> ControlAck:
+        if status != "applied":
+            log.warning("%s %s %s: %s %s", status, cmd.action, cmd.target, cmd.command_id, detail)
+        return ControlAck(node=self.node, ts_ns=self.clock(), command_id=cmd.command_id, status=status,  # type: ignore[arg-type]
+                          detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
+                          apply_ns=apply_ns)
+
+    # -- the actions -------------------------------------------------------------------------------------
+
+    def _apply(self, cmd: ControlCommand) -> str:
+        if cmd.action in LINK_ACTIONS:
+            if not cmd.target:
+                raise Refused("no link named (empty target)")
+            return getattr(self, f"_{cmd.action}")(cmd)
+        if cmd.action in HOOK_ACTIONS:
+            if not self.hooks.has(cmd.action):
+                raise Refused(f"no {cmd.action} hook configured on this node "
+                              f"(CLOCKTOWER_ACTUATOR_{cmd.action.upper()}_HOOK)")
+            return self.hooks.run(cmd) or f"{cmd.action} hook ran"
+        raise Refused(f"{cmd.action} is not supported by this actuator")
+
+    @staticmethod
+    def _backup(cmd: ControlCommand, key: str) -> str:
+        backup = cmd.params.get(key, "")
+        if not backup:
+            raise Refused(f"no backup port (params {key!r} is empty)")
+        if backup == cmd.target:
+            raise Refused(f"{cmd.target} cannot be its own backup")
+        return backup
+
+    def _failover(self, cmd: ControlCommand) -> str:
+        return self.routing.fail_over(cmd.target, self._backup(cmd, "to"))
+
+    def _restore(self, cmd: ControlCommand) -> str:
+        backup = self._backup(cmd, "from")
+        if self.quarantine.get(cmd.target) is not None:
+            raise Refused(f"{cmd.target} is quarantined: traffic stays on its backup until an operator runs "
+                          f"`clocktower control release {self.node} {cmd.target}`")
+        return self.routing.restore(cmd.target, backup)
+
+    def _quarantine(self, cmd: ControlCommand) -> str:
+        backup = self._backup(cmd, "to")
+        moved = self.routing.fail_over(cmd.target, backup)   # idempotent: "already on ..." when it is
+        self.quarantine.mark(cmd.target, backup, cmd.command_id)
+        return f"{moved}; {cmd.target} quarantined until `clocktower control release {self.node} {cmd.target}`"
+
+    def _release(self, cmd: ControlCommand) -> str:
+        mark = self.quarantine.get(cmd.target)
+        if cmd.params.get("from"):
+            backup = self._backup(cmd, "from")
+        elif mark is not None:
+            backup = mark.backup
+        else:
+            raise Refused(f"{cmd.target} is not quarantined and the release names no backup port")
+        restored = self.routing.restore(cmd.target, backup)   # first: a failed restore keeps the mark
+        self.quarantine.unmark(cmd.target)
+        return f"released {cmd.target}; {restored}"

@@ -1,0 +1,85 @@
+"""The actuator's settings (CLOCKTOWER_ACTUATOR_* variables): the controller's public key, its state, the hooks.
+
+There is no built-in key: without CLOCKTOWER_ACTUATOR_PUBLIC_KEY_FILE (or CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE) the
+actuator takes the control.pub that `clocktower up` writes into CLOCKTOWER_DATA_DIR, and refuses to start, saying
+so in one line, when there is none. Hooks are argv lists, never run through a shell: JSON (`["/usr/local/bin/drain",
+"--reason", "clocktower"]`) or a shell-like string split with shlex (`/usr/local/bin/drain --reason clocktower`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from clocktower.runtime.credentials import control_public_key_path
+from clocktower.runtime.errors import UserError
+
+Argv = Annotated[tuple[str, ...], NoDecode]
+
+
+def parse_argv(value: Any) -> tuple[str, ...]:
+    """A hook command: a list of strings, its JSON, or a string split like a shell would (but never run by one)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"hook is not a valid JSON list: {e}") from None
+        else:
+            try:
+                value = shlex.split(text)
+            except ValueError as e:
+                raise ValueError(f"hook cannot be split into arguments: {e}") from None
+    if not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
+        raise ValueError("a hook is a list of strings (the program and its arguments)")
+    if value and not value[0]:
+        raise ValueError("a hook's program is empty")
+    return tuple(value)
+
+
+class ActuatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_ACTUATOR_", extra="ignore", populate_by_name=True)
+
+    public_key_file: Path | None = Field(default=None, validation_alias=AliasChoices(
+        "public_key_file", "CLOCKTOWER_ACTUATOR_PUBLIC_KEY_FILE", "CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE"),
+        description="the controller's Ed25519 public key (PEM); default: control.pub in CLOCKTOWER_DATA_DIR")
+    data_dir: Path | None = Field(default=None, validation_alias=AliasChoices("data_dir", "CLOCKTOWER_DATA_DIR"),
+                                  description="where `clocktower up` wrote control.pub")
+    state_dir: Path = Field(default=Path(".clocktower-agent/actuator"), description=(
+        "the handled command ids (replays are refused after a restart) and the quarantined links"))
+    drain_hook: Argv = Field(default=(), description="run for `drain` commands (e.g. hook_examples/slurm-drain.sh)")
+    undrain_hook: Argv = Field(default=(), description=(
+        "the drain hook's inverse (e.g. slurm-resume.sh), for the operator; no command runs it yet"))
+    spare_hook: Argv = Field(default=(), description=(
+        "run for `spare` commands on the spare node (e.g. hook_examples/slurm-resume.sh or k8s-uncordon.sh)"))
+    hook_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="a hook still running then is killed")
+
+    @field_validator("drain_hook", "undrain_hook", "spare_hook", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> tuple[str, ...]:
+        return parse_argv(value)
+
+    def public_key_path(self) -> Path:
+        """The key file to verify commands with; UserError (one line) when none is configured or generated."""
+        if self.public_key_file is not None:
+            return self.public_key_file
+        if self.data_dir is not None:
+            path = control_public_key_path(self.data_dir)
+            if path.exists():
+                return path
+            raise UserError(f"no controller public key: {path} does not exist (`clocktower up` writes it on first "
+                            "start); set CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE to the streams' control.pub")
+        raise UserError("no controller public key: set CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE to the streams' "
+                        "control.pub (or CLOCKTOWER_DATA_DIR to the data dir `clocktower up` wrote it into)")
+
+    def hooks(self) -> dict[str, tuple[str, ...]]:
+        """action -> hook argv, for the configured ones."""
+        return {a: h for a, h in (("drain", self.drain_hook), ("spare", self.spare_hook)) if h}

@@ -1,0 +1,312 @@
+"""The actuator: every kind of bad command is refused with the node unchanged; good ones are applied, idempotently.
+
+The routing is a recording fake over the in-memory backend, so "unchanged" means: not called at all.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.link_routing import RoutingError
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.control.command_check import MAX_LIFETIME_NS
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.control.signing import CommandSigner
+from clocktower.schemas.control import ControlCommand
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
+
+T0 = 1_780_000_000 * 10**9
+S = 10**9
+NODE = "node-a"
+
+
+class RecordingRouting:
+    """A LinkRouting that records every call and forwards it to the in-memory backend."""
+
+    def __init__(self) -> None:
+        self.sim = SimulatedRouting()
+        self.calls: list[tuple[str, str, str]] = []
+
+    def remember(self, link: str) -> str:
+        return self.sim.remember(link)
+
+    def fail_over(self, link: str, backup: str) -> str:
+        self.calls.append(("fail_over", link, backup))
+        return self.sim.fail_over(link, backup)
+
+    def restore(self, link: str, backup: str) -> str:
+        self.calls.append(("restore", link, backup))
+        return self.sim.restore(link, backup)
+
+    def on_backup(self, link: str) -> bool:
+        return self.sim.on_backup(link)
+
+
+class Clock:
+    def __init__(self, now: int = T0 + S) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _cmd(action: str = "failover", target: str = "eth0", params: dict[str, str] | None = None, node: str = NODE,
+         ts_ns: int = T0, signer: CommandSigner = TEST_SIGNER, ttl_ns: int = 60 * S) -> ControlCommand:
+    if params is None:
+        params = {"from": target, "to": "eth1"} if action in ("failover", "quarantine") else {"from": "eth1",
+                                                                                           "to": target}
+    return CommandIssuer(signer, ttl_ns).issue(CommandIntent(node, action, target, ts_ns, "inc-1", params))  # type: ignore[arg-type]
+
+
+def _actuator(state: Path, routing: RecordingRouting | None = None, clock: Clock | None = None,
+              hooks: Hooks | None = None) -> Actuator:
+    clock = clock or Clock()
+    return Actuator(NODE, TEST_VERIFIER, routing or RecordingRouting(), SeenCommands(state, clock=clock),
+                    Quarantine(state, clock=clock), hooks or Hooks({}), clock=clock)
+
+
+@pytest.fixture
+def routing() -> RecordingRouting:
+    return RecordingRouting()
+
+
+@pytest.fixture
+def act(tmp_path: Path, routing: RecordingRouting) -> Actuator:
+    return _actuator(tmp_path / "state", routing)
+
+
+# -- refusals: the node is unchanged ----------------------------------------------------------------------------
+
+def _forged() -> ControlCommand:
+    return _cmd(signer=CommandSigner(Ed25519PrivateKey.generate()))
+
+
+BAD = {
+    "unsigned": (lambda: _cmd().model_copy(update={"signature": "-"}), "unsigned"),
+    "forged": (_forged, "bad signature"),
+    "altered": (lambda: _cmd().model_copy(update={"params": {"from": "eth0", "to": "eth9"}}), "bad signature"),
+    "wrong node": (lambda: _cmd(node="node-b"), "scoped to node 'node-b'"),
+    "expired": (lambda: _cmd(ts_ns=T0 - 120 * S), "expired"),
+    "too long-lived": (lambda: _cmd(ttl_ns=MAX_LIFETIME_NS + S), "more than the"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_a_bad_command_is_refused_and_the_node_is_unchanged(kind: str, act: Actuator,
+                                                           routing: RecordingRouting) -> None:
+    make, reason = BAD[kind]
+    ack = act.handle(make())
+    assert ack.status == "refused" and reason in ack.detail, ack
+    assert routing.calls == [], "the routing was not touched"
+    assert ack.node == NODE and ack.action == "failover" and ack.target == "eth0" and ack.apply_ns == 0
+    assert len(act.seen) == 0, "a refused command is not remembered (a forged one cannot claim a genuine id)"
+
+
+def test_a_forged_command_does_not_block_the_genuine_one_with_its_id(act: Actuator, routing: RecordingRouting) -> None:
+    genuine = _cmd()
+    forged = _forged().model_copy(update={"command_id": genuine.command_id})
+    assert act.handle(forged).status == "refused"
+    assert act.handle(genuine).status == "applied"
+    assert routing.calls == [("fail_over", "eth0", "eth1")]
+
+
+def test_a_replay_is_refused_and_names_the_first_outcome(act: Actuator, routing: RecordingRouting) -> None:
+    cmd = _cmd()
+    assert act.handle(cmd).status == "applied"
+    again = act.handle(cmd)
+    assert again.status == "refused" and again.detail.startswith("replayed (first handled at ")
+    assert "status applied" in again.detail
+    assert routing.calls == [("fail_over", "eth0", "eth1")], "applied once"
+
+
+def test_a_replay_is_refused_after_a_restart(tmp_path: Path) -> None:
+    first = RecordingRouting()
+    cmd = _cmd()
+    assert _actuator(tmp_path / "state", first).handle(cmd).status == "applied"
+    routing = RecordingRouting()
+    ack = _actuator(tmp_path / "state", routing).handle(cmd)   # a new actuator on the same state dir
+    assert ack.status == "refused" and "replayed" in ack.detail
+    assert routing.calls == []
+
+
+def test_a_command_interrupted_mid_apply_is_applied_again_after_a_restart(tmp_path: Path) -> None:
+    cmd = _cmd()
+    seen = SeenCommands(tmp_path / "state", clock=Clock())
+    assert seen.claim(cmd.command_id, cmd.expires_ns) is None   # recorded as started, then the process died
+    seen.close()
+    routing = RecordingRouting()
+    assert _actuator(tmp_path / "state", routing).handle(cmd).status == "applied"
+    assert routing.calls == [("fail_over", "eth0", "eth1")]
+
+
+def test_a_torn_last_line_is_ignored_and_repaired(tmp_path: Path) -> None:
+    cmd = _cmd()
+    assert _actuator(tmp_path / "state").handle(cmd).status == "applied"
+    path = tmp_path / "state" / "seen-commands.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"id": "torn-by-a-cr')                 # a crash mid-append
+    seen = SeenCommands(tmp_path / "state", clock=Clock())
+    assert seen.torn_lines == 1
+    assert seen.get(cmd.command_id) is not None and seen.get(cmd.command_id).status == "applied"  # type: ignore[union-attr]
+    assert path.read_bytes().endswith(b"\n") and b"torn" not in path.read_bytes(), "repaired on open"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_ids_are_kept_past_expiry_then_compacted(tmp_path: Path) -> None:
+    cmd = _cmd()
+    clock = Clock()
+    assert _actuator(tmp_path / "state", clock=clock).handle(cmd).status == "applied"
+    clock.now = cmd.expires_ns + 60 * S                      # expired, within the margin: still remembered
+    assert SeenCommands(tmp_path / "state", clock=clock).get(cmd.command_id) is not None
+    clock.now = cmd.expires_ns + 3600 * S                    # long after: dropped on open (refused as expired anyway)
+    assert len(SeenCommands(tmp_path / "state", clock=clock)) == 0
+
+
+def test_an_empty_backup_is_refused(act: Actuator, routing: RecordingRouting) -> None:
+    ack = act.handle(_cmd(target="mlx5_0/1", params={"from": "mlx5_0/1", "to": ""}))
+    assert ack.status == "refused" and "no backup port" in ack.detail
+    assert routing.calls == []
+
+
+@pytest.mark.parametrize("action", ["qos", "rate_limit", "pause", "resume"])
+def test_unsupported_actions_are_refused(action: str, act: Actuator, routing: RecordingRouting) -> None:
+    ack = act.handle(_cmd(action=action, params={}))
+    assert ack.status == "refused" and "not supported by this actuator" in ack.detail
+    assert routing.calls == []
+
+
+def test_malformed_record_refusal(act: Actuator) -> None:
+    ack = act.refuse("cmd-1", "malformed: expires_ns: field required", "failover", "eth0")
+    assert ack.status == "refused" and ack.command_id == "cmd-1" and "malformed" in ack.detail
+
+
+# -- applying --------------------------------------------------------------------------------------------------
+
+def test_failover_then_restore(act: Actuator, routing: RecordingRouting) -> None:
+    ack = act.handle(_cmd("failover"))
+    assert ack.status == "applied" and ack.apply_ns > 0 and ack.action == "failover" and ack.origin == "command"
+    assert routing.on_backup("eth0")
+    ack = act.handle(_cmd("restore", ts_ns=T0 + 1))
+    assert ack.status == "applied" and not routing.on_backup("eth0")
+    assert routing.calls == [("fail_over", "eth0", "eth1"), ("restore", "eth0", "eth1")]
+
+
+def test_failover_is_idempotent(act: Actuator, routing: RecordingRouting) -> None:
+    assert act.handle(_cmd(ts_ns=T0)).detail == "moved the routes of eth0 to eth1"
+    ack = act.handle(_cmd(ts_ns=T0 + 1))                   # another command, same effect
+    assert ack.status == "applied" and ack.detail == "already on eth1"
+
+
+def test_a_routing_error_is_a_failed_ack(act: Actuator, routing: RecordingRouting) -> None:
+    routing.sim.set_link_up("eth1", False)
+    ack = act.handle(_cmd())
+    assert ack.status == "failed" and "backup eth1 is down" in ack.detail
+    assert act.seen.get(ack.command_id).status == "failed"  # type: ignore[union-attr]
+
+
+def test_an_unexpected_exception_is_a_failed_ack(act: Actuator, routing: RecordingRouting) -> None:
+    def boom(link: str, backup: str) -> str:
+        raise ZeroDivisionError("bug")
+    routing.fail_over = boom  # type: ignore[method-assign]
+    ack = act.handle(_cmd())
+    assert ack.status == "failed" and "bug" in ack.detail
+
+
+def test_quarantine_holds_until_release(tmp_path: Path, routing: RecordingRouting) -> None:
+    act = _actuator(tmp_path / "state", routing)
+    ack = act.handle(_cmd("quarantine"))
+    assert ack.status == "applied" and routing.on_backup("eth0") and "quarantined" in ack.detail
+    ack = act.handle(_cmd("restore", ts_ns=T0 + 1))
+    assert ack.status == "refused" and f"clocktower control release {NODE} eth0" in ack.detail
+    assert routing.on_backup("eth0"), "still on the backup"
+    # the mark survives a restart
+    routing2 = RecordingRouting()
+    routing2.sim.fail_over("eth0", "eth1")
+    act2 = _actuator(tmp_path / "state", routing2)
+    assert act2.handle(_cmd("restore", ts_ns=T0 + 2)).status == "refused"
+    ack = act2.handle(_cmd("release", params={}, ts_ns=T0 + 3))   # the CLI may name no backup: the mark has it
+    assert ack.status == "applied" and "released eth0" in ack.detail
+    assert not routing2.on_backup("eth0") and act2.quarantine.get("eth0") is None
+    assert act2.handle(_cmd("restore", ts_ns=T0 + 4)).status == "applied"
+
+
+def test_a_failed_release_keeps_the_mark(act: Actuator, routing: RecordingRouting) -> None:
+    act.handle(_cmd("quarantine"))
+    routing.sim.set_link_up("eth0", False)
+    ack = act.handle(_cmd("release", ts_ns=T0 + 1))
+    assert ack.status == "failed" and act.quarantine.get("eth0") is not None
+
+
+def test_release_of_a_link_not_quarantined_and_no_backup_is_refused(act: Actuator, routing: RecordingRouting) -> None:
+    ack = act.handle(_cmd("release", params={}))
+    assert ack.status == "refused" and routing.calls == []
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "hook.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("action", ["drain", "spare"])
+def test_drain_and_spare_run_the_hook_with_the_command_fields(action: str, tmp_path: Path) -> None:
+    out = tmp_path / "args"
+    hook = _script(tmp_path, f'printf "%s\\n" "$@" > {out}; echo "id=$CLOCKTOWER_COMMAND_ID"; echo done\n')
+    act = _actuator(tmp_path / "state", hooks=Hooks({action: [hook, "--fixed"]}))
+    cmd = _cmd(action, target=NODE, params={"replace": NODE})
+    ack = act.handle(cmd)
+    assert ack.status == "applied" and f"id={cmd.command_id}" in ack.detail and "done" in ack.detail, ack
+    assert out.read_text().splitlines() == ["--fixed", action, NODE, NODE, '{"replace":"node-a"}']
+
+
+def test_arguments_never_go_through_a_shell(tmp_path: Path) -> None:
+    out = tmp_path / "args"
+    hook = _script(tmp_path, f'printf "%s\\n" "$@" > {out}\n')
+    act = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]}))
+    evil = "$(touch pwned);x"
+    assert act.handle(_cmd("drain", target=evil, params={})).status == "applied"
+    assert evil in out.read_text().splitlines() and not (tmp_path / "pwned").exists()
+
+
+def test_a_failing_hook_is_a_failed_ack_with_its_output(tmp_path: Path) -> None:
+    hook = _script(tmp_path, "echo 'scontrol: node unknown' >&2; exit 3\n")
+    ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]})).handle(_cmd("drain", params={}))
+    assert ack.status == "failed" and "exited with 3" in ack.detail and "node unknown" in ack.detail
+
+
+def test_a_hook_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    hook = _script(tmp_path, "echo started; sleep 30 & sleep 30\n")
+    ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]}, timeout_s=0.3)).handle(_cmd("drain", params={}))
+    assert ack.status == "failed" and "timed out after 0.3 s" in ack.detail and "started" in ack.detail
+
+
+def test_a_hook_output_is_bounded(tmp_path: Path) -> None:
+    hook = _script(tmp_path, "head -c 100000 /dev/zero | tr '\\0' x\n")
+    ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]})).handle(_cmd("drain", params={}))
+    assert ack.status == "applied" and len(ack.detail) < 2100
+
+
+def test_a_missing_hook_is_refused(act: Actuator) -> None:
+    ack = act.handle(_cmd("drain", params={}))
+    assert ack.status == "refused" and "no drain hook configured" in ack.detail
+
+
+def test_a_hook_that_cannot_start_is_a_failed_ack(tmp_path: Path) -> None:
+    ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [str(tmp_path / "missing")]})).handle(
+        _cmd("drain", params={}))
+    assert ack.status == "failed" and "could not start" in ack.detail
+
+
+def test_routing_error_type_is_the_protocols() -> None:
+    assert issubclass(RoutingError, Exception)
