@@ -87,6 +87,14 @@ class Route:
         return r
 
 
+@dataclass(frozen=True)
+class _LiveRoute:
+    """A route in the kernel now, with its output interface."""
+
+    route: Route
+    oif: int
+
+
 @dataclass
 class _LinkRecord:
     backup: str
@@ -177,9 +185,8 @@ class KernelRouting:
             rec = self._links.get(link)
             if rec is None or not rec.routes:
                 return f"already on {link} (no routes of {link} were moved)"
-            present = {r.key: r for r in self._dump() if r.oif == index}
-            todo = [r for r in rec.routes if present.get(r.key) is None
-                    or present[r.key].route != r]
+            present = {lr.route.key: lr.route for lr in self._dump() if lr.oif == index}
+            todo = [r for r in rec.routes if present.get(r.key) != r]
             if todo:
                 state = self._link_state(index)
                 if state:
@@ -307,9 +314,3 @@ class KernelRouting:
             log.warning("routing: cannot write the state file %s: %s", path, e)
             return f" (state file not written: {e})"
         return ""
-
-
-@dataclass(frozen=True)
-class _LiveRoute:
-    route: Route
-    oif: int

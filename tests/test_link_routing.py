@@ -1,0 +1,124 @@
+"""KernelRouting in the failover bed: routes move to the backup and back, idempotently, through admin-downs
+and a restart of the agent (the state file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clocktower.actuators.link_routing import LinkRouting, RoutingError
+from clocktower.actuators.route_table import MOVED_PROTO, KernelRouting
+from tests.failover_bed import ADDR, BACKUP, PRIMARY, SERVICE, failover_bed
+
+
+def proto_of_route_to_peer(bed, host: str) -> int:
+    for msg in bed.ip(host).route("dump", family=2):
+        if msg.get("dst") == SERVICE["b" if host == "a" else "a"]:
+            return int(msg["proto"])
+    return -1
+
+
+def test_fail_over_and_restore_move_the_routes(tmp_path: Path) -> None:
+    with failover_bed("rtm") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        assert isinstance(routing, LinkRouting)
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+        assert not routing.on_backup(PRIMARY)
+        assert routing.restore(PRIMARY, BACKUP).startswith("already on pri")
+
+        assert routing.fail_over(PRIMARY, BACKUP) == f"moved 1 route(s) of pri to bkp (via {ADDR['b', BACKUP]})"
+        assert bed.route_to_peer("a") == (BACKUP, ADDR["b", BACKUP])
+        assert proto_of_route_to_peer(bed, "a") == MOVED_PROTO
+        assert routing.on_backup(PRIMARY)
+        assert routing.fail_over(PRIMARY, BACKUP) == "already on bkp"
+        assert bed.route_to_peer("a") == (BACKUP, ADDR["b", BACKUP])
+
+        assert routing.restore(PRIMARY, BACKUP) == "restored 1 route(s) of pri from bkp"
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+        assert proto_of_route_to_peer(bed, "a") == 4          # static, as it was
+        assert not routing.on_backup(PRIMARY)
+        assert routing.restore(PRIMARY, BACKUP) == "already on pri"
+
+
+def test_device_routes_without_a_backup_gateway(tmp_path: Path) -> None:
+    with failover_bed("rtd") as bed, KernelRouting(tmp_path / "a.json", netns=bed.ns["a"]) as routing:
+        assert "as device routes" in routing.fail_over(PRIMARY, BACKUP)
+        assert bed.route_to_peer("a") == (BACKUP, None)
+        routing.restore(PRIMARY, BACKUP)
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+
+
+def test_restore_re_adds_routes_an_admin_down_deleted(tmp_path: Path) -> None:
+    with failover_bed("rta") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        routing.remember(PRIMARY)
+        bed.set_admin("a", PRIMARY, False)                   # the kernel deletes the route, silently
+        assert bed.route_to_peer("a") == ("", None)
+        assert "moved 1 route(s)" in routing.fail_over(PRIMARY, BACKUP)   # from what was remembered
+        assert bed.route_to_peer("a") == (BACKUP, ADDR["b", BACKUP])
+        with pytest.raises(RoutingError, match="pri is admin down: its routes stay on bkp"):
+            routing.restore(PRIMARY, BACKUP)
+        assert bed.route_to_peer("a") == (BACKUP, ADDR["b", BACKUP])     # unchanged by the refusal
+        bed.set_admin("a", PRIMARY, True)
+        bed.wait_carrier("a", PRIMARY, True)
+        assert routing.restore(PRIMARY, BACKUP) == "restored 1 route(s) of pri from bkp"
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+
+        # failed over, then the primary bounces admin down and up: the restore still brings the route back
+        routing.fail_over(PRIMARY, BACKUP)
+        bed.set_admin("a", PRIMARY, False)
+        bed.set_admin("a", PRIMARY, True)
+        bed.wait_carrier("a", PRIMARY, True)
+        assert routing.restore(PRIMARY, BACKUP) == "restored 1 route(s) of pri from bkp"
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+
+
+def test_restore_refuses_a_link_without_carrier(tmp_path: Path) -> None:
+    with failover_bed("rtc") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        routing.fail_over(PRIMARY, BACKUP)
+        bed.carrier_down("a")
+        bed.wait_carrier("a", PRIMARY, False)
+        with pytest.raises(RoutingError, match="pri is without carrier"):
+            routing.restore(PRIMARY, BACKUP)
+
+
+def test_state_file_lets_a_new_backend_restore(tmp_path: Path) -> None:
+    state = tmp_path / "state" / "routing.json"
+    with failover_bed("rts") as bed:
+        with bed.routing("a", state) as first:
+            first.fail_over(PRIMARY, BACKUP)
+        raw = json.loads(state.read_text())
+        assert raw["links"][PRIMARY]["on_backup"] is True
+        assert raw["links"][PRIMARY]["routes"][0]["gateway"] == ADDR["b", PRIMARY]
+        assert not list(state.parent.glob(".*tmp"))           # the temporary file was renamed over it
+        bed.set_admin("a", PRIMARY, False)                    # and the kernel lost nothing we need
+        bed.set_admin("a", PRIMARY, True)
+        bed.wait_carrier("a", PRIMARY, True)
+        with bed.routing("a", state) as second:               # the agent restarted
+            assert second.on_backup(PRIMARY)
+            assert second.restore(PRIMARY, BACKUP) == "restored 1 route(s) of pri from bkp"
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])
+        assert json.loads(state.read_text())["links"][PRIMARY]["on_backup"] is False
+
+
+def test_malformed_state_file_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = tmp_path / "routing.json"
+    state.write_text(json.dumps({"version": 1, "links": {"pri": {"backup": "bkp", "on_backup": True,
+                                                                   "routes": [{"dst": 5}]}}}))
+    with failover_bed("rtf") as bed, bed.routing("a", state) as routing:
+        assert not routing.on_backup(PRIMARY)
+        assert "malformed" in caplog.text
+
+
+def test_unknown_interfaces_and_nothing_to_move_are_clear_errors(tmp_path: Path) -> None:
+    with failover_bed("rtu") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        ns = bed.ns["a"]
+        with pytest.raises(RoutingError, match=f"no interface 'eth9' in network namespace '{ns}'"):
+            routing.fail_over(PRIMARY, "eth9")
+        with pytest.raises(RoutingError, match="no interface 'eth9'"):
+            routing.fail_over("eth9", BACKUP)
+        with pytest.raises(RoutingError, match="own backup"):
+            routing.fail_over(PRIMARY, PRIMARY)
+        assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])    # unchanged
+        with pytest.raises(RoutingError, match="bkp carries no routes to move"):
+            routing.fail_over(BACKUP, PRIMARY)
