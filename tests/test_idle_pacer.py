@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from clocktower.sinks.clickhouse import idle_pacer
-from clocktower.sinks.clickhouse.idle_pacer import IdlePacer
+from clocktower.runtime import idle_pacer
+from clocktower.runtime.idle_pacer import IdlePacer
 
 T = "telemetry.links"
 

@@ -26,6 +26,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from clocktower.runtime.consume_loop import commit, consume_loop
+from clocktower.runtime.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
 from clocktower.schemas.codec import (
     DEFAULT_MAX_FUTURE_SKEW_NS,
     DecodeError,
@@ -38,8 +40,6 @@ from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.topics import BY_NAME, TOPICS
 from clocktower.sinks.clickhouse import metrics
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
-from clocktower.sinks.clickhouse.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
-from clocktower.sinks.clickhouse.idle_pacer import IdlePacer
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
@@ -243,32 +243,30 @@ class KafkaClickHouseSink:
         self.flush()
         consumer.unassign()
 
-    # --- the loop ---------------------------------------------------------------
+    # --- the loop (runtime/consume_loop.py) -----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
-        self._pacer = IdlePacer(self.consumer, held=lambda: self._pending)
-        try:
-            while not stop.is_set():
-                if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
-                    self._check_after_out_of_range()
-                num_messages, timeout = self._pacer.next_consume()
-                msgs = self.consumer.consume(num_messages=num_messages, timeout=timeout)
-                for msg in msgs:
-                    key = (msg.topic(), msg.partition())
-                    if key in self._pending:
-                        continue               # paused, unchecked: read from its checked offset once it answers
-                    if self._handle(msg):
-                        break                  # positions were reset: the rest of this list is fetched again
-                    if msg.error() is None:
-                        self._next[key] = msg.offset() + 1
-                    self.flush(due_only=True)  # per record: a batch never grows past max_rows + one record
-                self.flush(due_only=True)
-                self._pacer.after(msgs)
-            self._pacer.release()
-            self.flush()
-        finally:
-            self.producer.flush(10)
-            self.consumer.close()
+        consume_loop(self.consumer, self, stop)
+
+    def held(self) -> set[tuple[str, int]]:
+        """Partitions whose loss check has not answered: not read, and never resumed by the idle pacer."""
+        return self._pending
+
+    def before_consume(self) -> None:
+        if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
+            self._check_after_out_of_range()
+
+    def handle(self, msg: Message) -> bool:
+        """Batch one record or dead-letter it; True when the fetch positions were reset (out of range)."""
+        if self._handle(msg):
+            return True
+        if msg.error() is None:
+            self._next[(msg.topic(), msg.partition())] = msg.offset() + 1
+        return False
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.consumer.close()
 
     def _handle(self, msg: Message) -> bool:
         """Batch one record or dead-letter it: no record, whatever it holds, stops the sink.
@@ -366,12 +364,16 @@ class KafkaClickHouseSink:
 
     def flush(self, due_only: bool = False) -> None:
         """Insert the due (or all) batches, make dead letters durable, then commit their offsets."""
+        commit(self.consumer, self.store(due_only))
+
+    def store(self, due_only: bool = False) -> dict[tuple[str, int], int]:
+        """Insert the due (or all) batches and make dead letters durable; returns the offsets now safe to commit."""
         keys = self.batches.due_keys() if due_only else None
         if keys == []:
-            return
+            return {}
         batches, offsets = self.batches.take(keys)
         if not offsets:
-            return
+            return {}
         with metrics.FLUSH_SECONDS.time():
             for batch in batches:
                 self.writer.insert(batch)
@@ -379,5 +381,4 @@ class KafkaClickHouseSink:
                 metrics.ROWS.labels(batch.spec.table).inc(batch.rows)
             if self.producer.flush(30) != 0:
                 raise RuntimeError("dead letters not delivered; not committing")
-            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                 asynchronous=False)
+        return offsets

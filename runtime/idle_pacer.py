@@ -1,4 +1,6 @@
-"""Pause an idle sink's partitions between fetches, since the embedded broker answers every fetch at once.
+"""Pause an idle consumer's partitions between fetches, since the embedded broker answers every fetch at once.
+
+Used by every consume loop (runtime/consume_loop.py: the ClickHouse sink, the node actuators).
 
 noida-db ignores `fetch.wait.max.ms`, and librdkafka backs off only after fetch errors, never after an
 empty fetch: an idle consumer's fetcher thread spins (thousands of fetches a second, tens of percent of a
