@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+import orjson
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from clocktower.runtime.settings import RuntimeSettings
 
@@ -29,5 +31,42 @@ class StreamsSettings(RuntimeSettings):
     streams_segment_ttl_s: float = Field(
         default=10.0, gt=0, description="event time a half-joined flow segment waits for its other half before it "
         "expires (counted in clocktower_streams_state_expired_total)")
+    streams_link_watchdog_ms: float = Field(
+        default=50.0, ge=0, le=3_600_000, description="a link (carrier lost or not up) down this long, by the "
+        "node's own report times, gets a failover to its backup from the streams, whether or not it flapped (the "
+        "agent's local watchdog is the fast path; this one catches a node without it); 0 = on the down report")
+    streams_link_stable_s: float = Field(
+        default=10.0, gt=0, le=86_400, description="a failed-over link whose carrier has been up, with no change, "
+        "this long gets a restore and its incident resolves")
+    streams_link_quarantine_flaps: int = Field(
+        default=8, ge=1, le=10_000, description="a link that goes down more than this many times in a sliding hour "
+        "is quarantined: traffic stays on the backup, no restore, until an operator runs `clocktower control "
+        "release NODE IFACE`")
+    streams_spare_nodes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="spare nodes (comma-separated or a JSON list) that replace a node whose GPU "
+        "is lost: the `spare` command goes to one of them, picked by the failed node's name; empty = no spare "
+        "command, the incident says so")
     streams_log_level: Literal["debug", "info", "warn", "error"] = Field(
         default="warn", description="the stream worker's log level (info shows rebalances and table recovery)")
+
+
+    @field_validator("streams_spare_nodes", mode="before")
+    @classmethod
+    def _spare_nodes(cls, value: Any) -> list[str]:
+        return parse_node_list(value)
+
+
+def parse_node_list(value: Any) -> list[str]:
+    """`node-a,node-b` or `["node-a", "node-b"]` (or a list) -> unique node names in order; ValueError says why."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"spare nodes: not valid JSON: {e}") from None
+        else:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, list | tuple) or not all(isinstance(n, str) and 0 < len(n.strip()) <= 256 for n in value):
+        raise ValueError("spare nodes must be node names (1-256 characters), comma-separated or a JSON list")
+    return list(dict.fromkeys(n.strip() for n in value))

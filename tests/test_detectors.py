@@ -6,7 +6,7 @@ from collections.abc import MutableMapping, Sequence
 
 import orjson
 
-from clocktower.control.intent import CommandIntent
+from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ControlCommand
@@ -51,9 +51,12 @@ def one_by_one(runner: ProcessorRunner, events: Sequence[Event]) -> list[list[Ev
     return [runner.run(0, [e]) for e in events]
 
 
-def link(ts: int, up: bool, changes: int, iface: str = "eth0", node: str = "node-1") -> LinkState:
+def link(ts: int, up: bool, changes: int, iface: str = "eth0", node: str = "node-1",
+         backup: str | None = None) -> LinkState:
+    """A report of `iface`; eth0's backup is eth1 unless `backup` says otherwise."""
+    backup = ("eth1" if iface == "eth0" else "") if backup is None else backup
     return LinkState(node=node, ts_ns=ts, interface=iface, kind="ethernet", up=up, carrier_changes=changes,
-                     speed_mbps=0, operstate="up" if up else "down", carrier=up)
+                     speed_mbps=0, operstate="up" if up else "down", carrier=up, backup=backup)
 
 
 def gpu(ts: int, node: str = "node-3", index: int = 5, **kw) -> GpuHealth:
@@ -61,11 +64,13 @@ def gpu(ts: int, node: str = "node-3", index: int = 5, **kw) -> GpuHealth:
 
 
 def flap_and_recover(node: str = "node-1") -> list[LinkState]:
-    """Opens at T0+3 s (failover), resolves at T0+9 s (restore)."""
+    """With the defaults: the 1 s down from T0+1 s opens a link_down incident at the T0+2 s report (failover),
+    the third change at T0+3 s updates it to a flap, and T0+14 s, 10 s after the last change, resolves it
+    (restore)."""
     return [link(T0, True, 0, node=node), link(T0 + S, False, 1, node=node), link(T0 + 2 * S, True, 2, node=node),
             link(T0 + 3 * S, False, 3, node=node), link(T0 + 4 * S, True, 4, node=node),
-            link(T0 + 8 * S, True, 4, node=node), link(T0 + 9 * S, True, 4, node=node),
-            link(T0 + 10 * S, True, 4, node=node)]
+            link(T0 + 8 * S, True, 4, node=node), link(T0 + 14 * S, True, 4, node=node),
+            link(T0 + 15 * S, True, 4, node=node)]
 
 
 def hot_cool_hot() -> list[GpuHealth]:
@@ -84,12 +89,18 @@ def test_built_from_the_workers_context() -> None:
     assert [(d.name, d.consumes, d.key_by) for d in (links, gpus)] == [
         ("link_flap", (LinkState,), "node"), ("gpu_fault", (GpuHealth,), "node")]
     assert (links.state_ttl_ns, gpus.state_ttl_ns) == (24 * HOUR, 24 * HOUR)
+    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps, gpus.spare_nodes) == (
+        50 * 10**6, 10 * S, 8, ())
+    tuned = ProcessorContext(link_watchdog_ns=0, link_stable_ns=3 * S, link_quarantine_flaps=2, spare_nodes=("s",))
+    links, gpus = LinkFlapDetector.from_context(tuned), GpuFaultDetector.from_context(tuned)
+    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps, gpus.spare_nodes) == (0, 3 * S, 2, ("s",))
 
 
 # --- behaviour (ported from the detectors before the processor contract) ---
 
 def test_link_flap_opens_fails_over_then_restores() -> None:
-    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S))
+    """Downs shorter than the watchdog: the flap rule alone fails over (tests/test_link_decisions.py: the rest)."""
+    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S, watchdog_ns=10 * S))
     assert det(link(T0, True, 0)) == []
     assert det(link(T0 + S, False, 1)) == []
     assert det(link(T0 + 2 * S, True, 2)) == []
@@ -98,15 +109,18 @@ def test_link_flap_opens_fails_over_then_restores() -> None:
     assert inc.detail == "3 carrier changes within 10 s"
     assert isinstance(cmd, CommandIntent) and cmd.action == "failover" and cmd.node == "node-1"
     assert cmd.params == {"from": "eth0", "to": "eth1"} and cmd.incident_id == inc.incident_id
+    assert inc.command_ids == [command_id_of(cmd)]
     assert det(link(T0 + 4 * S, True, 4)) == []      # still unstable
     assert det(link(T0 + 8 * S, True, 4)) == []      # up 4 s: not yet stable
     inc2, cmd2 = det(link(T0 + 9 * S, True, 4))
     assert inc2.state == "resolve" and inc2.incident_id == inc.incident_id
     assert cmd2.action == "restore" and cmd2.target == "eth0" and cmd2.incident_id == inc.incident_id
+    assert cmd2.params == {"from": "eth1", "to": "eth0"}
+    assert inc2.command_ids == [command_id_of(cmd), command_id_of(cmd2)]
 
 
 def test_slow_carrier_changes_are_not_a_flap() -> None:
-    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3))
+    det = Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, watchdog_ns=HOUR))
     det(link(T0, True, 0))
     for i in range(1, 6):
         assert det(link(T0 + i * 11 * S, i % 2 == 0, i)) == []
@@ -123,18 +137,41 @@ def test_ports_of_one_node_are_separate_entries() -> None:
     det = Fed(LinkFlapDetector(min_transitions=3))
     for i in range(4):   # two ports, each changing twice: no port reaches three
         assert det(link(T0 + i * S, i % 2 == 0, i // 2, iface="eth0" if i < 2 else "ib0")) == []
-    assert sorted(det.store.backing) == [b'["node-1","eth0"]', b'["node-1","ib0"]']
+    ports = [k for k in det.store.backing if len(orjson.loads(k)) == 2]   # less the down ports' watchdog timers
+    assert sorted(ports) == [b'["node-1","eth0"]', b'["node-1","ib0"]']
+
+
+POOL = ("spare-1", "spare-2")
 
 
 def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:
-    det = Fed(GpuFaultDetector())
+    det = Fed(GpuFaultDetector(spare_nodes=POOL))
     assert det(gpu(T0, temperature_c=60)) == []
     out = det(gpu(T0 + S, xid=79))
     kinds = [(type(e).__name__, getattr(e, "kind", None), getattr(e, "action", None)) for e in out]
     assert kinds == [("Incident", "gpu_xid", None), ("CommandIntent", None, "drain"),
                      ("CommandIntent", None, "spare")]
     assert all(c.incident_id == out[0].incident_id for c in out[1:])
+    drain, spare = out[1:]
+    assert (drain.node, drain.target) == ("node-3", "node-3")            # the faulty node drains itself
+    assert spare.node == spare.target == det.proc.spare_for("node-3") and spare.node in POOL
+    assert spare.params == {"replaces": "node-3"}
+    assert out[0].command_ids == [command_id_of(drain), command_id_of(spare)]
     assert det(gpu(T0 + 2 * S, lost=True)) == []     # same failure: no second drain
+
+
+def test_the_spare_comes_from_the_pool_deterministically_never_the_faulty_node() -> None:
+    det = GpuFaultDetector(spare_nodes=("node-3", "spare-1", "spare-2"))
+    picks = {n: det.spare_for(n) for n in (f"node-{i}" for i in range(40))}
+    assert picks == {n: GpuFaultDetector(spare_nodes=("node-3", "spare-1", "spare-2")).spare_for(n) for n in picks}
+    assert set(picks.values()) == {"node-3", "spare-1", "spare-2"} and picks["node-3"] != "node-3"
+    assert GpuFaultDetector(spare_nodes=("node-3",)).spare_for("node-3") is None
+
+
+def test_with_no_spare_pool_the_node_drains_and_the_incident_says_no_spare() -> None:
+    out = Fed(GpuFaultDetector())(gpu(T0, xid=79))
+    assert [getattr(e, "action", None) for e in out] == [None, "drain"]
+    assert "no spare node configured" in out[0].detail and out[0].command_ids == [command_id_of(out[1])]
 
 
 def test_gpu_detector_ecc_and_thermal() -> None:
@@ -152,7 +189,7 @@ def test_gpu_detector_ecc_and_thermal() -> None:
 
 def test_an_xid_reading_that_races_a_newer_periodic_one_is_still_applied() -> None:
     """The XID thread's reading can reach the topic after a newer periodic reading of the same GPU."""
-    det = Fed(GpuFaultDetector())
+    det = Fed(GpuFaultDetector(spare_nodes=POOL))
     det(gpu(T0))
     assert det(gpu(T0 + 2 * S)) == []
     out = det(gpu(T0 + S, xid=79))
@@ -185,7 +222,10 @@ def test_state_round_trips_with_an_open_incident_and_its_outputs() -> None:
     port = store.get('["node-1","eth0"]')
     again = det.decode_state(det.encode_state(port))
     assert again == port and again.incident_id == opened[0].incident_id
-    assert again.log.outputs_of(T0 + 3 * S) == opened
+    assert [type(e).__name__ for e in opened] == ["Incident", "CommandIntent", "Incident"]
+    assert again.log.outputs_of(T0 + 2 * S) == opened[:2] and again.log.outputs_of(T0 + 3 * S) == opened[2:]
+    timer = store.get('["node-1","eth0","watchdog"]')   # eth0 went down again at 3 s
+    assert timer is not None and det.decode_state(det.encode_state(timer)) == timer
     g = GpuFaultDetector()
     gstore = StateStore(g)
     outs = [g.process(gstore, ev) for ev in hot_cool_hot()]
@@ -223,11 +263,11 @@ def test_entries_are_keyed_within_the_events_partition_key() -> None:
 def test_a_port_silent_for_the_ttl_expires_and_an_open_incident_is_counted() -> None:
     det = LinkFlapDetector(ttl_ns=24 * HOUR)
     w = worker(det)
-    w.run(0, flap_and_recover()[:4])                       # eth0 flapping: incident open
+    w.run(0, flap_and_recover()[:4])                       # eth0 flapping: incident open, down since 3 s
     w.run(0, [link(T0 + 24 * HOUR, True, 0, iface="ib0")])   # the node reports only ib0 a day later
-    assert (det.expired_open, w.store.expired) == (0, 0)
+    assert (det.expired_open, w.store.expired) == (0, 1)   # eth0's watchdog timer fired (already failed over)
     w.run(0, [link(T0 + 24 * HOUR + 3 * S + 1, True, 0, iface="ib0")])
-    assert (det.expired_open, w.store.expired) == (1, 1) and sorted(w.store.backing) == [b'["node-1","ib0"]']
+    assert (det.expired_open, w.store.expired) == (1, 2) and sorted(w.store.backing) == [b'["node-1","ib0"]']
 
 
 def test_gpu_entries_expire_after_the_ttl() -> None:
@@ -244,7 +284,7 @@ def test_two_workers_give_the_answers_of_one() -> None:
     one = worker(LinkFlapDetector()).run(0, events)
     owner = {"node-a": 0, "node-b": 1, "node-c": 1}     # the records are keyed by node: any split by node
     apart = [worker(LinkFlapDetector()).run(p, [e for e in events if owner[e.node] == p]) for p in range(2)]
-    assert all(apart) and len(one) == 12
+    assert all(apart) and len(one) == 15
     assert sorted(e.model_dump_json() for e in apart[0] + apart[1]) == sorted(e.model_dump_json() for e in one)
 
 
@@ -260,7 +300,8 @@ def _kill_and_replay(make, events: Sequence[Event], k: int) -> None:
     again = one_by_one(worker(det, table), events[k:])
     assert again == first[k:]
     assert table == before
-    assert det.counters() == {"redelivered": len(events) - k, "expired_open": 0}
+    assert {c: det.counters()[c] for c in ("redelivered", "expired_open")} == {"redelivered": len(events) - k,
+                                                                              "expired_open": 0}
 
 
 def test_link_flap_replay_after_a_kill_re_emits_and_changes_nothing() -> None:
@@ -290,21 +331,22 @@ def test_a_replayed_batch_after_a_kill_mid_batch_gives_the_same() -> None:
 
 
 def test_replay_continues_like_an_uninterrupted_worker() -> None:
-    events = flap_and_recover() + [link(T0 + 11 * S, False, 5), link(T0 + 12 * S, True, 6),
-                                   link(T0 + 13 * S, False, 7)]
+    events = flap_and_recover() + [link(T0 + 16 * S, False, 5), link(T0 + 17 * S, True, 6),
+                                   link(T0 + 18 * S, False, 7)]
     straight = one_by_one(worker(LinkFlapDetector()), events)
     table: dict[bytes, bytes] = {}
     one_by_one(worker(LinkFlapDetector(), table), events[:6])
     resumed = one_by_one(worker(LinkFlapDetector(), table), events[3:])
-    assert resumed == straight[3:] and [type(e).__name__ for e in resumed[-1]] == ["Incident", "ControlCommand"]
+    assert resumed == straight[3:] and [type(e).__name__ for e in resumed[-2]] == ["Incident", "ControlCommand"]
+    assert [(e.kind, e.state) for e in resumed[-1]] == [("link_flap", "update")]   # the second incident flaps
 
 
 def test_a_replayed_xid79_re_emits_its_drain_without_asking_the_budget_again() -> None:
     table: dict[bytes, bytes] = {}
-    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=1)), table),
-                          [gpu(T0, xid=79)])
+    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=1), spare_nodes=POOL),
+                                 table), [gpu(T0, xid=79)])
     budget = RemediationBudget(max_per_window=1)
-    assert worker(GpuFaultDetector(budget=budget), table).run(0, [gpu(T0, xid=79)]) == first
+    assert worker(GpuFaultDetector(budget=budget, spare_nodes=POOL), table).run(0, [gpu(T0, xid=79)]) == first
     assert [e.action for e in first if isinstance(e, ControlCommand)] == ["drain", "spare"]
     assert not budget.granted and budget.withheld == 0
 

@@ -1,11 +1,17 @@
 """GPU fault detection from NVML readings: XID, GPU lost, uncorrectable ECC, thermal throttle.
 
 A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the detector asks for the node to be
-drained and a spare brought in, within the fleet's RemediationBudget (in-memory, one per worker, on the
-worker's processing clock: see remediation_budget.py). Thermal throttling opens an incident that resolves
-when the throttle bits clear. A null reading (not supported, or GPU lost) is unknown: it neither opens nor
-resolves anything, and is no baseline: the ECC count is compared only with an earlier known count (a counter
-that goes down was reset by a driver reload, and becomes the new baseline).
+drained (`drain`, to the faulty node) and a spare brought in (`spare` {"replaces": faulty node}, to a node of
+the configured spare pool, which runs the spare's hook), within the fleet's RemediationBudget (in-memory, one
+per worker, on the worker's processing clock: see remediation_budget.py). The spare is picked from the pool
+(less the faulty node) by a hash of the faulty node's name: deterministic, so a replay picks the same one.
+Node-keyed state cannot allocate across nodes: two nodes failing at once may be sent the same spare (its hook
+must refuse a second activation). With an empty pool no `spare` is ordered and the incident says so.
+
+Thermal throttling opens an incident that resolves when the throttle bits clear. A null reading (not
+supported, or GPU lost) is unknown: it neither opens nor resolves anything, and is no baseline: the ECC count
+is compared only with an earlier known count (a counter that goes down was reset by a driver reload, and
+becomes the new baseline).
 
 Keyed by node (the records' own key); one state entry per GPU, "node|gpu", which expires `ttl_ns` of event
 time after the GPU's newest reading (default 24 h; counted in `expired_open` if a thermal incident was open).
@@ -15,10 +21,11 @@ A redelivered reading is not applied again and re-emits what it emitted, without
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from clocktower.control.intent import CommandIntent
+from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import Incident, IncidentKind
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
@@ -54,13 +61,20 @@ class GpuFaultDetector(ReplayingDetector):
     key_by: ClassVar[str] = "node"
     entry: ClassVar[type] = Gpu
 
-    def __init__(self, *, budget: RemediationBudget | None = None, ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
+    def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
+                 ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
         super().__init__(ttl_ns)
         self.budget = budget if budget is not None else RemediationBudget()
+        self.spare_nodes = tuple(spare_nodes)
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> GpuFaultDetector:
-        return cls(budget=ctx.remediation_budget)
+        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes)
+
+    def spare_for(self, node: str) -> str | None:
+        """The pool's spare for `node` (never itself), picked by a hash of its name; None if the pool has none."""
+        pool = [n for n in self.spare_nodes if n != node]
+        return pool[zlib.crc32(node.encode()) % len(pool)] if pool else None
 
     def is_open(self, entry: Gpu) -> bool:
         return entry.thermal_incident is not None
@@ -122,7 +136,14 @@ class GpuFaultDetector(ReplayingDetector):
             note = (f"; drain and spare withheld, needs human approval: the fleet limit of {b.max_per_window} "
                     f"replacements per {b.window_ns / 1e9:g} s is reached")
             return [inc.model_copy(update={"detail": inc.detail + note})]
-        return [inc, CommandIntent(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
-                                   {"reason": inc.kind, "gpu": str(ev.gpu)}),
-                CommandIntent(ev.node, "spare", ev.node, ev.ts_ns, inc.incident_id, {"replace": ev.node})]
+        cmds = [CommandIntent(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
+                              {"reason": inc.kind, "gpu": str(ev.gpu)})]
+        spare = self.spare_for(ev.node)
+        note = ""
+        if spare is None:
+            note = "; no spare node configured (CLOCKTOWER_STREAMS_SPARE_NODES): no spare ordered"
+        else:
+            cmds.append(CommandIntent(spare, "spare", spare, ev.ts_ns, inc.incident_id, {"replaces": ev.node}))
+        return [inc.model_copy(update={"detail": inc.detail + note, "command_ids": [command_id_of(c) for c in cmds]}),
+                *cmds]
 

@@ -1,48 +1,101 @@
-"""Link-flap detection: open an incident and fail over; restore once stable.
+"""Link health: fail a link over when it is down or flapping, restore it once stable, quarantine a chronic flapper.
 
-A port that changes carrier at least `min_transitions` times within `window_ns` is flapping: the detector
-opens a `link_flap` incident and asks the node to fail traffic over to the backup port. Once the port has
-been up with no carrier change for `stable_ns`, it resolves the incident and asks for a restore. Time is the
-event time of the node's own reports.
+The pipeline's side of the control loop (the agent's local watchdog is the fast path; this one also covers a
+node without it, and decides every restore). Time is the event time of the node's own reports. Rules:
 
-Keyed by node (the records' own key); one state entry per port, "node|interface", which expires `ttl_ns` of
-event time after the port's newest report (default 24 h; an open incident then is never resolved, and is
-counted in `expired_open`). A redelivered report is not applied again and re-emits what it emitted
-(delivery_log.py); those are counted in `redelivered`.
+- **One physical port is one link.** A report whose `link` is set and differs from its `interface` is an alias
+  (a RoCE RDMA port `mlx5_0/1` over its netdev `eth0`): it is counted in `aliases` and changes nothing; the
+  netdev's own reports count. So one flap opens one incident and no command ever names an RDMA port.
+- **Down.** A link seen up, then down (carrier lost or not up) for `watchdog_ns` or more gets a `failover`
+  {"from": link, "to": backup} and a `link_down` incident, flap or not. The deadline is a timer entry in the
+  state store, so `tick` fires it when the partition's event time passes it even if the node sends nothing
+  more; the link's next report fires it otherwise (with 0, the down report does). Both give the same ids.
+  A link first seen down was never seen working (an uncabled port): it is watched from its first up.
+- **Flap burst.** `min_transitions` carrier changes within `window_ns` is one `link_flap` incident, with a
+  failover; if the link already has an incident open (a `link_down`), that one gets an update instead.
+- **Restore.** An incident whose link has been up with no carrier change for `stable_ns` resolves, with a
+  `restore` {"from": backup, "to": link} if it failed over. At most one failover and one restore per incident.
+- **Quarantine.** More than `quarantine_flaps` downs in a sliding hour gives a `quarantine` {"from": link,
+  "to": backup} and a critical `link_quarantine` incident asking a human to run `clocktower control release
+  NODE LINK` once the link is fixed. While the link is marked, the detector orders neither failover nor
+  restore (the actuator holds traffic on the backup until released; a release restores). The mark clears when
+  the hourly count is back under the limit and no incident is open (hysteresis: set above N, cleared below N).
+  The `link_quarantine` incident stays open: only the operator's release ends the quarantine.
+- **No backup.** A link whose report names no `backup` never gets a command (no empty target): its incident
+  says "no backup port configured for LINK: no failover".
+
+Every incident row lists the ids of the commands its incident caused so far (`command_ids`, command_id_of).
+
+Keyed by node (the records' own key); one state entry per link, ["node", "link"], which expires `ttl_ns` of
+event time after the link's newest report (default 24 h; an open incident then is never resolved, and is
+counted in `expired_open`), plus a short-lived watchdog timer entry ["node", "link", "watchdog"] while the
+link is down (a fired timer also counts in the store's `expired`). A redelivered report is not applied
+again and re-emits what it emitted (delivery_log.py); those are counted in `redelivered`. Limits: the
+watchdog compares the node's down time with the partition's event time, i.e. with the other nodes' clocks
+(a node whose clock runs behind fails over late by its offset, unless its own next report comes first); a
+failover fired by `tick` is not in the link's delivery log, so a worker killed between writing its state and
+publishing that failover loses it (the agent's own watchdog has acted already).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from clocktower.control.intent import CommandIntent
-from clocktower.schemas.analytics import Incident
+import orjson
+
+from clocktower.control.intent import CommandIntent, command_id_of
+from clocktower.schemas.analytics import Incident, IncidentKind
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
-from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
+from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
 from clocktower.streams.detectors.replaying_detector import ReplayingDetector
 from clocktower.streams.processor import Output, compound_key
 
-DEFAULT_BACKUPS = {"eth0": "eth1", "ib0": "ib1"}
+if TYPE_CHECKING:
+    from clocktower.streams.processor_context import ProcessorContext
+
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
+HOUR_NS = 3600 * 10**9
 MAX_CHANGES_PER_REPORT = 1000   # a counter jump larger than this (a reset misread) counts as this many
+MAX_DOWN_ENTRIES = 64           # [ts, downs] kept for the hourly count (enough: each entry is at least one down)
 
 
 @dataclass
 class Port:
     up: bool
     carrier_changes: int
+    backup: str = ""
     changes: list[list[int]] = field(default_factory=list)   # [ts_ns, count] of carrier changes in the window
+    downs: list[list[int]] = field(default_factory=list)     # [ts_ns, count] of down transitions in the hour
     last_change_ns: int = 0
+    down_since: int | None = None        # when the link was seen going down; None while up or never seen up
     incident_id: str | None = None
+    incident_kind: str = ""
     opened_ns: int = 0
+    flapped: bool = False                # this incident has reported its flap burst
+    failed_over_to: str = ""             # the backup this incident failed over to ("" = not failed over)
+    command_ids: list[str] = field(default_factory=list)    # this incident's commands
+    quarantined: bool = False
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
     @property
     def recent_changes(self) -> int:
         return sum(n for _, n in self.changes)
+
+    @property
+    def hourly_downs(self) -> int:
+        return sum(n for _, n in self.downs)
+
+
+@dataclass
+class Timer:
+    """The watchdog deadline of a link that went down at `down_since` (its expiry in the store)."""
+
+    node: str
+    link: str
+    down_since: int
 
 
 class LinkFlapDetector(ReplayingDetector):
@@ -53,73 +106,208 @@ class LinkFlapDetector(ReplayingDetector):
     key_by: ClassVar[str] = "node"
     entry: ClassVar[type] = Port
 
-    def __init__(self, *, window_ns: int = 10 * 10**9, min_transitions: int = 3, stable_ns: int = 5 * 10**9,
-                 backups: dict[str, str] | None = None, ttl_ns: int = DEFAULT_PORT_TTL_NS) -> None:
+    def __init__(self, *, window_ns: int = 10 * 10**9, min_transitions: int = 3, stable_ns: int = 10 * 10**9,
+                 watchdog_ns: int = 50 * 10**6, quarantine_flaps: int = 8,
+                 ttl_ns: int = DEFAULT_PORT_TTL_NS) -> None:
         super().__init__(ttl_ns)
         self.window_ns = window_ns
         self.min_transitions = min_transitions
         self.stable_ns = stable_ns
-        self.backups = backups or DEFAULT_BACKUPS
+        self.watchdog_ns = watchdog_ns
+        self.quarantine_flaps = quarantine_flaps
+        self.aliases = 0      # reports of an RDMA port about its netdev's link: not counted
+
+    @classmethod
+    def from_context(cls, ctx: ProcessorContext) -> LinkFlapDetector:
+        return cls(stable_ns=ctx.link_stable_ns, watchdog_ns=ctx.link_watchdog_ns,
+                   quarantine_flaps=ctx.link_quarantine_flaps)
 
     def is_open(self, entry: Port) -> bool:
         return entry.incident_id is not None
 
+    def counters(self) -> dict[str, int]:
+        return {**super().counters(), "aliases": self.aliases}
+
+    def encode_state(self, value: Any) -> bytes:
+        if isinstance(value, Timer):
+            return orjson.dumps({"timer": [value.node, value.link, value.down_since]})
+        return encode_entry(value)
+
+    def decode_state(self, data: bytes) -> Any:
+        if data.startswith(b'{"timer"'):
+            return Timer(*orjson.loads(data)["timer"])
+        return decode_entry(Port, data)
+
+    # --- events -----------------------------------------------------------------------------------------
+
     def process(self, state: Any, event: Event) -> list[Output]:
         assert isinstance(event, LinkState)
+        if event.link and event.link != event.interface:
+            self.aliases += 1
+            return []
         key = compound_key(event.node, event.interface)
         port: Port | None = state.get(key)
         out: Emitted = []
         if port is None:
-            port = Port(up=event.up, carrier_changes=event.carrier_changes)
+            port = Port(up=event.up, carrier_changes=event.carrier_changes, backup=event.backup,
+                        last_change_ns=event.ts_ns)
         elif port.log.was_applied(event.ts_ns):
             self.redelivered += 1
             return list(port.log.outputs_of(event.ts_ns))
         else:
-            out = self._apply(port, event)
+            out = self._apply(state, port, event)
         port.log.applied(event.ts_ns, out)
         state.put(key, port, port.log.newest + self.state_ttl_ns)
         return list(out)
 
-    def _apply(self, port: Port, ev: LinkState) -> Emitted:
+    def tick(self, state: Any, now_ns: int) -> list[Output]:
+        """Expire old entries; fire the watchdog of every link whose deadline the partition's time passed."""
+        out: list[Output] = []
+        expired = []
+        for key, value in state.expire(now_ns):
+            if isinstance(value, Timer):
+                out += self._fire(state, value)
+            else:
+                expired.append((key, value))
+        return out + self.on_expired(expired)
+
+    def _fire(self, state: Any, timer: Timer) -> Emitted:
+        key = compound_key(timer.node, timer.link)
+        port: Port | None = state.get(key)
+        if port is None or port.up or port.down_since != timer.down_since:
+            return []
+        out = self._watchdog(timer.node, timer.link, port)
+        if out:
+            state.put(key, port, port.log.newest + self.state_ttl_ns)
+        return out
+
+    def _apply(self, state: Any, port: Port, ev: LinkState) -> Emitted:
+        node, link, ts = ev.node, ev.interface, ev.ts_ns
+        out: Emitted = []
+        if port.down_since is not None and ts - port.down_since >= self.watchdog_ns:
+            out += self._watchdog(node, link, port)      # it was down that long before this report
+        was_up = port.up
         # Count changes the counter saw even between two reports; a state change
         # with a reset counter (agent restart) still counts as one.
-        delta = ev.carrier_changes - port.carrier_changes if ev.carrier_changes >= port.carrier_changes else 1
-        delta = max(delta, 1 if ev.up != port.up else 0)
-        port.up, port.carrier_changes = ev.up, ev.carrier_changes
+        counted = ev.carrier_changes - port.carrier_changes if ev.carrier_changes >= port.carrier_changes else 0
+        delta = min(max(counted, 1 if ev.up != was_up else 0), MAX_CHANGES_PER_REPORT)
+        # Ethernet counts both edges; an InfiniBand port's counter is link_downed (downs only).
+        downs = (delta + was_up) // 2 if ev.kind == "ethernet" else max(counted, int(was_up and not ev.up))
+        port.up, port.carrier_changes, port.backup = ev.up, ev.carrier_changes, ev.backup
         if delta:
-            port.changes.append([ev.ts_ns, min(delta, MAX_CHANGES_PER_REPORT)])
-            port.last_change_ns = ev.ts_ns
-        port.changes = [c for c in port.changes if c[0] >= ev.ts_ns - self.window_ns]
-        if port.incident_id is None and port.recent_changes >= self.min_transitions:
-            return self._open(ev, port)
-        if port.incident_id is not None and port.up and ev.ts_ns - port.last_change_ns >= self.stable_ns:
-            return self._resolve(ev, port)
+            port.changes.append([ts, delta])
+            port.last_change_ns = ts
+        if downs:
+            port.downs.append([ts, min(downs, MAX_CHANGES_PER_REPORT)])
+        port.changes = [c for c in port.changes if c[0] >= ts - self.window_ns]
+        port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-MAX_DOWN_ENTRIES:]
+        out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
+        if port.incident_id is not None and port.up and ts - port.last_change_ns >= self.stable_ns:
+            out += self._resolve(node, link, port, ts)
+        if port.recent_changes >= self.min_transitions and not port.flapped:
+            out += self._flap(node, link, port, ts)
+        if port.hourly_downs > self.quarantine_flaps and not port.quarantined:
+            out += self._quarantine(node, link, port, ts)
+        elif port.quarantined and port.incident_id is None and port.hourly_downs < self.quarantine_flaps:
+            port.quarantined = False
+        return out
+
+    def _track_down(self, state: Any, node: str, link: str, port: Port, ts: int, went_down: bool) -> Emitted:
+        timer_key = compound_key(node, link, "watchdog")
+        if port.up:
+            if port.down_since is not None:
+                port.down_since = None
+                state.delete(timer_key)
+            return []
+        if not went_down:
+            return []
+        port.down_since = ts
+        if self.watchdog_ns == 0:
+            return self._watchdog(node, link, port)
+        state.put(timer_key, Timer(node, link, ts), ts + self.watchdog_ns)
         return []
 
+    # --- decisions --------------------------------------------------------------------------------------
 
-    def _incident(self, ev: LinkState, port: Port, state: str, severity: str, detail: str) -> Incident:
-        return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=port.incident_id or "", kind="link_flap",
-                        state=state, severity=severity, target=bounded_name(f"{ev.node}/{ev.interface}"),
-                        opened_ns=port.opened_ns, detail=detail)
+    def _watchdog(self, node: str, link: str, port: Port) -> Emitted:
+        """The link has been down since `down_since` for the watchdog's time: make sure it failed over."""
+        assert port.down_since is not None
+        at = port.down_since + self.watchdog_ns
+        detail = f"carrier lost for {self.watchdog_ns / 1e6:g} ms or more"
+        if port.incident_id is None:
+            self._open(node, link, port, "link_down", at)
+            cmds, note = self._failover(node, link, port, at)
+            return [self._row(node, link, port, "open", "critical", detail + note, at), *cmds]
+        cmds, note = self._failover(node, link, port, at)
+        if not cmds:
+            return []
+        return [self._row(node, link, port, "update", "critical", detail + note, at), *cmds]
 
-    def _open(self, ev: LinkState, port: Port) -> Emitted:
-        port.incident_id = stable_id("link_flap", ev.node, ev.interface, ev.ts_ns)
-        port.opened_ns = ev.ts_ns
-        backup = self.backups.get(ev.interface, "")
-        return [
-            self._incident(ev, port, "open", "critical",
-                           f"{port.recent_changes} carrier changes within {self.window_ns / 1e9:g} s"),
-            CommandIntent(ev.node, "failover", ev.interface, ev.ts_ns, port.incident_id,
-                          {"from": ev.interface, "to": backup}),
-        ]
+    def _flap(self, node: str, link: str, port: Port, ts: int) -> Emitted:
+        detail = f"{port.recent_changes} carrier changes within {self.window_ns / 1e9:g} s"
+        state = "update"
+        if port.incident_id is None:
+            self._open(node, link, port, "link_flap", ts)
+            state = "open"
+        port.incident_kind, port.flapped = "link_flap", True
+        cmds, note = self._failover(node, link, port, ts)
+        return [self._row(node, link, port, state, "critical", detail + note, ts), *cmds]
 
-    def _resolve(self, ev: LinkState, port: Port) -> Emitted:
-        out: Emitted = [
-            self._incident(ev, port, "resolve", "info",
-                           f"stable for {(ev.ts_ns - port.last_change_ns) / 1e9:.1f} s"),
-            CommandIntent(ev.node, "restore", ev.interface, ev.ts_ns, port.incident_id or "",
-                          {"from": self.backups.get(ev.interface, ""), "to": ev.interface}),
-        ]
-        port.incident_id = None
+    def _failover(self, node: str, link: str, port: Port, ts: int) -> tuple[Emitted, str]:
+        """The incident's failover, once: ([intent] or [], a note for the incident's detail)."""
+        if port.failed_over_to:
+            return [], ""
+        if port.quarantined:
+            return [], f"; quarantined: traffic stays on {port.backup or 'the backup'} until released"
+        if not port.backup:
+            return [], f"; no backup port configured for {link}: no failover"
+        intent = CommandIntent(node, "failover", link, ts, port.incident_id or "", {"from": link, "to": port.backup})
+        port.failed_over_to = port.backup
+        port.command_ids.append(command_id_of(intent))
+        return [intent], ""
+
+    def _resolve(self, node: str, link: str, port: Port, ts: int) -> Emitted:
+        detail = f"stable for {(ts - port.last_change_ns) / 1e9:.1f} s"
+        cmds: Emitted = []
+        if port.failed_over_to and port.quarantined:
+            detail += f"; quarantined: no restore, traffic stays on {port.failed_over_to} until released"
+        elif port.failed_over_to:
+            intent = CommandIntent(node, "restore", link, ts, port.incident_id or "",
+                                   {"from": port.failed_over_to, "to": link})
+            port.command_ids.append(command_id_of(intent))
+            cmds.append(intent)
+        out: Emitted = [self._row(node, link, port, "resolve", "info", detail, ts), *cmds]
+        port.incident_id, port.incident_kind, port.flapped, port.failed_over_to = None, "", False, ""
+        port.command_ids = []
         port.changes.clear()
         return out
+
+    def _quarantine(self, node: str, link: str, port: Port, ts: int) -> Emitted:
+        port.quarantined = True
+        qid = stable_id("link_quarantine", node, link, ts)
+        detail = (f"{port.hourly_downs} flaps within the last hour (more than {self.quarantine_flaps}): ")
+        cmds: Emitted = []
+        if port.backup:
+            intent = CommandIntent(node, "quarantine", link, ts, qid, {"from": link, "to": port.backup})
+            cmds.append(intent)
+            if port.incident_id is not None:
+                port.failed_over_to = port.failed_over_to or port.backup
+            detail += (f"traffic held on {port.backup}, no restore; once the link is fixed, run "
+                       f"`clocktower control release {node} {link}`")
+        else:
+            detail += f"no backup port configured for {link}: no quarantine; fix the link"
+        inc = Incident(node=node, ts_ns=ts, incident_id=qid, kind="link_quarantine", state="open",
+                       severity="critical", target=bounded_name(f"{node}/{link}"), opened_ns=ts, detail=detail,
+                       command_ids=[command_id_of(c) for c in cmds if isinstance(c, CommandIntent)])
+        return [inc, *cmds]
+
+    def _open(self, node: str, link: str, port: Port, kind: IncidentKind, ts: int) -> None:
+        port.incident_id = stable_id(kind, node, link, ts)
+        port.incident_kind, port.opened_ns, port.flapped = kind, ts, False
+        port.failed_over_to, port.command_ids = "", []
+
+    def _row(self, node: str, link: str, port: Port, state: str, severity: str, detail: str, ts: int) -> Incident:
+        return Incident(node=node, ts_ns=ts, incident_id=port.incident_id or "",
+                        kind=port.incident_kind,  # type: ignore[arg-type]
+                        state=state, severity=severity, target=bounded_name(f"{node}/{link}"),
+                        opened_ns=port.opened_ns, detail=detail, command_ids=list(port.command_ids))
