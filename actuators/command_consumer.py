@@ -1,0 +1,213 @@
+"""The actuator's Kafka side: read this node's partition of control.commands, hand each command to the Actuator,
+publish its ack, then commit.
+
+Commands are sent to the partition `partition_of(node, n)` of control.commands (schemas/partitioning.py), so the
+consumer `assign()`s only that one (no subscribe, no rebalance: every node's actuator is alone in its group,
+`clocktower-actuator-<node>`), re-reads the partition count every `metadata_refresh_s` and adds the new partition
+of its node if the topic grew (the old one stays assigned: commands sent before the growth are still read).
+A partition with no committed offset starts at the first record of the last command lifetime (offsets_for_times):
+anything older has expired. Records of the other nodes sharing the partition are skipped, counted (`foreign`).
+
+The loop is the sink's (runtime/consume_loop.py): the acks of the handled records are handed to `publish` (the
+agent's spooling path) before their offsets are committed. A record that fails decoding is never applied: the
+ids it names get `refused` acks; one naming none becomes a dead letter. No record stops the consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.malformed import named_commands
+from clocktower.control.command_check import MAX_LIFETIME_NS
+from clocktower.runtime.consume_loop import Offsets, consume_loop
+from clocktower.runtime.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
+from clocktower.schemas.codec import DecodeError, bounded, dead_letter, decode_batch
+from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.event import Event
+from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.partitioning import partition_of
+
+log = logging.getLogger(__name__)
+RDKAFKA_LOG = logging.getLogger("rdkafka")
+TOPIC = "control.commands"
+METADATA_REFRESH_S = 30.0
+METADATA_TIMEOUT_S = 5.0
+RETRY_S = (0.5, 10.0)         # assigning waits for the broker and the topic: retried, doubling up to the maximum
+
+Publish = Callable[[list[Event]], None]
+
+
+def group_of(node: str) -> str:
+    return f"clocktower-actuator-{node}"
+
+
+class CommandConsumer:
+    """Runs `actuator` on `node`'s commands until `run`'s stop is set; see the module doc."""
+
+    def __init__(self, bootstrap: str, actuator: Actuator, publish: Publish, *, security: KafkaSecurity | None = None,
+                 topic: str = TOPIC, metadata_refresh_s: float = METADATA_REFRESH_S,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.node = actuator.node
+        self.actuator = actuator
+        self.publish = publish
+        self.topic = topic
+        self.metadata_refresh_s = metadata_refresh_s
+        self.clock = clock
+        self.counts: Counter[str] = Counter()    # handled, foreign, malformed, deadlettered, acks_<status>, ...
+        self.partitions: list[int] = []          # assigned, in the order they were added
+        self._acks: list[Event] = []             # handled, not yet handed to publish
+        self._offsets: dict[tuple[str, int], int] = {}
+        self._refresh_at = 0.0
+        self._retry_s = RETRY_S[0]
+        self._lock = threading.Lock()
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": group_of(self.node),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",   # a committed offset past a broker's loss: ids already seen are refused
+            "fetch.wait.max.ms": 100,
+            "logger": RDKAFKA_LOG,
+            **IDLE_CONSUMER_SETTINGS,          # the embedded broker answers fetches at once: pause while idle
+            **(security or KafkaSecurity()).librdkafka(),
+        })
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Assign (waiting for the broker and the topic), then consume until `stop`; closes the consumer."""
+        while not stop.is_set() and not self._assign_own():
+            stop.wait(self._retry_s)
+            self._retry_s = min(2 * self._retry_s, RETRY_S[1])
+        if stop.is_set():
+            self.consumer.close()
+            return
+        consume_loop(self.consumer, self, stop)
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            return {"partitions": list(self.partitions), **dict(sorted(self.counts.items()))}
+
+    def _assign_own(self) -> bool:
+        """Add this node's partition for the topic's current partition count; False when it cannot be read now."""
+        self._refresh_at = time.monotonic() + self.metadata_refresh_s
+        try:
+            meta = self.consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S).topics.get(self.topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                log.warning("%s: no partitions yet (%s); retrying", self.topic, None if meta is None else meta.error)
+                return False
+            partition = partition_of(self.node, len(meta.partitions))
+            if partition in self.partitions:
+                return True
+            tp = TopicPartition(self.topic, partition, self._start_offset(partition))
+            self.consumer.incremental_assign([tp])
+        except Exception as exc:  # noqa: BLE001 - the broker is away or restarting: retried, never fatal
+            log.warning("cannot assign %s for node %s yet: %s", self.topic, self.node, exc)
+            return False
+        with self._lock:
+            self.partitions.append(partition)
+        log.info("actuator %s reads %s[%d] from offset %d (of %d partitions)", self.node, self.topic, partition,
+                 tp.offset, len(meta.partitions))
+        return True
+
+    def _start_offset(self, partition: int) -> int:
+        """The committed offset, else the first record of the last command lifetime (older ones have expired)."""
+        committed = self.consumer.committed([TopicPartition(self.topic, partition)], timeout=METADATA_TIMEOUT_S)[0]
+        if committed.offset >= 0:
+            return committed.offset
+        since_ms = (self.clock() - MAX_LIFETIME_NS) // 10**6
+        found = self.consumer.offsets_for_times([TopicPartition(self.topic, partition, since_ms)],
+                                                timeout=METADATA_TIMEOUT_S)[0]
+        if found.error is not None:
+            log.warning("%s[%d]: no offset for the time %d ms (%s); reading from the start", self.topic, partition,
+                        since_ms, found.error)
+            return OFFSET_BEGINNING
+        return found.offset if found.offset >= 0 else OFFSET_END   # -1: no record since then
+
+    # -- the consume loop's handler (runtime/consume_loop.py) ------------------------------------------------
+
+    def held(self) -> set[tuple[str, int]]:
+        return set()
+
+    def before_consume(self) -> None:
+        if time.monotonic() >= self._refresh_at:
+            self._assign_own()   # the topic grew: add the node's new partition
+
+    def handle(self, msg: Message) -> bool:
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+            return False
+        acks: list[Event] = []
+        try:
+            acks = self._handle_record(msg)
+        except Exception:  # noqa: BLE001 - a bug on one record: logged and counted, never stops the actuator
+            log.exception("record %s[%d]@%d could not be handled", msg.topic(), msg.partition(), msg.offset())
+            self._count("errors")
+        with self._lock:
+            self._acks += acks
+            self._offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+        return False
+
+    def store(self, due_only: bool) -> Offsets:
+        """Hand the acks to `publish`, then return their records' offsets to commit (none if publish failed)."""
+        with self._lock:
+            acks, offsets = self._acks, self._offsets
+        if acks:
+            try:
+                self.publish(list(acks))
+            except Exception:  # noqa: BLE001 - kept, and handed over again at the next store; nothing committed
+                log.exception("publishing %d acks failed; retried", len(acks))
+                self._count("publish_errors")
+                return {}
+        with self._lock:
+            self._acks, self._offsets = [], {}
+        return offsets
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    # -- one record ----------------------------------------------------------------------------------------------
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
+    def _handle_record(self, msg: Message) -> list[Event]:
+        key = msg.key()
+        if key != self.node.encode():       # another node sharing the partition: not ours to read
+            self._count("foreign")
+            return []
+        try:
+            batch = decode_batch(msg.topic(), key, msg.value(), msg.headers())
+        except DecodeError as exc:
+            return self._malformed(msg, str(exc))
+        acks: list[Event] = []
+        for cmd in batch.events:
+            if not isinstance(cmd, ControlCommand):   # decode_batch checked the schema: never happens
+                continue
+            ack = self.actuator.handle(cmd)
+            self._count("handled")
+            self._count(f"acks_{ack.status}")
+            acks.append(ack)
+        return acks
+
+    def _malformed(self, msg: Message, reason: str) -> list[Event]:
+        self._count("malformed")
+        named = named_commands(msg.value(), self.node)
+        log.warning("malformed command record %s[%d]@%d (%d ids named): %s", msg.topic(), msg.partition(),
+                    msg.offset(), len(named), bounded(reason, 300))
+        if named:
+            self._count("acks_refused", len(named))
+            return [self.actuator.refuse(n.command_id, f"malformed command: {reason}", n.action, n.target)
+                    for n in named]
+        self._count("deadlettered")
+        return [dead_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason,
+                            f"actuator-{self.node}")]

@@ -1,0 +1,173 @@
+"""The actuator's consumer against the real embedded broker: it reads only its node's partition of control.commands,
+acks only its own commands (skipping those of a node sharing the partition), refuses a malformed record by the id it
+names, dead-letters one naming none, commits after the acks are handed over, and does not handle them again after a
+restart."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.command_consumer import CommandConsumer
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.codec import encode_batch
+from clocktower.schemas.control import ControlAck, ControlCommand
+from clocktower.schemas.event import Event
+from clocktower.schemas.operations import DeadLetter
+from clocktower.schemas.partitioning import partition_of
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
+from tests.standalone_broker import StandaloneBroker
+
+TOPIC = "control.commands"
+PARTITIONS = 4
+NODE = "node-a"
+
+
+def _sharing(node: str, same: bool) -> str:
+    """A node name whose partition is (or is not) `node`'s."""
+    want = partition_of(node, PARTITIONS)
+    return next(f"node-{i}" for i in range(1000) if f"node-{i}" != node
+                and (partition_of(f"node-{i}", PARTITIONS) == want) == same)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
+    b = StandaloneBroker(tmp_path / "kafka")
+    b.start()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    for fut in admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]).values():
+        fut.result(15)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _send(bootstrap: str, records: list[tuple[str, bytes, bytes, list]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for node, key, value, headers in records:
+        p.produce(TOPIC, key=key, value=value, headers=headers, partition=partition_of(node, PARTITIONS))
+    assert p.flush(15) == 0
+
+
+def _command(node: str, target: str, i: int) -> ControlCommand:
+    return CommandIssuer(TEST_SIGNER).issue(CommandIntent(node, "failover", target, time.time_ns() + i, f"inc-{i}",
+                                                          {"from": target, "to": "eth9"}))
+
+
+def _encoded(cmd: ControlCommand) -> tuple[str, bytes, bytes, list]:
+    return (cmd.node, *encode_batch([cmd]))
+
+
+class Run:
+    """One actuator consumer on a thread, with the events it publishes collected."""
+
+    def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting) -> None:
+        self.published: list[Event] = []
+        actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}))
+        self.consumer = CommandConsumer(bootstrap, actuator, self.published.extend, metadata_refresh_s=0.5)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.consumer.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def wait(self, n: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.published) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(self.published) >= n, (self.published, self.consumer.stats())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+
+
+def test_the_actuator_acks_only_its_own_commands_and_not_again_after_a_restart(broker: StandaloneBroker,
+                                                                             tmp_path: Path) -> None:
+    neighbour, elsewhere = _sharing(NODE, True), _sharing(NODE, False)
+    mine = [_command(NODE, f"eth{i}", i) for i in range(3)]
+    theirs = [_command(neighbour, "eth0", 10), _command(elsewhere, "eth0", 11)]
+    # a record keyed to this node that does not decode (no expiry) but names its id, and one that names none
+    bad_value = b'[{"node": "node-a", "command_id": "bad-1", "action": "failover", "target": "eth5"}]'
+    bad_headers = [("ct-schema", b"control_command"), ("ct-version", b"1"), ("ct-count", b"1")]
+    _send(broker.bootstrap, [_encoded(mine[0]), _encoded(theirs[0]), _encoded(theirs[1]), _encoded(mine[1]),
+                             (NODE, NODE.encode(), bad_value, bad_headers),
+                             (NODE, NODE.encode(), b"not json", bad_headers), _encoded(mine[2])])
+    routing = SimulatedRouting()
+    run = Run(broker.bootstrap, tmp_path / "state", routing)
+    try:
+        run.wait(5)
+        time.sleep(1.0)                      # nothing more comes
+    finally:
+        run.close()
+    acks = [e for e in run.published if isinstance(e, ControlAck)]
+    assert sorted(a.command_id for a in acks if a.status == "applied") == sorted(c.command_id for c in mine)
+    assert all(a.node == NODE for a in acks)
+    refused = [a for a in acks if a.status == "refused"]
+    assert [(a.command_id, a.target) for a in refused] == [("bad-1", "eth5")] and "malformed" in refused[0].detail
+    dead = [e for e in run.published if isinstance(e, DeadLetter)]
+    assert len(dead) == 1 and dead[0].origin_topic == TOPIC
+    assert len(run.published) == 5
+    stats = run.consumer.stats()
+    assert stats["partitions"] == [partition_of(NODE, PARTITIONS)]
+    assert stats["foreign"] == 1, "the neighbour's command was skipped; the other partition was never read"
+    assert all(routing.on_backup(f"eth{i}") for i in range(3))
+    assert sorted(routing.history) == sorted(("fail_over", f"eth{i}", "eth9") for i in range(3))
+
+    # restarted: the offsets were committed, nothing is handled (or acked) again; a new command is
+    again = Run(broker.bootstrap, tmp_path / "state", routing)
+    try:
+        later = _command(NODE, "eth7", 20)
+        _send(broker.bootstrap, [_encoded(later)])
+        again.wait(1)
+        time.sleep(1.0)
+    finally:
+        again.close()
+    assert [(a.command_id, a.status) for a in again.published] == [(later.command_id, "applied")]  # type: ignore[attr-defined]
+
+
+def test_a_new_actuator_starts_at_the_last_command_lifetime_and_finds_its_partition_after_growth(
+        broker: StandaloneBroker, tmp_path: Path) -> None:
+    """No committed offset: commands older than the longest lifetime are not read (they have expired); the
+    topic grows to 8 partitions: the node's new partition is added and read."""
+    old = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "failover", "eth0", time.time_ns() - 2 * 3600 * 10**9,
+                                                         "inc-old", {"from": "eth0", "to": "eth9"}))
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    key, value, headers = encode_batch([old])
+    p.produce(TOPIC, key=key, value=value, headers=headers, partition=partition_of(NODE, PARTITIONS),
+              timestamp=old.ts_ns // 10**6)
+    assert p.flush(15) == 0
+    fresh = _command(NODE, "eth1", 1)
+    _send(broker.bootstrap, [_encoded(fresh)])
+    run = Run(broker.bootstrap, tmp_path / "state", SimulatedRouting())
+    try:
+        run.wait(1)
+        grown = next(n for n in range(5, 64) if partition_of(NODE, n) != partition_of(NODE, PARTITIONS))
+        from confluent_kafka.admin import NewPartitions
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for fut in admin.create_partitions([NewPartitions(TOPIC, grown)]).values():
+            fut.result(15)
+        deadline = time.monotonic() + 20
+        while len(run.consumer.stats()["partitions"]) < 2 and time.monotonic() < deadline:  # type: ignore[arg-type]
+            time.sleep(0.1)
+        assert run.consumer.stats()["partitions"] == [partition_of(NODE, PARTITIONS), partition_of(NODE, grown)]
+        after = _command(NODE, "eth2", 2)
+        p.produce(TOPIC, key=NODE.encode(), value=encode_batch([after])[1], headers=encode_batch([after])[2],
+                  partition=partition_of(NODE, grown))
+        assert p.flush(15) == 0
+        run.wait(2)
+    finally:
+        run.close()
+    assert [a.command_id for a in run.published] == [fresh.command_id, after.command_id]  # type: ignore[attr-defined]
