@@ -18,9 +18,10 @@ class RoutingError(Exception):
 class LinkRouting(Protocol):
     """Move a link's routes to its backup port and back. Every method is idempotent and thread-safe."""
 
-    def remember(self, link: str) -> str:
-        """Record the routes `link` carries now, so a failover after an admin-down (which deletes them) can
-        still move them. Never forgets known routes because `link` carries none at the moment."""
+    def remember(self, link: str, backup: str) -> str:
+        """Record the routes `link` carries now (and get ready to move them to `backup`), so a failover after
+        an admin-down (which deletes them) can still move them, without first reading anything. Never forgets
+        known routes because `link` carries none at the moment."""
         ...
 
     def fail_over(self, link: str, backup: str) -> str:

@@ -86,7 +86,7 @@ class LinkWatchdog:
                 st.episode += 1
             episode, down_ts = st.episode, st.down_ts_ns
         if remember:
-            self._remember(link)
+            self._remember(link, backup)
         if run_now:
             self._fail_over(link, backup, down_ts, episode)
 
@@ -102,9 +102,9 @@ class LinkWatchdog:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _remember(self, link: str) -> None:
+    def _remember(self, link: str, backup: str) -> None:
         try:
-            log.debug("watchdog: %s", self.routing.remember(link))
+            log.debug("watchdog: %s", self.routing.remember(link, backup))
         except RoutingError as e:
             log.warning("watchdog: cannot remember the routes of %s: %s", link, e)
         except Exception:

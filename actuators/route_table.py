@@ -12,7 +12,7 @@ any protocol but `kernel` (the connected-subnet routes the kernel manages itself
 - **restore** puts the remembered routes back as they were (same gateway, protocol, source, metric). It
   refuses while the link is admin down or has no carrier: the routes would go onto a dead port.
 - Setting a link admin down silently deletes its routes (no RTM_DELROUTE), so the routes are remembered
-  before they are needed: `remember(link)` (the watchdog calls it when it first sees the link up) and every
+  before they are needed: `remember(link, backup)` (the watchdog calls it when it sees the link up) and every
   fail_over record them, in memory and in the JSON file `state_path` (written atomically: tmp, fsync,
   rename), so a failover after an admin-down, and a restore by a restarted agent, still know them.
 
@@ -39,6 +39,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from clocktower.actuators.link_routing import RoutingError
+from clocktower.actuators.route_writer import RouteSpec, RouteWriter
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,17 @@ def _merge(old: Iterable[Route], new: Iterable[Route]) -> list[Route]:
     return list(by_key.values())
 
 
+class _StaleIndex(RoutingError):
+    """A cached interface index is gone (the interface was re-created): look names up again and retry once."""
+
+
 class KernelRouting:
-    """LinkRouting with pyroute2; `netns` names a namespace (/var/run/netns/NAME), None = this one."""
+    """LinkRouting on the kernel's tables; `netns` names a namespace (/var/run/netns/NAME), None = this one.
+
+    Interface indexes are cached by name (a failover must not spend ~2 ms per lookup); a write that finds
+    the index gone (ENODEV) looks the names up again and retries once. A link renamed under a cached name is
+    not noticed until then.
+    """
 
     def __init__(self, state_path: Path, netns: str | None = None, gateways: Mapping[str, str] | None = None) -> None:
         self.state_path = Path(state_path)
@@ -124,13 +134,16 @@ class KernelRouting:
         self.gateways = dict(gateways or {})
         self._lock = threading.Lock()
         self._links: dict[str, _LinkRecord] = self._load()
+        self._indexes: dict[str, int] = {}
         try:
             self._ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+            self._writer = RouteWriter(netns)
         except Exception as e:
             raise RoutingError(f"cannot open rtnetlink{self._where()}: {e}") from e
 
     def close(self) -> None:
         self._ipr.close()
+        self._writer.close()
 
     def __enter__(self) -> KernelRouting:
         return self
@@ -140,9 +153,10 @@ class KernelRouting:
 
     # -- LinkRouting ---------------------------------------------------------------------------
 
-    def remember(self, link: str) -> str:
+    def remember(self, link: str, backup: str) -> str:
         with self._lock:
             index = self._index(link)
+            self._index(backup)                 # cached now: the failover's fast path reads nothing
             rec = self._links.get(link)
             if rec is not None and rec.on_backup:
                 return f"{link} is on {rec.backup}: kept {len(rec.routes)} remembered route(s)"
@@ -151,7 +165,7 @@ class KernelRouting:
                 known = len(rec.routes) if rec else 0
                 return f"{link} carries no routes now: kept {known} remembered route(s)"
             if rec is None or set(rec.routes) != set(live):
-                self._links[link] = _LinkRecord(backup=rec.backup if rec else "", on_backup=False, routes=live)
+                self._links[link] = _LinkRecord(backup=backup, on_backup=False, routes=live)
                 return f"remembered {len(live)} route(s) of {link}{self._save()}"
             return f"remembered {len(live)} route(s) of {link}"
 
@@ -159,42 +173,61 @@ class KernelRouting:
         if link == backup:
             raise RoutingError(f"{link} cannot be its own backup")
         with self._lock:
-            index, backup_index = self._index(link), self._index(backup)
-            rec = self._links.get(link)
-            routes = _merge(rec.routes if rec else [], self._live(index))
-            if not routes:
-                raise RoutingError(f"{link} carries no routes to move to {backup}, and none are remembered "
-                                   f"(an admin-down before the first remember deletes them)")
-            moved = {lr.route.key for lr in self._dump() if lr.route.proto == MOVED_PROTO and lr.oif == backup_index}
-            gateway = self.gateways.get(backup)
-            todo = [r for r in routes if r.key not in moved]
-            for r in todo:
-                self._replace(replace(r, gateway=gateway if r.gateway else None, proto=MOVED_PROTO,
-                                      scope=RT_SCOPE_UNIVERSE if gateway and r.gateway else RT_SCOPE_LINK),
-                              backup_index, f"move {r.text()} from {link} to {backup}")
-            self._links[link] = _LinkRecord(backup=backup, on_backup=True, routes=routes)
-            note = self._save()
-        if not todo:
+            try:
+                return self._fail_over(link, backup)
+            except _StaleIndex:
+                self._indexes.clear()
+                return self._fail_over(link, backup)
+
+    def _fail_over(self, link: str, backup: str) -> str:
+        index, backup_index = self._index(link), self._index(backup)
+        rec = self._links.get(link)
+        gateway = self.gateways.get(backup)
+        moved_first: list[Route] = []
+        if rec is not None and rec.routes and not rec.on_backup:
+            # the fast path: move what we know before reading anything (a dump costs ~1.5 ms)
+            self._write([self._moved(r, gateway) for r in rec.routes], backup_index, f"move to {backup}")
+            moved_first = rec.routes
+        dump = self._dump()
+        live = [lr.route for lr in dump if lr.oif == index and lr.route.proto not in (RTPROT_KERNEL, MOVED_PROTO)]
+        routes = _merge(rec.routes if rec else [], live)
+        if not routes:
+            raise RoutingError(f"{link} carries no routes to move to {backup}, and none are remembered "
+                               f"(an admin-down before the first remember deletes them)")
+        on_backup = {lr.route.key for lr in dump if lr.route.proto == MOVED_PROTO and lr.oif == backup_index}
+        todo = [r for r in routes if r.key not in on_backup]
+        if todo:
+            self._write([self._moved(r, gateway) for r in todo], backup_index, f"move to {backup}")
+        self._links[link] = _LinkRecord(backup=backup, on_backup=True, routes=routes)
+        note = self._save()
+        moved = len(moved_first) + len(todo)
+        if not moved:
             return f"already on {backup}{note}"
         how = f"via {gateway}" if gateway else "as device routes"
-        return f"moved {len(todo)} route(s) of {link} to {backup} ({how}){note}"
+        return f"moved {moved} route(s) of {link} to {backup} ({how}){note}"
 
     def restore(self, link: str, backup: str) -> str:
         with self._lock:
-            index = self._index(link)
-            rec = self._links.get(link)
-            if rec is None or not rec.routes:
-                return f"already on {link} (no routes of {link} were moved)"
-            present = {lr.route.key: lr.route for lr in self._dump() if lr.oif == index}
-            todo = [r for r in rec.routes if present.get(r.key) != r]
-            if todo:
-                state = self._link_state(index)
-                if state:
-                    raise RoutingError(f"{link} is {state}: its routes stay on {rec.backup or backup}")
-            for r in todo:
-                self._replace(r, index, f"restore {r.text()} onto {link}")
-            self._links[link] = _LinkRecord(backup=rec.backup or backup, on_backup=False, routes=rec.routes)
-            note = self._save()
+            try:
+                return self._restore(link, backup)
+            except _StaleIndex:
+                self._indexes.clear()
+                return self._restore(link, backup)
+
+    def _restore(self, link: str, backup: str) -> str:
+        index = self._index(link)
+        rec = self._links.get(link)
+        if rec is None or not rec.routes:
+            return f"already on {link} (no routes of {link} were moved)"
+        present = {lr.route.key: lr.route for lr in self._dump() if lr.oif == index}
+        todo = [r for r in rec.routes if present.get(r.key) != r]
+        if todo:
+            state = self._link_state(index)
+            if state:
+                raise RoutingError(f"{link} is {state}: its routes stay on {rec.backup or backup}")
+            self._write(todo, index, f"restore onto {link}")
+        self._links[link] = _LinkRecord(backup=rec.backup or backup, on_backup=False, routes=rec.routes)
+        note = self._save()
         if not todo:
             return f"already on {link}{note}"
         return f"restored {len(todo)} route(s) of {link} from {rec.backup or backup}{note}"
@@ -209,22 +242,28 @@ class KernelRouting:
     def _where(self) -> str:
         return f" in network namespace {self.netns!r}" if self.netns else ""
 
-    def _get_link(self, name: str) -> Any:
+    def _index(self, name: str) -> int:
+        if name in self._indexes:
+            return self._indexes[name]
         if not name:
             raise RoutingError("no interface named (empty name)")
         try:
-            return self._ipr.link("get", ifname=name)[0]
+            index = int(self._ipr.link("get", ifname=name)[0]["index"])
         except NetlinkError as e:
             if e.code == errno.ENODEV:
                 raise RoutingError(f"no interface {name!r}{self._where()}") from e
             raise RoutingError(f"cannot read interface {name!r}{self._where()}: {e}") from e
-
-    def _index(self, name: str) -> int:
-        return int(self._get_link(name)["index"])
+        self._indexes[name] = index
+        return index
 
     def _link_state(self, index: int) -> str:
         """"" when the link can carry routes, else why not ("admin down", "without carrier")."""
-        msg = self._ipr.link("get", index=index)[0]
+        try:
+            msg = self._ipr.link("get", index=index)[0]
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                raise _StaleIndex(f"interface index {index} is gone") from e
+            raise RoutingError(f"cannot read interface {index}{self._where()}: {e}") from e
         if not msg["flags"] & IFF_UP:
             return "admin down"
         if not msg.get("carrier"):
@@ -248,16 +287,26 @@ class KernelRouting:
         return [lr.route for lr in self._dump()
                 if lr.oif == index and lr.route.proto not in (RTPROT_KERNEL, MOVED_PROTO)]
 
-    def _replace(self, r: Route, oif: int, what: str) -> None:
-        spec: dict[str, Any] = {"dst_len": r.dst_len, "table": r.table, "priority": r.priority, "tos": r.tos,
-                                "proto": r.proto, "scope": r.scope, "oif": oif, "type": RTN_UNICAST}
-        for name in ("dst", "gateway", "prefsrc"):
-            if getattr(r, name) is not None:
-                spec[name] = getattr(r, name)
+    @staticmethod
+    def _moved(r: Route, gateway: str | None) -> Route:
+        """`r` as it goes onto the backup: the backup's gateway (or a device route), marked MOVED_PROTO."""
+        via = gateway if r.gateway else None
+        return replace(r, gateway=via, proto=MOVED_PROTO, scope=RT_SCOPE_UNIVERSE if via else RT_SCOPE_LINK)
+
+    def _write(self, routes: list[Route], oif: int, what: str) -> None:
+        """Replace `routes` onto interface `oif`; RoutingError naming the first route the kernel refused."""
+        specs = [RouteSpec(dst=r.dst, dst_len=r.dst_len, table=r.table, priority=r.priority, tos=r.tos,
+                           proto=r.proto, scope=r.scope, oif=oif, gateway=r.gateway, prefsrc=r.prefsrc)
+                 for r in routes]
         try:
-            self._ipr.route("replace", **spec)
-        except NetlinkError as e:
-            raise RoutingError(f"cannot {what}{self._where()}: {os.strerror(e.code) if e.code else e}") from e
+            codes = self._writer.replace(specs)
+        except OSError as e:
+            raise RoutingError(f"cannot {what}{self._where()}: {e}") from e
+        for r, code in zip(routes, codes, strict=True):
+            if code == errno.ENODEV:
+                raise _StaleIndex(f"cannot {what}: interface index {oif} is gone")
+            if code:
+                raise RoutingError(f"cannot {what} {r.text()}{self._where()}: {os.strerror(code)}")
 
     # -- state file ----------------------------------------------------------------------------
 

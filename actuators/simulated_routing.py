@@ -35,8 +35,8 @@ class SimulatedRouting:
         with self._lock:
             (self._down.discard if up else self._down.add)(link)
 
-    def remember(self, link: str) -> str:
-        self._check(link)
+    def remember(self, link: str, backup: str) -> str:
+        self._check(link, backup)
         return f"remembered the routes of {link}"
 
     def fail_over(self, link: str, backup: str) -> str:

@@ -17,8 +17,9 @@ between the service addresses survives when both hosts move that route to the ba
   `flow_start(host, link, after_ns)` is when data bytes first arrived on that port after a moment.
 - `stream()` is a long-lived TCP stream from a's service address to b's, sending a counter pattern; the
   receiver checks that every byte arrives once and in order.
-- `agents(state_dir)` runs, per host, what a node agent would: a real `LinkSource(netns=...)` feeding a
-  `LinkWatchdog` that fails over through `KernelRouting` (acks collected per host).
+- `agents(state_dir)` runs, per host, what a node agent would, in a process of its own: a real
+  `LinkSource(netns=...)` feeding a `LinkWatchdog` that fails over through `KernelRouting`; its acks are
+  collected, and `agents[host].routing` calls its KernelRouting (the pipeline's restore).
 
 `failover_bed()` skips the test (pytest) when the machine cannot build it, or raises BedUnavailable with
 `skip=False` (the benchmark). Everything it creates is removed on exit.
@@ -27,22 +28,24 @@ between the service addresses survives when both hosts move that route to the ba
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clocktower.actuators.link_routing import RoutingError
 from clocktower.actuators.link_watchdog import LinkWatchdog
 from clocktower.actuators.route_table import KernelRouting
 from clocktower.producers.agent.link_source import LinkSource
 from clocktower.schemas.control import ControlAck
-from clocktower.schemas.telemetry import LinkState
 
 PRIMARY = "pri"
 BACKUP = "bkp"
@@ -51,6 +54,7 @@ SERVICE = {"a": "10.71.0.1", "b": "10.71.0.2"}
 ADDR = {("a", PRIMARY): "10.71.1.1", ("b", PRIMARY): "10.71.1.2",
         ("a", BACKUP): "10.71.2.1", ("b", BACKUP): "10.71.2.2"}
 STREAM_PORT = 7171
+REPO = Path(__file__).resolve().parents[1]
 DATA_BYTES = 500           # a rise of the rx counter by this much is data, not ARP/neighbour chatter
 _PATTERN_PERIOD = 251      # byte i of the stream is i % 251 (prime: no chunk size hides a shift)
 _PATTERN = bytes(range(_PATTERN_PERIOD)) * (70_000 // _PATTERN_PERIOD + 2)
@@ -263,16 +267,130 @@ class TcpStream:
         return self.result
 
 
-@dataclass
-class HostAgent:
-    """What one host's node agent runs for links: source -> watchdog -> kernel routing."""
+class _RemoteRouting:
+    """LinkRouting that runs each call in a host agent's process (so the bed's and the agent's views agree)."""
 
-    host: str
-    routing: KernelRouting
-    watchdog: LinkWatchdog
-    source: LinkSource
-    acks: list[ControlAck] = field(default_factory=list)
-    states: list[LinkState] = field(default_factory=list)
+    def __init__(self, agent: HostAgent) -> None:
+        self._agent = agent
+
+    def remember(self, link: str, backup: str) -> str:
+        return str(self._agent.call("remember", link, backup))
+
+    def fail_over(self, link: str, backup: str) -> str:
+        return str(self._agent.call("fail_over", link, backup))
+
+    def restore(self, link: str, backup: str) -> str:
+        return str(self._agent.call("restore", link, backup))
+
+    def on_backup(self, link: str) -> bool:
+        return bool(self._agent.call("on_backup", link))
+
+
+class HostAgent:
+    """One host's link agent in a process of its own, as on a real node (it does not share the workload's
+    interpreter and GIL): a real LinkSource in the host's namespace feeding a LinkWatchdog({pri: bkp}) that
+    fails over through KernelRouting. Its watchdog acks land in `acks`; `routing` calls its KernelRouting
+    (e.g. the pipeline's restore). Talks JSON lines over the child's stdin/stdout (`_agent_main`)."""
+
+    def __init__(self, host: str, ns: str, state_path: Path, delay_s: float,
+                 on_ack: Callable[[str, ControlAck], None] | None = None, start_timeout_s: float = 30.0) -> None:
+        self.host = host
+        self.acks: list[ControlAck] = []
+        self.routing = _RemoteRouting(self)
+        self._on_ack = on_ack
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._cond = threading.Condition()
+        self._ready = False
+        self._seq = 0
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.failover_bed", host, ns, str(state_path), str(delay_s),
+             ADDR[other(host), BACKUP]], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            bufsize=1)
+        self._reader = threading.Thread(target=self._read, name=f"bed-agent-{host}", daemon=True)
+        self._reader.start()
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._ready or self._proc.poll() is not None, start_timeout_s):
+                self.close()
+                raise TimeoutError(f"host {host}'s agent did not start within {start_timeout_s} s")
+        if not self._ready:
+            raise RuntimeError(f"host {host}'s agent exited with {self._proc.returncode} (its stderr is above)")
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            msg = json.loads(line)
+            if "ack" in msg:
+                ack = ControlAck.model_validate(msg["ack"])
+                self.acks.append(ack)
+                if self._on_ack is not None:
+                    self._on_ack(self.host, ack)
+            with self._cond:
+                if msg.get("ready"):
+                    self._ready = True
+                if "reply" in msg:
+                    self._replies[msg["reply"]] = msg
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def call(self, op: str, *args: str, timeout_s: float = 10.0) -> Any:
+        """Run `routing.<op>(*args)` in the agent; its RoutingError is raised here with the same message."""
+        with self._cond:
+            self._seq += 1
+            seq = self._seq
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps({"id": seq, "op": op, "args": list(args)}) + "\n")
+            self._proc.stdin.flush()
+            if not self._cond.wait_for(lambda: seq in self._replies or self._proc.poll() is not None, timeout_s):
+                raise TimeoutError(f"host {self.host}'s agent did not answer {op} within {timeout_s} s")
+            reply = self._replies.pop(seq, None)
+        if reply is None:
+            raise RuntimeError(f"host {self.host}'s agent exited with {self._proc.returncode}")
+        if not reply["ok"]:
+            raise RoutingError(reply["error"])
+        return reply["result"]
+
+    def close(self) -> None:
+        """EOF on its stdin stops the agent (source, watchdog, routing); killed if it does not in 10 s."""
+        with contextlib.suppress(OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(5.0)
+
+
+def _agent_main(host: str, ns: str, state_path: str, delay_s: str, gateway: str) -> None:
+    """The host agent process (see HostAgent): JSON lines out (ready, acks, replies), requests in."""
+    lock = threading.Lock()
+
+    def say(obj: dict[str, Any]) -> None:
+        with lock:
+            sys.stdout.write(json.dumps(obj) + "\n")
+            sys.stdout.flush()
+
+    routing = KernelRouting(Path(state_path), netns=ns, gateways={BACKUP: gateway})
+    watchdog = LinkWatchdog(f"host-{host}", routing, {PRIMARY: BACKUP},
+                            lambda ack: say({"ack": ack.model_dump(mode="json")}), delay_s=float(delay_s))
+    source = LinkSource(f"host-{host}", interfaces=[PRIMARY, BACKUP], netns=ns, listeners=[watchdog.observe])
+    source.start(lambda events: None)
+    say({"ready": True})
+    ops: dict[str, Callable[..., Any]] = {"remember": routing.remember, "fail_over": routing.fail_over,
+                                          "restore": routing.restore, "on_backup": routing.on_backup}
+    try:
+        for line in sys.stdin:
+            req = json.loads(line)
+            try:
+                say({"reply": req["id"], "ok": True, "result": ops[req["op"]](*req["args"])})
+            except RoutingError as e:
+                say({"reply": req["id"], "ok": False, "error": str(e)})
+    finally:
+        source.stop()
+        watchdog.stop()
+        routing.close()
 
 
 class FailoverBed:
@@ -389,29 +507,16 @@ class FailoverBed:
     @contextmanager
     def agents(self, state_dir: Path, delay_s: float = 0.05,
                on_ack: Callable[[str, ControlAck], None] | None = None) -> Iterator[dict[str, HostAgent]]:
-        """Per host: KernelRouting + LinkWatchdog({pri: bkp}) fed by a real LinkSource in its namespace."""
+        """Per host, a HostAgent process (LinkSource -> LinkWatchdog -> KernelRouting); stopped on exit."""
         agents: dict[str, HostAgent] = {}
         try:
             for host in HOSTS:
-                routing = self.routing(host, Path(state_dir) / f"routing-{host}.json")
-                acks: list[ControlAck] = []
-
-                def report(ack: ControlAck, host: str = host, acks: list[ControlAck] = acks) -> None:
-                    acks.append(ack)
-                    if on_ack is not None:
-                        on_ack(host, ack)
-
-                watchdog = LinkWatchdog(f"host-{host}", routing, {PRIMARY: BACKUP}, report, delay_s=delay_s)
-                source = LinkSource(f"host-{host}", interfaces=[PRIMARY, BACKUP], netns=self.ns[host],
-                                    listeners=[watchdog.observe])
-                agent = agents[host] = HostAgent(host, routing, watchdog, source, acks)
-                source.start(agent.states.extend)
+                agents[host] = HostAgent(host, self.ns[host], Path(state_dir) / f"routing-{host}.json", delay_s,
+                                         on_ack)
             yield agents
         finally:
             for agent in agents.values():
-                agent.source.stop()
-                agent.watchdog.stop()
-                agent.routing.close()
+                agent.close()
 
     @contextmanager
     def stream(self, chunk: int = 4096, interval_s: float = 0.0005) -> Iterator[TcpStream]:
@@ -453,3 +558,7 @@ def _unavailable(reason: str, skip: bool) -> None:
 
         pytest.skip(reason)
     raise BedUnavailable(reason)
+
+
+if __name__ == "__main__":
+    _agent_main(*sys.argv[1:])

@@ -51,7 +51,7 @@ def test_device_routes_without_a_backup_gateway(tmp_path: Path) -> None:
 
 def test_restore_re_adds_routes_an_admin_down_deleted(tmp_path: Path) -> None:
     with failover_bed("rta") as bed, bed.routing("a", tmp_path / "a.json") as routing:
-        routing.remember(PRIMARY)
+        routing.remember(PRIMARY, BACKUP)
         bed.set_admin("a", PRIMARY, False)                   # the kernel deletes the route, silently
         assert bed.route_to_peer("a") == ("", None)
         assert "moved 1 route(s)" in routing.fail_over(PRIMARY, BACKUP)   # from what was remembered

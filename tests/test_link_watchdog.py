@@ -160,7 +160,7 @@ def test_remembers_routes_when_a_link_comes_up() -> None:
     class Recording(SimulatedRouting):
         remembered: list[str] = []
 
-        def remember(self, link: str) -> str:
+        def remember(self, link: str, backup: str) -> str:
             self.remembered.append(link)
             return "ok"
 
