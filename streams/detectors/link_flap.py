@@ -269,8 +269,8 @@ class LinkFlapDetector(ReplayingDetector):
     def _resolve(self, node: str, link: str, port: Port, ts: int) -> Emitted:
         detail = f"stable for {(ts - port.last_change_ns) / 1e9:.1f} s"
         cmds: Emitted = []
-        if port.failed_over_to and port.quarantined:
-            detail += f"; quarantined: no restore, traffic stays on {port.failed_over_to} until released"
+        if port.quarantined:
+            detail += f"; quarantined: no restore, traffic stays on {port.backup or 'the backup'} until released"
         elif port.failed_over_to:
             intent = CommandIntent(node, "restore", link, ts, port.incident_id or "",
                                    {"from": port.failed_over_to, "to": link})

@@ -1,0 +1,304 @@
+"""The pipeline's link decisions (issue 11 item 4): watchdog failover on a hard down, one incident per flap
+burst, restore after T_stable, quarantine from the hourly count, no command without a backup, one physical
+port one link, command ids on incidents, and a property test that nothing oscillates."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clocktower.control.intent import CommandIntent, command_id_of
+from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.telemetry import LinkState
+from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.processor_context import context_from_settings
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.settings import StreamsSettings
+from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER
+
+T0 = 1_780_000_000 * 10**9
+MS = 10**6
+S = 10**9
+MINUTE = 60 * S
+
+
+def rep(ts: int, up: bool, changes: int, iface: str = "eth0", backup: str = "eth1", link: str = "",
+        node: str = "node-1", kind: str = "ethernet") -> LinkState:
+    ib = {"ib_state": "ACTIVE" if up else "DOWN", "port_xmit_data": 0, "port_rcv_data": 0, "port_xmit_packets": 0,
+          "port_rcv_packets": 0, "port_rcv_errors": 0, "port_xmit_discards": 0, "symbol_error": 0,
+          "link_downed": changes, "link_error_recovery": 0} if kind == "infiniband" else {}
+    return LinkState(node=node, ts_ns=ts, interface=iface, kind=kind, up=up, carrier_changes=changes,
+                     speed_mbps=0, operstate="up" if up else "down", carrier=up, link=link, backup=backup, **ib)
+
+
+class Node:
+    """One node's reports through the detector, one per batch, then `tick` at the partition's time (one node:
+    its newest report), with every entry through the codec: what a worker does."""
+
+    def __init__(self, **options: int) -> None:
+        self.det = LinkFlapDetector(**options)
+        self.store = StateStore(self.det)
+        self.now = 0
+
+    def __call__(self, e: LinkState) -> list:
+        out = self.det.process(self.store, e)
+        return out + self.tick(e.ts_ns)
+
+    def tick(self, now: int) -> list:
+        self.now = max(self.now, now)
+        self.store.now_ns = self.now
+        out = self.det.tick(self.store, self.now)
+        self.store.flush()
+        return out
+
+
+def commands(out: list) -> list[tuple[str, dict[str, str]]]:
+    return [(c.action, c.params) for c in out if isinstance(c, CommandIntent)]
+
+
+def incidents(out: list) -> list[Incident]:
+    return [e for e in out if isinstance(e, Incident)]
+
+
+def test_a_hard_down_fails_over_after_the_watchdog_without_a_flap() -> None:
+    """Before: one carrier change never reached the 3-in-10-s flap rule, so a dead link never failed over."""
+    node = Node()
+    assert node(rep(T0, True, 1)) == []
+    assert node(rep(T0 + S, False, 2)) == []                   # down: the watchdog starts
+    assert node(rep(T0 + S + 30 * MS, True, 1, iface="eth1", backup="")) == []   # 30 ms later: not yet
+    out = node(rep(T0 + S + 60 * MS, True, 1, iface="eth1", backup=""))   # eth0 silent; the node's time passes
+    (inc,) = incidents(out)
+    (cmd,) = [c for c in out if isinstance(c, CommandIntent)]
+    assert (inc.kind, inc.state, inc.severity, inc.target) == ("link_down", "open", "critical", "node-1/eth0")
+    assert (cmd.action, cmd.target, cmd.params) == ("failover", "eth0", {"from": "eth0", "to": "eth1"})
+    assert cmd.ts_ns == inc.ts_ns == T0 + S + 50 * MS and cmd.incident_id == inc.incident_id
+    assert inc.command_ids == [command_id_of(cmd)]
+    for i in range(2, 30):                                     # still down: nothing more
+        assert node(rep(T0 + i * S, False, 2)) == []
+
+
+def test_the_links_next_report_fires_the_watchdog_with_the_same_ids_as_the_timer() -> None:
+    by_timer, by_report = Node(), Node()
+    for n in (by_timer, by_report):
+        n(rep(T0, True, 1))
+        n(rep(T0 + S, False, 2))
+    timer = by_timer(rep(T0 + 2 * S, True, 1, iface="eth1", backup=""))
+    report = by_report(rep(T0 + 2 * S, False, 2))
+    assert timer == report and commands(report) == [("failover", {"from": "eth0", "to": "eth1"})]
+
+
+def test_a_blip_shorter_than_the_watchdog_does_nothing_and_zero_fails_over_at_once() -> None:
+    node = Node()
+    node(rep(T0, True, 1))
+    assert node(rep(T0 + S, False, 2)) == [] and node(rep(T0 + S + 40 * MS, True, 3)) == []
+    assert node(rep(T0 + 5 * S, True, 3)) == [] and node.store.get('["node-1","eth0","watchdog"]') is None
+    at_once = Node(watchdog_ns=0)
+    at_once(rep(T0, True, 1))
+    assert commands(at_once(rep(T0 + S, False, 2))) == [("failover", {"from": "eth0", "to": "eth1"})]
+
+
+def test_a_port_first_seen_down_was_never_seen_working_and_is_not_failed_over() -> None:
+    node = Node()
+    assert node(rep(T0, False, 0)) == [] and node(rep(T0 + 10 * S, False, 0)) == []
+    node(rep(T0 + 11 * S, True, 1))
+    node(rep(T0 + 12 * S, False, 2))
+    assert commands(node(rep(T0 + 13 * S, False, 2))) == [("failover", {"from": "eth0", "to": "eth1"})]
+
+
+def test_a_flap_burst_is_one_incident_with_one_failover() -> None:
+    """Downs of 10 ms (under the watchdog), 12 transitions (6 downs, under the hourly limit): one link_flap
+    incident, one failover, one restore."""
+    node = Node()
+    out = node(rep(T0, True, 1))
+    for i in range(1, 13):
+        out += node(rep(T0 + i * 10 * MS, i % 2 == 0, 1 + i))
+    rows = incidents(out)
+    assert [(r.kind, r.state) for r in rows] == [("link_flap", "open")] and rows[0].detail.startswith("3 carrier")
+    assert commands(out) == [("failover", {"from": "eth0", "to": "eth1"})]
+    last = T0 + 120 * MS
+    assert node(rep(last + 10 * S - 1, True, 13)) == []       # up, unchanged, 1 ns short of T_stable
+    done = node(rep(last + 10 * S, True, 13))
+    assert [(r.state, r.incident_id) for r in incidents(done)] == [("resolve", rows[0].incident_id)]
+    assert commands(done) == [("restore", {"from": "eth1", "to": "eth0"})]
+    assert incidents(done)[0].command_ids == [command_id_of(c) for c in out + done if isinstance(c, CommandIntent)]
+
+
+def test_a_flap_after_a_hard_down_updates_the_open_incident() -> None:
+    node = Node()
+    node(rep(T0, True, 1))
+    node(rep(T0 + S, False, 2))
+    opened = node(rep(T0 + 2 * S, True, 3))                    # down 1 s: link_down + failover
+    flapped = node(rep(T0 + 3 * S, False, 4))                  # third change: the same incident, updated
+    assert [(r.kind, r.state) for r in incidents(opened)] == [("link_down", "open")]
+    (upd,) = incidents(flapped)
+    assert (upd.kind, upd.state, upd.incident_id) == ("link_flap", "update", incidents(opened)[0].incident_id)
+    assert upd.command_ids == incidents(opened)[0].command_ids and commands(flapped) == []
+    assert node(rep(T0 + 4 * S, True, 5)) == []                # its 1 s down: already failed over
+
+
+def test_an_rdma_port_of_a_netdev_is_that_netdev_not_a_second_link() -> None:
+    """Before: eth0 and mlx5_0/1 each opened an incident for one flap, the second with {'to': ''}."""
+    node = Node()
+    out = []
+    for i in range(0, 8):
+        up = i % 2 == 0
+        out += node(rep(T0 + i * 10 * MS, up, 1 + i))
+        out += node(rep(T0 + i * 10 * MS + 1, up, i // 2, iface="mlx5_0/1", link="eth0", backup="", kind="infiniband"))
+    assert [(r.kind, r.target) for r in incidents(out)] == [("link_flap", "node-1/eth0")]
+    assert commands(out) == [("failover", {"from": "eth0", "to": "eth1"})]
+    assert node.det.counters()["aliases"] == 8
+    assert all(orjson.loads(k)[1] == "eth0" for k in node.store.backing)
+
+
+def test_a_link_without_a_backup_gets_an_incident_that_says_so_and_no_command() -> None:
+    node = Node()
+    node(rep(T0, True, 1, backup=""))
+    node(rep(T0 + S, False, 2, backup=""))
+    out = node(rep(T0 + 2 * S, True, 3, backup=""))
+    out += node(rep(T0 + 2 * S + 10 * MS, False, 4, backup="")) + node(rep(T0 + 20 * S, True, 5, backup=""))
+    out += node(rep(T0 + 30 * S, True, 5, backup=""))
+    assert commands(out) == []
+    assert "no backup port configured for eth0: no failover" in incidents(out)[0].detail
+    assert [r.state for r in incidents(out)] == ["open", "update", "resolve"]
+    assert all(r.command_ids == [] for r in incidents(out))
+
+
+def test_an_infiniband_port_counts_link_downed_as_downs() -> None:
+    node = Node(quarantine_flaps=2)
+    node(rep(T0, True, 0, iface="ib0", backup="ib1", kind="infiniband"))
+    out = node(rep(T0 + S, True, 3, iface="ib0", backup="ib1", kind="infiniband"))   # 3 downs between reports
+    assert [(c[0]) for c in commands(out)] == ["failover", "quarantine"]
+
+
+def _flap_once(node: Node, t: int, count: int) -> list:
+    """A 1 s down at t (over the watchdog) and 12 s of stable carrier after it."""
+    out = node(rep(t, False, count + 1))
+    out += node(rep(t + S, True, count + 2))
+    return out + node(rep(t + 12 * S, True, count + 2))
+
+
+def test_more_than_n_flaps_an_hour_quarantine_the_link_and_no_restore_follows() -> None:
+    node = Node(quarantine_flaps=3)
+    node(rep(T0, True, 1))
+    out = []
+    for k in range(3):                                        # 3 downs: each failed over and restored
+        out += _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+    assert [a for a, _ in commands(out)] == ["failover", "restore"] * 3
+    fourth = _flap_once(node, T0 + 4 * MINUTE, 7)
+    q = [r for r in incidents(fourth) if r.kind == "link_quarantine"]
+    assert len(q) == 1 and (q[0].severity, q[0].state) == ("critical", "open")
+    assert "clocktower control release node-1 eth0" in q[0].detail and "4 flaps" in q[0].detail
+    assert [a for a, _ in commands(fourth)] == ["quarantine"]
+    qcmd = next(c for c in fourth if isinstance(c, CommandIntent))
+    assert qcmd.params == {"from": "eth0", "to": "eth1"} and q[0].command_ids == [command_id_of(qcmd)]
+    assert "quarantined" in incidents(fourth)[-1].detail and incidents(fourth)[-1].state == "resolve"
+    later = _flap_once(node, T0 + 5 * MINUTE, 9)               # still quarantined: no failover, no restore
+    assert commands(later) == [] and "quarantined" in incidents(later)[0].detail
+    # An hour on, the count is back under the limit: the mark clears and the link is failed over and restored again
+    again = _flap_once(node, T0 + 70 * MINUTE, 11)
+    assert [a for a, _ in commands(again)] == ["failover", "restore"]
+
+
+def test_settings_reach_the_detector() -> None:
+    s = StreamsSettings(streams_link_watchdog_ms=0, streams_link_stable_s=2.5, streams_link_quarantine_flaps=4,
+                        streams_spare_nodes="spare-a, spare-b,spare-a")
+    budget = RemediationBudget()
+    ctx = context_from_settings(s, remediation_budget=budget)
+    assert ctx.remediation_budget is budget and ctx.segment_ttl_ns == 10 * S
+    det = LinkFlapDetector.from_context(ctx)
+    assert (det.watchdog_ns, det.stable_ns, det.quarantine_flaps) == (0, 2_500_000_000, 4)
+    assert ctx.spare_nodes == ("spare-a", "spare-b")
+    assert StreamsSettings(streams_spare_nodes='["x", "y"]').streams_spare_nodes == ["x", "y"]
+    assert StreamsSettings().streams_spare_nodes == []
+
+
+def test_signed_through_the_runner_incidents_name_the_commands_that_were_issued() -> None:
+    runner = ProcessorRunner(LinkFlapDetector(), issuer=CommandIssuer(TEST_SIGNER))
+    out = runner.run(0, [rep(T0, True, 1), rep(T0 + S, False, 2)]) + runner.run(0, [rep(T0 + 2 * S, False, 2)])
+    (inc,) = incidents(out)
+    assert inc.command_ids == [c.command_id for c in out if not isinstance(c, Incident)] and inc.command_ids
+
+
+# --- nothing oscillates ----------------------------------------------------------------------------------------
+
+STABLE, WATCHDOG, QUARANTINE = 10 * S, 50 * MS, 3
+
+GAPS = [1 * MS, 30 * MS, 200 * MS, S, 3 * S, 6 * S, 11 * S, 10 * MINUTE, 40 * MINUTE]
+reports = st.lists(st.tuples(st.sampled_from(GAPS), st.booleans(), st.integers(0, 2), st.booleans()),
+                   min_size=1, max_size=60)
+
+
+class Oracle:
+    """What the commands for one link may be, from its reports alone."""
+
+    def __init__(self, t: int) -> None:
+        self.state = "primary"            # where traffic is after the commands so far
+        self.last_change = t
+        self.downs: list[int] = []        # times of down transitions
+        self.under_since_quarantine = True   # the hourly count has been under the limit since the last quarantine
+
+    def report(self, t: int, was_up: bool, up: bool, changed: int) -> None:
+        if changed:
+            self.last_change = t
+        self.downs += [t] * ((changed + was_up) // 2)
+        if sum(1 for d in self.downs if d > t - 3600 * S) < QUARANTINE:
+            self.under_since_quarantine = True
+
+    def command(self, t: int, up: bool, c: CommandIntent) -> None:
+        assert c.params.get("from") and c.params.get("to"), "a command with an empty port"
+        if c.action == "failover":
+            assert self.state == "primary" or (self.state == "held" and self.under_since_quarantine), \
+                "two failovers without a restore between them, or a failover while quarantined"
+            self.state = "backup"
+        elif c.action == "restore":
+            assert self.state == "backup", "a restore while quarantined, or without a failover"
+            assert up and t - self.last_change >= STABLE, "a restore before T_stable of stable carrier"
+            self.state = "primary"
+        elif c.action == "quarantine":
+            assert self.state != "held" or self.under_since_quarantine, "quarantined twice"
+            self.state, self.under_since_quarantine = "held", False
+
+
+@settings(max_examples=400, deadline=None)
+@given(reports, st.sampled_from([0, WATCHDOG]), st.booleans())
+def test_commands_for_a_link_never_oscillate(steps: list[tuple[int, bool, int, bool]], watchdog: int,
+                                             backup: bool) -> None:
+    """Random carrier sequences (gaps, state, extra changes between reports, the node's other links moving the
+    partition's time): failover and restore strictly alternate except where a quarantine holds the traffic
+    (then neither, until the hourly count is back under the limit); at most one failover and one restore per
+    incident; no restore within T_stable of a change; never a command with an empty port; every command is
+    named by its incident."""
+    node = Node(watchdog_ns=watchdog, stable_ns=STABLE, quarantine_flaps=QUARANTINE)
+    port = "eth1" if backup else ""
+    t, up, count = T0, True, 1
+    oracle = Oracle(t)
+    out = node(rep(t, up, count, backup=port))
+    for gap, new_up, extra, tick in steps:
+        if tick:                                               # another link of the node moves the time first
+            ticked = node.tick(t + gap - 1)
+            for c in ticked:
+                if isinstance(c, CommandIntent):
+                    oracle.command(t + gap - 1, up, c)
+            out += ticked
+        t += gap
+        changed = (new_up != up) + 2 * extra
+        count += changed
+        emitted = node(rep(t, new_up, count, backup=port))
+        oracle.report(t, up, new_up, changed)
+        up = new_up
+        for c in emitted:
+            if isinstance(c, CommandIntent):
+                oracle.command(t, up, c)
+        out += emitted
+    cmds = [c for c in out if isinstance(c, CommandIntent)]
+    assert backup or cmds == []
+    per_incident: dict[str, list[str]] = {}
+    for c in cmds:
+        if c.action in ("failover", "restore"):
+            per_incident.setdefault(c.incident_id, []).append(c.action)
+    assert all(a in (["failover"], ["failover", "restore"]) for a in per_incident.values()), per_incident
+    assert {i for r in incidents(out) for i in r.command_ids} == {command_id_of(c) for c in cmds}
