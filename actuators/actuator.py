@@ -72,6 +72,11 @@ class Actuator:
                 log.exception("command %s could not be handled", cmd.command_id)
                 return self._ack(cmd, "failed", f"actuator error: {type(exc).__name__}: {exc}")
 
+    def close(self) -> None:
+        """Close the on-disk memories (the routing and hooks are the caller's)."""
+        self.seen.close()
+        self.quarantine.close()
+
     def refuse(self, command_id: str, reason: str, action: str = "", target: str = "") -> ControlAck:
         """A refused ack for a command that could not even be read (a malformed record naming `command_id`)."""
         return ControlAck(node=self.node, ts_ns=self.clock(), command_id=bounded(command_id, 256) or "unknown",

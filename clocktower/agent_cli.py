@@ -5,6 +5,10 @@ away). Sources start in parallel; a table on stderr says at once which are start
 one is running, off (and why) or failed. `--duration S` counts from when every source is running, off or
 failed (start-up is bounded by --start-timeout), so a slow eBPF compile does not eat the run; with `--json`
 the run ends with event counts per source as one JSON object on stdout.
+
+`--actuate` also runs this node's actuator beside the sources: it applies the pipeline's signed control commands
+for this node (routes with pyroute2, the operator's drain/spare hooks) and acks them through the same spooling
+publisher. Producers never import actuators: this module is where the two meet.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import time
 import orjson
 from rich.console import Console
 
+from clocktower.actuators.component import ActuatorComponent
+from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.settings import ActuatorSettings
 from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
@@ -58,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                            "copy it to every node")
     a.add_argument("--spool-dir", help="on-disk spool while the broker is away (default .clocktower-agent/spool)")
     a.add_argument("--compression", choices=("lz4", "zstd"), help="Kafka record compression (default lz4)")
+    a.add_argument("--actuate", action="store_true", help="also run this node's actuator: apply its signed control "
+                   "commands (routes, drain/spare hooks) and ack them; needs Kafka and the controller's public key "
+                   "(CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE; CLOCKTOWER_ACTUATOR_* for the state dir and hooks)")
 
 
 def _settings(args: argparse.Namespace) -> AgentSettings:
@@ -91,6 +101,23 @@ def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
         raise UserError(f"{exc} (--spool-dir)") from None
 
 
+def kernel_routing(settings: ActuatorSettings) -> LinkRouting:
+    """The real routing backend: the kernel's tables through pyroute2, its remembered routes in the state dir."""
+    from clocktower.actuators.route_table import KernelRouting  # pyroute2 only where it is used
+    return KernelRouting(settings.state_dir / "routes.json")
+
+
+def _actuators(args: argparse.Namespace, node: str, bootstrap: str | None) -> list[ActuatorComponent]:
+    """The actuator component when --actuate is given (its check says whether it can run here)."""
+    if not args.actuate:
+        return []
+    if bootstrap is None:
+        raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
+                        "(drop --stdout)")
+    settings = ActuatorSettings()
+    return [ActuatorComponent(node, bootstrap, lambda: kernel_routing(settings), settings)]
+
+
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
     """Show the table at once and update it until every source is running, off or failed (or a stop)."""
     runner.wait_started(0.25)                 # quick checks settle first: fewer lines in a log
@@ -122,8 +149,9 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
+    actuators = _actuators(args, settings.node, bootstrap)
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
-                         refused=None if publisher is None else lambda: publisher.refused)
+                         refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):      # a closed terminal stops the agent cleanly too (not nohup)
         if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
@@ -135,7 +163,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         with SourceTableView(err) as view:
             _wait_running(runner, view, stop)
         running_at = time.monotonic()            # --duration counts from here, not from the process start
-        if not any(s.enabled for s in runner.status.values()):
+        if not any(s.enabled for s in runner.status.values() if s.kind == "source"):
             err.print("[yellow]no source can run on this machine[/yellow]")
         deadline = running_at + args.duration if args.duration else None
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -149,6 +177,8 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         if publisher is not None:   # deliver for up to 10 s if the broker is there; else it stays spooled
             publisher.close(timeout=10.0 if publisher.broker_up else 0.0)
     report = runner.report() | {"node": settings.node, "seconds": round(seconds, 3)}
+    for act in actuators:
+        report["actuators"][act.name]["consumer"] = act.stats()
     if publisher is not None:
         report["kafka"] = bootstrap
         report["publisher"] = publisher.stats()

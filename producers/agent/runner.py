@@ -11,6 +11,10 @@ slow sink (a broker away, a spool being written) never stalls a source, and the 
 from one thread. If the queue is full the oldest batches are dropped and counted, never silently; so are
 batches still queued when a stuck sink outlives `stop()`. Events the sink refuses (`refused`: the publisher's
 per-schema count of events too big for a record) are reported as refused, not delivered.
+
+Actuators (`actuators=`) are a second kind of component with the same contract as a source (check, start(emit),
+stop): they are started, reported (under "actuators" in `report()`) and stopped the same way, and what they emit
+(their acks) goes through the same delivery. The runner never imports one: the CLI builds them.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[list[Event]], None]
 State = Literal["starting", "running", "off", "failed"]
+Kind = Literal["source", "actuator"]
 DEFAULT_START_TIMEOUT_S = 120.0   # BCC compiles take 7-13 s on a 2-core VM: ~10x headroom for a loaded node
 
 
 @dataclass
 class SourceStatus:
     name: str
+    kind: Kind = "source"
     state: State = "starting"
     reason: str = "checking"
     error: str | None = None
@@ -49,19 +55,26 @@ class SourceStatus:
 
 
 class AgentRunner:
-    """`start()` starts every source in the background, `stop()` stops them and delivers what is left."""
+    """`start()` starts every source and actuator in the background, `stop()` stops them and delivers what is left."""
 
     def __init__(self, sources: Sequence[Source], sink: Sink, *, flush_interval_s: float = 0.1,
                  max_batch_events: int = 5000, max_queued_batches: int = 10_000,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 refused: Callable[[], Mapping[str, int]] | None = None) -> None:
+                 refused: Callable[[], Mapping[str, int]] | None = None,
+                 actuators: Sequence[Source] = ()) -> None:
         self.sources = list(sources)
+        self.actuators = list(actuators)
+        self._components = [*self.sources, *self.actuators]
+        names = [c.name for c in self._components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"component names must be unique: {names}")
         self.sink = sink
         self._sink_refused = refused     # the sink's running count of refused events per schema
         self.flush_interval_s = flush_interval_s
         self.max_batch_events = max_batch_events
         self.start_timeout_s = start_timeout_s
         self.status: dict[str, SourceStatus] = {s.name: SourceStatus(s.name) for s in self.sources}
+        self.status |= {a.name: SourceStatus(a.name, kind="actuator") for a in self.actuators}
         self.delivered: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()   # handed to the sink, which refused them (never sent)
         self.dropped_events = 0
@@ -86,7 +99,7 @@ class AgentRunner:
         self._thread = threading.Thread(target=self._deliver, name="agent-delivery", daemon=True)
         self._thread.start()
         self._starters = [threading.Thread(target=self._start_one, args=(src,), name=f"agent-start-{src.name}",
-                                           daemon=True) for src in self.sources]
+                                           daemon=True) for src in self._components]
         for t in self._starters:
             t.start()
         self._bound = threading.Timer(self.start_timeout_s, self._give_up_slow)
@@ -224,7 +237,7 @@ class AgentRunner:
         waited for no longer than the start bound. Then deliver what is left."""
         with self._lock:
             self._stopping = True
-            running = [src for src in self.sources if self.status[src.name].enabled]
+            running = [src for src in self._components if self.status[src.name].enabled]
         if self._bound is not None:
             self._bound.cancel()
         for src in running:
@@ -244,7 +257,7 @@ class AgentRunner:
                 self._send(self._queue.get_nowait())
         else:                                # the sink is stuck: what is still queued is never sent
             self._drop_queued()
-        for src in self.sources:
+        for src in self._components:
             self.status[src.name].counts = Counter(src.counts)
 
     def _drop_queued(self) -> None:
@@ -260,14 +273,16 @@ class AgentRunner:
             log.warning("the sink did not return within the stop timeout: dropped the %d events still queued", left)
 
     def report(self) -> dict:
-        """Per source: state, enabled (running), why, seconds to start, events emitted per schema; plus what
-        the sink took (delivered) and refused, per schema, and the events dropped."""
+        """Per source, and per actuator apart: state, enabled (running), why, seconds to start, events emitted per
+        schema (an actuator's other counts too); plus what the sink took (delivered) and refused, per schema, and
+        the events dropped."""
         with self._lock:
-            sources = {n: {"enabled": s.enabled, "state": s.state, "reason": s.reason,
-                           **({"error": s.error} if s.error else {}), "start_s": s.start_s,
-                           "events": dict(sorted(s.counts.items()))} for n, s in self.status.items()}
+            rows = {n: (s.kind, {"enabled": s.enabled, "state": s.state, "reason": s.reason,
+                                 **({"error": s.error} if s.error else {}), "start_s": s.start_s,
+                                 "events": dict(sorted(s.counts.items()))}) for n, s in self.status.items()}
         return {
-            "sources": sources,
+            "sources": {n: row for n, (kind, row) in rows.items() if kind == "source"},
+            "actuators": {n: row for n, (kind, row) in rows.items() if kind == "actuator"},
             "startup_s": self.startup_s,
             "delivered": dict(sorted(self.delivered.items())),
             "refused": dict(sorted(self.refused.items())),

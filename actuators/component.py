@@ -1,0 +1,116 @@
+"""The actuator as a component of the node agent: the same check/start/stop contract as a source.
+
+`check()` says whether the actuator can run here: the controller's public key is configured and readable, the
+state dir can be made, the routing backend opens. `start(emit)` opens the on-disk memories and runs the command
+consumer on its own thread, handing its acks (and dead letters) to `emit`: the agent's delivery path into the
+spooling publisher. `stop()` ends the consumer (its last acks are handed over and committed) and closes them.
+
+The demo's simulated nodes use the same parts without an agent: `open_actuator(...)` and `CommandConsumer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.command_consumer import CommandConsumer
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.settings import ActuatorSettings
+from clocktower.control.key_files import verifier_from_file
+from clocktower.control.signing import CommandVerifier
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import private_dir
+from clocktower.schemas.event import Event
+from clocktower.schemas.kafka_security import KafkaSecurity
+
+log = logging.getLogger(__name__)
+Emit = Callable[[list[Event]], None]
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Structurally the agent's `Availability` (ok, reason): actuators do not import producers (layers)."""
+
+    ok: bool
+    reason: str
+
+
+def open_actuator(node: str, verifier: CommandVerifier, routing: LinkRouting, state_dir: Path,
+                  hooks: Hooks | None = None) -> Actuator:
+    """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts)."""
+    return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}))
+
+
+class ActuatorComponent:
+    """Runs `node`'s actuator in the agent; `routing` builds the LinkRouting (kernel, or simulated in the demo)."""
+
+    name = "actuator"
+
+    def __init__(self, node: str, bootstrap: str, routing: Callable[[], LinkRouting],
+                 settings: ActuatorSettings | None = None, security: KafkaSecurity | None = None) -> None:
+        self.node = node
+        self.bootstrap = bootstrap
+        self.settings = settings or ActuatorSettings()
+        self.security = security
+        self.counts: Counter[str] = Counter()     # events emitted per schema (control_ack, deadletter)
+        self._routing_factory = routing
+        self._routing: LinkRouting | None = None
+        self._verifier: CommandVerifier | None = None
+        self._actuator: Actuator | None = None
+        self.consumer: CommandConsumer | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> Availability:
+        try:
+            path = self.settings.public_key_path()
+            self._verifier = verifier_from_file(path)
+            private_dir(self.settings.state_dir)
+        except UserError as exc:
+            return Availability(False, str(exc))
+        except OSError as exc:
+            return Availability(False, f"state dir {self.settings.state_dir}: {exc.strerror or exc}")
+        try:
+            self._routing = self._routing_factory()
+        except Exception as exc:  # noqa: BLE001 - any reason the backend cannot run is the reason this is off
+            return Availability(False, f"routing backend unusable: {exc}")
+        hooks = ", ".join(f"{a} hook" for a in self.settings.hooks()) or "no drain/spare hooks"
+        return Availability(True, f"commands for {self.node} verified with {path}; {hooks}")
+
+    def start(self, emit: Emit) -> None:
+        if self._verifier is None or self._routing is None:
+            raise RuntimeError("start() before a successful check()")
+        s = self.settings
+        self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
+                                       Hooks(s.hooks(), s.hook_timeout_s))
+
+        def publish(events: list[Event]) -> None:
+            emit(events)
+            self.counts.update(type(e).SCHEMA for e in events)
+
+        self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security)
+        self._thread = threading.Thread(target=self.consumer.run, args=(self._stop,), name=f"actuator-{self.node}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            if self._thread.is_alive():
+                log.error("the actuator's consumer did not stop within %g s", STOP_TIMEOUT_S)
+                return
+        if self._actuator is not None:
+            self._actuator.close()
+
+    def stats(self) -> dict[str, object]:
+        return self.consumer.stats() if self.consumer is not None else {}

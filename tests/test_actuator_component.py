@@ -1,0 +1,172 @@
+"""The actuator in the agent: its settings (no built-in key), its check, and a run in the AgentRunner beside the
+sources, reported apart, its acks going out through the agent's own delivery."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clocktower.actuators.component import ActuatorComponent
+from clocktower.actuators.settings import ActuatorSettings
+from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.control.intent import CommandIntent
+from clocktower.control.issuer import CommandIssuer
+from clocktower.producers.agent.runner import AgentRunner
+from clocktower.producers.agent.source import Availability
+from clocktower.runtime.errors import UserError
+from clocktower.schemas.codec import encode_batch
+from clocktower.schemas.control import ControlAck
+from clocktower.schemas.event import Event
+from clocktower.schemas.partitioning import partition_of
+from tests.control_keys import TEST_PUBLIC_PEM, TEST_SIGNER
+from tests.standalone_broker import StandaloneBroker
+
+NODE = "node-a"
+
+
+def _key(tmp_path: Path) -> Path:
+    path = tmp_path / "control.pub"
+    path.write_bytes(TEST_PUBLIC_PEM)
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CLOCKTOWER_DATA_DIR", "CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE", "CLOCKTOWER_ACTUATOR_PUBLIC_KEY_FILE",
+                 "CLOCKTOWER_ACTUATOR_DRAIN_HOOK", "CLOCKTOWER_ACTUATOR_SPARE_HOOK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# -- settings ----------------------------------------------------------------------------------------------------
+
+def test_there_is_no_built_in_key() -> None:
+    with pytest.raises(UserError, match="CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE"):
+        ActuatorSettings().public_key_path()
+
+
+def test_the_key_comes_from_either_variable_or_the_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = _key(tmp_path)
+    monkeypatch.setenv("CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE", str(key))
+    assert ActuatorSettings().public_key_path() == key
+    monkeypatch.delenv("CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE")
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_PUBLIC_KEY_FILE", str(key))
+    assert ActuatorSettings().public_key_path() == key
+    monkeypatch.delenv("CLOCKTOWER_ACTUATOR_PUBLIC_KEY_FILE")
+    monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(tmp_path))
+    assert ActuatorSettings().public_key_path() == key
+    monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="clocktower up"):
+        ActuatorSettings().public_key_path()
+
+
+def test_hooks_are_argv_lists_from_json_or_shell_like_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_DRAIN_HOOK", '["/usr/bin/drain", "--reason", "a b; rm -rf /"]')
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_SPARE_HOOK", "/usr/bin/spare --pool 'gpu pool' $(evil)")
+    s = ActuatorSettings()
+    assert s.drain_hook == ("/usr/bin/drain", "--reason", "a b; rm -rf /")
+    assert s.spare_hook == ("/usr/bin/spare", "--pool", "gpu pool", "$(evil)")
+    assert s.hooks() == {"drain": s.drain_hook, "spare": s.spare_hook} and s.hook_timeout_s == 30
+    with pytest.raises(ValueError, match="list of strings"):
+        ActuatorSettings(drain_hook='["ok", 3]')
+
+
+# -- check ---------------------------------------------------------------------------------------------------------
+
+def test_check_is_off_without_a_key_or_a_routing_backend(tmp_path: Path) -> None:
+    no_key = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"))
+    avail = no_key.check()
+    assert not avail.ok and "CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE" in avail.reason
+
+    def unusable() -> SimulatedRouting:
+        raise PermissionError("rtnetlink: operation not permitted")
+    settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "s")
+    avail = ActuatorComponent(NODE, "127.0.0.1:9", unusable, settings).check()
+    assert not avail.ok and "routing backend unusable: rtnetlink" in avail.reason
+    avail = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, settings).check()
+    assert avail.ok and NODE in avail.reason
+
+
+def test_the_runner_reports_actuators_apart_and_checks_them(tmp_path: Path) -> None:
+    class Src:
+        name, counts = "links", Counter[str]()
+
+        def check(self) -> Availability:
+            return Availability(False, "no links here")
+
+        def start(self, emit: object) -> None: ...
+
+        def stop(self) -> None: ...
+
+    act = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"))
+    runner = AgentRunner([Src()], lambda events: None, actuators=[act])
+    runner.start()
+    assert runner.wait_started(10)
+    runner.stop()
+    report = runner.report()
+    assert set(report["sources"]) == {"links"} and set(report["actuators"]) == {"actuator"}
+    assert report["actuators"]["actuator"]["state"] == "off"
+    with pytest.raises(ValueError, match="unique"):
+        AgentRunner([Src()], lambda events: None, actuators=[Src()])
+
+
+# -- a run on the real broker ------------------------------------------------------------------------------------
+
+def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> None:
+    broker = StandaloneBroker(tmp_path / "kafka")
+    broker.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for fut in admin.create_topics([NewTopic("control.commands", num_partitions=4,
+                                                 replication_factor=1)]).values():
+            fut.result(15)
+        delivered: list[Event] = []
+        lock = threading.Lock()
+
+        def sink(events: list[Event]) -> None:
+            with lock:
+                delivered.extend(events)
+        routing = SimulatedRouting()
+        settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "state")
+        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings)
+        runner = AgentRunner([], sink, actuators=[act])
+        runner.start()
+        assert runner.wait_started(10) and runner.status["actuator"].state == "running", runner.report()
+        cmd = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "failover", "eth0", time.time_ns(), "inc-1",
+                                                             {"from": "eth0", "to": "eth1"}))
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        key, value, headers = encode_batch([cmd])
+        p.produce("control.commands", key=key, value=value, headers=headers, partition=partition_of(NODE, 4))
+        assert p.flush(15) == 0
+        deadline = time.monotonic() + 30
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.stop()
+    finally:
+        broker.stop()
+    assert [(a.command_id, a.status) for a in delivered if isinstance(a, ControlAck)] == [(cmd.command_id, "applied")]
+    assert routing.on_backup("eth0")
+    report = runner.report()
+    assert report["actuators"]["actuator"]["events"] == {"control_ack": 1}
+    assert report["delivered"] == {"control_ack": 1}
+    assert act.stats()["acks_applied"] == 1
+
+
+def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path) -> None:
+    from clocktower import agent_cli
+    from clocktower.actuators.route_table import KernelRouting
+    assert agent_cli._actuators(argparse.Namespace(actuate=False), NODE, None) == []
+    with pytest.raises(UserError, match="--actuate needs Kafka"):
+        agent_cli._actuators(argparse.Namespace(actuate=True), NODE, None)
+    [act] = agent_cli._actuators(argparse.Namespace(actuate=True), NODE, "127.0.0.1:9")
+    assert act.node == NODE and act.bootstrap == "127.0.0.1:9"
+    routing = agent_cli.kernel_routing(ActuatorSettings(state_dir=tmp_path))
+    assert isinstance(routing, KernelRouting) and routing.state_path == tmp_path / "routes.json"
+    routing.close()
