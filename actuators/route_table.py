@@ -16,8 +16,10 @@ any protocol but `kernel` (the connected-subnet routes the kernel manages itself
   fail_over record them, in memory and in the JSON file `state_path` (written atomically: tmp, fsync,
   rename), so a failover after an admin-down, and a restore by a restarted agent, still know them.
 
-Limits: IPv4 only; multipath routes (RTA_MULTIPATH) and policy rules are not moved; route metrics other
-than the priority (mtu, rto_min, ...) are not copied; a route added to the link while it is failed over is
+A moved route keeps its metrics (mtu, advmss, rto_min, initcwnd, ...): a jumbo-frame route stays jumbo.
+
+Limits: IPv4 only; multipath routes (RTA_MULTIPATH) and policy rules are not moved; the congestion-control
+metric (RTAX_CC_ALGO, a string) is not copied; a route added to the link while it is failed over is
 not known until the next remember after the restore.
 """
 
@@ -37,6 +39,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from clocktower.actuators.link_routing import RoutingError
 from clocktower.actuators.route_writer import RouteSpec, RouteWriter
@@ -51,6 +54,9 @@ RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
 IFF_UP = 0x1
 STATE_VERSION = 1
+# RTAX_* numbers of the u32 route metrics (the nla_map's position is the number); RTAX_CC_ALGO (a string) is
+# not copied
+_RTAX = {name: number for number, (name, kind) in enumerate(rtmsg.metrics.nla_map) if kind == "uint32"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Route:
     prefsrc: str | None
     proto: int
     scope: int
+    metrics: tuple[tuple[int, int], ...] = ()     # (RTAX_* number, value) of its u32 metrics (mtu, rto_min, ...)
 
     @property
     def key(self) -> tuple[int, str | None, int, int, int]:
@@ -80,7 +87,11 @@ class Route:
         """From the state file; anything malformed raises (TypeError/ValueError/KeyError)."""
         if not isinstance(raw, dict):
             raise TypeError("a route must be an object")
-        r = cls(**raw)
+        metrics = raw.get("metrics", [])
+        if not isinstance(metrics, list) or not all(
+                isinstance(m, list) and len(m) == 2 and all(isinstance(v, int) for v in m) for m in metrics):
+            raise TypeError(f"route {raw!r}: metrics must be [[type, value], ...]")
+        r = cls(**{**raw, "metrics": tuple((kind, value) for kind, value in metrics)})
         if not all(isinstance(v, int) for v in (r.dst_len, r.table, r.priority, r.tos, r.proto, r.scope)):
             raise TypeError(f"route {raw!r}: integer fields expected")
         if not all(v is None or isinstance(v, str) for v in (r.dst, r.gateway, r.prefsrc)):
@@ -106,7 +117,15 @@ class _LinkRecord:
 def _route_of(msg: Any) -> Route:
     return Route(dst=msg.get("dst"), dst_len=int(msg["dst_len"]), table=int(msg.get("table") or msg["table"]),
                  priority=int(msg.get("priority") or 0), tos=int(msg["tos"]), gateway=msg.get("gateway"),
-                 prefsrc=msg.get("prefsrc"), proto=int(msg["proto"]), scope=int(msg["scope"]))
+                 prefsrc=msg.get("prefsrc"), proto=int(msg["proto"]), scope=int(msg["scope"]),
+                 metrics=_metrics_of(msg))
+
+
+def _metrics_of(msg: Any) -> tuple[tuple[int, int], ...]:
+    nested = msg.get("metrics")
+    if not nested:
+        return ()
+    return tuple(sorted((_RTAX[name], int(value)) for name, value in nested["attrs"] if name in _RTAX))
 
 
 def _merge(old: Iterable[Route], new: Iterable[Route]) -> list[Route]:
@@ -296,7 +315,8 @@ class KernelRouting:
     def _write(self, routes: list[Route], oif: int, what: str) -> None:
         """Replace `routes` onto interface `oif`; RoutingError naming the first route the kernel refused."""
         specs = [RouteSpec(dst=r.dst, dst_len=r.dst_len, table=r.table, priority=r.priority, tos=r.tos,
-                           proto=r.proto, scope=r.scope, oif=oif, gateway=r.gateway, prefsrc=r.prefsrc)
+                           proto=r.proto, scope=r.scope, oif=oif, gateway=r.gateway, prefsrc=r.prefsrc,
+                           metrics=r.metrics)
                  for r in routes]
         try:
             codes = self._writer.replace(specs)

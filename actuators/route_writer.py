@@ -19,7 +19,7 @@ from pyroute2 import netns as pr_netns
 RTM_NEWROUTE = 24
 NLMSG_ERROR = 2
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_REPLACE, NLM_F_CREATE = 0x1, 0x4, 0x100, 0x400
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_TABLE = 1, 4, 5, 6, 7, 15
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_METRICS, RTA_TABLE = 1, 4, 5, 6, 7, 8, 15
 RTN_UNICAST = 1
 _NLMSGHDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
@@ -39,6 +39,7 @@ class RouteSpec:
     oif: int
     gateway: str | None
     prefsrc: str | None
+    metrics: tuple[tuple[int, int], ...] = ()     # (RTAX_* number, u32 value): mtu, rto_min, ...
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -59,6 +60,8 @@ def pack_replace(spec: RouteSpec, seq: int) -> bytes:
         body += _attr(RTA_PREFSRC, socket.inet_aton(spec.prefsrc))
     if spec.priority:
         body += _attr(RTA_PRIORITY, struct.pack("=I", spec.priority))
+    if spec.metrics:
+        body += _attr(RTA_METRICS, b"".join(_attr(kind, struct.pack("=I", value)) for kind, value in spec.metrics))
     flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE | NLM_F_CREATE
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWROUTE, flags, seq, 0) + body
 

@@ -122,3 +122,41 @@ def test_unknown_interfaces_and_nothing_to_move_are_clear_errors(tmp_path: Path)
         assert bed.route_to_peer("a") == (PRIMARY, ADDR["b", PRIMARY])    # unchanged
         with pytest.raises(RoutingError, match="bkp carries no routes to move"):
             routing.fail_over(BACKUP, PRIMARY)
+
+
+def metrics_of_route(bed, host: str, dst: str) -> tuple[str, dict[str, int]]:
+    ipr = bed.ip(host)
+    for msg in ipr.route("dump", family=2):
+        if msg.get("dst") == dst:
+            name = ipr.link("get", index=msg.get("oif"))[0].get("ifname")
+            return name, dict((msg.get("metrics") or {"attrs": []})["attrs"])
+    return "", {}
+
+
+def test_moved_routes_keep_their_metrics(tmp_path: Path) -> None:
+    with failover_bed("rtx") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        bed.ip("a").route("add", dst="10.71.0.9", dst_len=32, gateway=ADDR["b", PRIMARY], proto=4,
+                          metrics={"mtu": 1400, "rto_min": 5})
+        assert "moved 2 route(s)" in routing.fail_over(PRIMARY, BACKUP)
+        want = {"RTAX_MTU": 1400, "RTAX_RTO_MIN": 5}
+        assert metrics_of_route(bed, "a", "10.71.0.9") == (BACKUP, want)
+        routing.restore(PRIMARY, BACKUP)
+        assert metrics_of_route(bed, "a", "10.71.0.9") == (PRIMARY, want)
+
+
+def test_a_re_created_backup_port_is_looked_up_again(tmp_path: Path) -> None:
+    with failover_bed("rti") as bed, bed.routing("a", tmp_path / "a.json") as routing:
+        ipr = bed.ip("a")
+
+        def add_spare() -> int:
+            ipr.link("add", ifname="spare0", kind="veth", peer="spare1")
+            for name in ("spare1", "spare0"):
+                ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up")
+            return int(ipr.link_lookup(ifname="spare0")[0])
+
+        first = add_spare()
+        routing.remember(PRIMARY, "spare0")                  # caches spare0's index
+        ipr.link("del", index=first)
+        assert add_spare() != first                           # same name, a new index
+        assert "moved 1 route(s) of pri to spare0" in routing.fail_over(PRIMARY, "spare0")
+        assert bed.route_to_peer("a") == ("spare0", None)
