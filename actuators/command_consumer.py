@@ -71,7 +71,9 @@ class CommandConsumer:
             "bootstrap.servers": bootstrap,
             "group.id": group_of(self.node),
             "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",   # a committed offset past a broker's loss: ids already seen are refused
+            # A committed offset past the log end (the broker lost records) comes back as _AUTO_OFFSET_RESET and
+            # restarts at the last command lifetime, not at the start of 90 days of retention.
+            "auto.offset.reset": "error",
             "fetch.wait.max.ms": 100,
             "logger": RDKAFKA_LOG,
             **IDLE_CONSUMER_SETTINGS,          # the embedded broker answers fetches at once: pause while idle
@@ -121,6 +123,10 @@ class CommandConsumer:
         committed = self.consumer.committed([TopicPartition(self.topic, partition)], timeout=METADATA_TIMEOUT_S)[0]
         if committed.offset >= 0:
             return committed.offset
+        return self._lifetime_offset(partition)
+
+    def _lifetime_offset(self, partition: int) -> int:
+        """The first offset of the last command lifetime (older commands have expired)."""
         since_ms = (self.clock() - MAX_LIFETIME_NS) // 10**6
         found = self.consumer.offsets_for_times([TopicPartition(self.topic, partition, since_ms)],
                                                 timeout=METADATA_TIMEOUT_S)[0]
@@ -142,6 +148,8 @@ class CommandConsumer:
     def handle(self, msg: Message) -> bool:
         err = msg.error()
         if err is not None:
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                return self._reset(msg)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
             return False
@@ -155,6 +163,21 @@ class CommandConsumer:
             self._acks += acks
             self._offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
         return False
+
+    def _reset(self, msg: Message) -> bool:
+        """The fetch position is out of range (the broker lost records): go on from the last command lifetime."""
+        partition = msg.partition()
+        self._count("offset_resets")
+        try:
+            offset = self._lifetime_offset(partition)
+            log.error("%s[%d]: fetch out of range (%s); reading again from offset %d (the last command lifetime)",
+                      self.topic, partition, msg.error().str(), offset)
+            self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+            self.consumer.incremental_assign([TopicPartition(self.topic, partition, offset)])
+        except Exception:  # noqa: BLE001 - the broker is restarting: the next fetch fails again and retries
+            log.exception("%s[%d]: cannot move past an out-of-range offset yet", self.topic, partition)
+            time.sleep(RETRY_S[0])
+        return True
 
     def store(self, due_only: bool) -> Offsets:
         """Hand the acks to `publish`, then return their records' offsets to commit (none if publish failed)."""

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clocktower.actuators.actuator import Actuator
@@ -171,3 +171,24 @@ def test_a_new_actuator_starts_at_the_last_command_lifetime_and_finds_its_partit
     finally:
         run.close()
     assert [a.command_id for a in run.published] == [fresh.command_id, after.command_id]  # type: ignore[attr-defined]
+
+
+def test_a_committed_offset_past_the_log_end_restarts_at_the_last_command_lifetime(broker: StandaloneBroker,
+                                                                                    tmp_path: Path) -> None:
+    """The broker lost records under the committed offset: the actuator reads the last lifetime again (ids it
+    handled are refused as replays, none is applied twice), instead of stalling or re-reading all retention."""
+    from confluent_kafka import Consumer
+
+    from clocktower.actuators.command_consumer import group_of
+    cmd = _command(NODE, "eth0", 1)
+    _send(broker.bootstrap, [_encoded(cmd)])
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group_of(NODE), "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(TOPIC, partition_of(NODE, PARTITIONS), 1000)], asynchronous=False)
+    c.close()
+    run = Run(broker.bootstrap, tmp_path / "state", SimulatedRouting())
+    try:
+        run.wait(1)
+    finally:
+        run.close()
+    assert [(a.command_id, a.status) for a in run.published] == [(cmd.command_id, "applied")]  # type: ignore[attr-defined]
+    assert run.consumer.stats()["offset_resets"] == 1
