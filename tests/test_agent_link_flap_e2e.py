@@ -1,7 +1,8 @@
 """A real link flap, end to end: a veth named eth0 flapped inside a network namespace, seen by the agent's
 netlink source, published through the spooling publisher, detected by the stream processors, and stored in
-ClickHouse as a link_flap incident with a signed failover command, then a restore once the port is stable
-(which needs the source's periodic reports)."""
+ClickHouse as one incident (link_down when the first down outlasts the watchdog, updated to link_flap by the
+burst) with a signed failover command to the configured backup, then a restore once the port is stable for
+T_stable (10 s; which needs the source's periodic reports)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from clocktower.control.key_files import verifier_from_file
+from clocktower.producers.agent.config import parse_link_backups
 from clocktower.producers.agent.link_source import LinkSource
+from clocktower.producers.agent.port_topology import PortTopology
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.credentials import control_public_key_path
@@ -45,8 +48,10 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
     from pyroute2 import IPRoute
 
     publisher = SpoolingPublisher(pipeline.settings.bootstrap, tmp_path / "spool")
-    runner = AgentRunner([LinkSource(NODE, interfaces=["eth0"], netns=eth0_netns, report_interval_s=0.5)],
-                         publisher.publish)
+    # What CLOCKTOWER_AGENT_LINK_BACKUPS=eth0=eth1 configures: the reports name eth1 as eth0's backup.
+    topology = PortTopology.build({}, parse_link_backups("eth0=eth1"))
+    runner = AgentRunner([LinkSource(NODE, interfaces=["eth0"], netns=eth0_netns, report_interval_s=0.5,
+                                     topology=lambda: topology)], publisher.publish)
     runner.start()
     try:
         assert runner.wait_started(30)               # sources start in the background: the snapshot first
@@ -58,7 +63,7 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
                 time.sleep(0.3)
                 ip.link("set", index=peer, state="up")
                 time.sleep(0.3)
-        time.sleep(6.5)                              # stable for more than the detector's 5 s
+        time.sleep(11.5)                             # stable for more than the detector's T_stable (10 s)
     finally:
         runner.stop()
         assert publisher.flush(30) == 0
@@ -67,9 +72,10 @@ def test_a_flapping_veth_opens_an_incident_fails_over_and_restores(pipeline, eth
     deadline = time.monotonic() + 60
     opened = _rows(client, f"SELECT target FROM incidents FINAL WHERE node = '{NODE}' AND state = 'open'", 1,
                    deadline, pipeline)
-    assert opened == [(f"{NODE}/eth0",)]
+    assert opened == [(f"{NODE}/eth0",)]            # one flap, one incident
     cmds = client.query(f"SELECT * FROM control_commands FINAL WHERE node = '{NODE}' ORDER BY ts_ns")
     assert [r[cmds.column_names.index("action")] for r in cmds.result_rows][:1] == ["failover"]
+    assert [r[cmds.column_names.index("action")] for r in cmds.result_rows].count("failover") == 1
     cmd = ControlCommand(**{k: v for k, v in zip(cmds.column_names, cmds.result_rows[0], strict=True)
                             if k in ControlCommand.model_fields})
     assert cmd.target == "eth0" and cmd.params["to"] == "eth1"

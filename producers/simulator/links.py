@@ -3,6 +3,9 @@
 Each interface reports at `link_report_hz` with a fixed random phase per node,
 and immediately when its carrier changes (the link_flap fault). The
 `carrier_changes` counter is cumulative per interface, like the kernel's.
+Each node's primary port names its backup (eth0 -> eth1, as an agent with
+CLOCKTOWER_AGENT_LINK_BACKUPS=eth0=eth1 reports it), so the streams can fail
+over to it and back; the backup port has none.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from clocktower.producers.simulator.config import SimConfig
 from clocktower.producers.simulator.fault_schedule import FaultSchedule
 from clocktower.producers.simulator.flows import Planned
 from clocktower.producers.simulator.node_clock import NodeClock
-from clocktower.producers.simulator.topology import INTERFACES, LINK_SPEED_MBPS, Topology
+from clocktower.producers.simulator.topology import BACKUP, INTERFACES, LINK_SPEED_MBPS, PRIMARY, Topology
 from clocktower.schemas.telemetry import LinkState
 
 BOOT_CARRIER_CHANGES = 1   # the port came up once at boot
@@ -72,4 +75,5 @@ class LinkMonitor:
                            interface=interface, kind="ethernet", up=up,
                            carrier_changes=BOOT_CARRIER_CHANGES + changes,
                            speed_mbps=LINK_SPEED_MBPS[interface] if up else 0,
-                           operstate="up" if up else "down", carrier=up)
+                           operstate="up" if up else "down", carrier=up,
+                           backup=BACKUP if interface == PRIMARY else "")
