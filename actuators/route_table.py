@@ -10,7 +10,9 @@ any protocol but `kernel` (the connected-subnet routes the kernel manages itself
   device route on the backup: that works where the far end answers ARP for the destination on that port
   (Linux does by default, arp_ignore=0) or the port is point-to-point. Other routes are unchanged.
 - **restore** puts the remembered routes back as they were (same gateway, protocol, source, metric). It
-  refuses while the link is admin down or has no carrier: the routes would go onto a dead port.
+  refuses while the link is admin down or has no carrier: the routes would go onto a dead port. It first
+  deletes the gateways' unresolved neighbour entries (INCOMPLETE/FAILED, left by packets sent during the
+  outage), which would otherwise hold traffic for up to the 1 s ARP retransmit timer.
 - Setting a link admin down silently deletes its routes (no RTM_DELROUTE), so the routes are remembered
   before they are needed: `remember(link, backup)` (the watchdog calls it when it sees the link up) and every
   fail_over record them, in memory and in the JSON file `state_path` (written atomically: tmp, fsync,
@@ -53,6 +55,7 @@ RTN_UNICAST = 1
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
 IFF_UP = 0x1
+NUD_INCOMPLETE, NUD_FAILED = 0x01, 0x20
 STATE_VERSION = 1
 # RTAX_* numbers of the u32 route metrics (the nla_map's position is the number); RTAX_CC_ALGO (a string) is
 # not copied
@@ -217,6 +220,8 @@ class KernelRouting:
         todo = [r for r in routes if r.key not in on_backup]
         if todo:
             self._write([self._moved(r, gateway) for r in todo], backup_index, f"move to {backup}")
+        if gateway:
+            self._flush_unresolved(backup_index, {gateway})
         self._links[link] = _LinkRecord(backup=backup, on_backup=True, routes=routes)
         note = self._save()
         moved = len(moved_first) + len(todo)
@@ -244,6 +249,7 @@ class KernelRouting:
             state = self._link_state(index)
             if state:
                 raise RoutingError(f"{link} is {state}: its routes stay on {rec.backup or backup}")
+            self._flush_unresolved(index, {r.gateway for r in todo if r.gateway})
             self._write(todo, index, f"restore onto {link}")
         self._links[link] = _LinkRecord(backup=rec.backup or backup, on_backup=False, routes=rec.routes)
         note = self._save()
@@ -305,6 +311,22 @@ class KernelRouting:
         """The routes the link carries now (not the kernel's own, not ones moved onto it)."""
         return [lr.route for lr in self._dump()
                 if lr.oif == index and lr.route.proto not in (RTPROT_KERNEL, MOVED_PROTO)]
+
+    def _flush_unresolved(self, index: int, gateways: set[str]) -> None:
+        """Delete the gateways' neighbour entries on `index` that are unresolved (INCOMPLETE or FAILED).
+
+        Packets sent while the port had no carrier leave such an entry behind, and the kernel does not ask
+        again when the carrier returns: it waits for its retransmit timer (1 s), and traffic waits with it
+        (measured: ~0.9 s after a restore). Without the entry, the first packet asks at once.
+        """
+        if not gateways:
+            return
+        try:
+            for msg in self._ipr.neigh("dump", ifindex=index, family=socket.AF_INET):
+                if msg.get("dst") in gateways and msg["state"] & (NUD_INCOMPLETE | NUD_FAILED):
+                    self._ipr.neigh("del", dst=msg.get("dst"), ifindex=index)
+        except NetlinkError as e:
+            log.warning("routing: cannot flush unresolved neighbours on interface %d: %s", index, e)
 
     @staticmethod
     def _moved(r: Route, gateway: str | None) -> Route:

@@ -5,7 +5,9 @@ stream from host a to host b sends a counter pattern (4 KiB every 0.5 ms) that b
 host runs what its node agent runs for links: a real LinkSource in its namespace feeding a LinkWatchdog that
 fails over through KernelRouting (pyroute2). Then, `--flaps` times:
 
-1. the primary goes down hard (both ends admin down: no carrier, and the kernel deletes the routes via it);
+1. the primary goes down: `--mode hard` (default) sets both ends admin down (no carrier, and the kernel
+   deletes both hosts' routes via it); `--mode carrier` sets only b's end admin down (a loses carrier and
+   keeps its routes, b's are deleted: a cable pulled at one end);
    local_failover_ms = from just before that netlink call until data bytes arrive on b's backup port
    (rx counter polled every ~0.5 ms, so up to ~0.5 ms late; the stream sends every 0.5 ms);
 2. 0.1 s later the primary comes back up; once both ends have carrier, `routing.restore` on a then b;
@@ -19,7 +21,8 @@ so the figure is detection plus the route move; with 50 add 50 ms).
 pipeline_failover_ms_* (the pipeline deciding instead of the watchdog) are measured elsewhere: see
 `measure_pipeline`'s place in `main`.
 
-Needs root (network namespaces). Usage: python benchmarks/failover.py [--flaps 20] [--watchdog-ms 0]
+Needs root (network namespaces).
+Usage: python benchmarks/failover.py [--flaps 20] [--watchdog-ms 0] [--mode hard|carrier]
 """
 
 from __future__ import annotations
@@ -45,22 +48,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStream, flaps: int
-                  ) -> dict[str, Any]:
-    """Hard downs of the primary handled by the hosts' own watchdogs, each followed by a restore."""
+def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStream, flaps: int,
+                  mode: str = "hard") -> dict[str, Any]:
+    """Downs of the primary handled by the hosts' own watchdogs, each followed by a restore."""
+    down, up = (bed.hard_down, bed.hard_up) if mode == "hard" else (
+        lambda: bed.carrier_down("a"), lambda: bed.carrier_up("a"))
     failover_ms: list[float] = []
     restore_ms: list[float] = []
     misses = 0
     for _ in range(flaps):
         down_ns = time.time_ns()
-        bed.hard_down()
+        down()
         on_backup = bed.monitor.flow_start("b", BACKUP, after_ns=down_ns, timeout_s=5.0)
         if on_backup is None:
             misses += 1
         else:
             failover_ms.append((on_backup - down_ns) / 1e6)
         time.sleep(0.1)
-        bed.hard_up()
+        up()
         for host in HOSTS:
             bed.wait_carrier(host, PRIMARY, True)
         restore_ns = time.time_ns()
@@ -89,12 +94,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--flaps", type=int, default=20)
     parser.add_argument("--watchdog-ms", type=float, default=0.0)
+    parser.add_argument("--mode", choices=("hard", "carrier"), default="hard")
     args = parser.parse_args()
-    out: dict[str, Any] = {"flaps": args.flaps, "watchdog_delay_ms": args.watchdog_ms}
+    out: dict[str, Any] = {"flaps": args.flaps, "mode": args.mode, "watchdog_delay_ms": args.watchdog_ms}
     with tempfile.TemporaryDirectory(prefix="ct-failover-") as tmp, failover_bed("bfo", skip=False) as bed:
         with bed.agents(Path(tmp), delay_s=args.watchdog_ms / 1e3) as agents, bed.stream() as stream:
             stream.wait_bytes(100_000)
-            out.update(measure_local(bed, agents, stream, args.flaps))
+            out.update(measure_local(bed, agents, stream, args.flaps, args.mode))
             # measure_pipeline(bed, stream, args.flaps) -> pipeline_failover_ms_p50/_p99 goes here: the same
             # hard downs with the watchdogs off (delay beyond the test) and the pipeline's commands applied.
         result = stream.result

@@ -206,3 +206,26 @@ def test_local_failover_keeps_a_tcp_stream_through_a_hard_down(tmp_path: Path) -
     result = stream.result
     assert result.ok, result
     assert result.received == result.sent > 700_000
+
+
+def test_carrier_loss_at_one_end_then_restore_resumes_on_the_primary_at_once(tmp_path: Path) -> None:
+    """a loses carrier (b's end admin down): both fail over; after the restore traffic is back on the primary
+    within 0.3 s (an unresolved ARP entry left from the outage held it ~0.9 s before restore flushed it)."""
+    from tests.failover_bed import HOSTS, failover_bed
+
+    with failover_bed("wdc") as bed, bed.agents(tmp_path, delay_s=0.0) as agents, bed.stream() as stream:
+        stream.wait_bytes(200_000)
+        down_ns = time.time_ns()
+        bed.carrier_down("a")
+        assert bed.monitor.flow_start("b", bed.BACKUP, after_ns=down_ns, timeout_s=5.0) is not None
+        time.sleep(0.1)
+        bed.carrier_up("a")
+        for host in HOSTS:
+            bed.wait_carrier(host, bed.PRIMARY, True)
+        restore_ns = time.time_ns()
+        for host in HOSTS:
+            assert "restored 1 route(s)" in agents[host].routing.restore(bed.PRIMARY, bed.BACKUP)
+        back = bed.monitor.flow_start("b", bed.PRIMARY, after_ns=restore_ns, timeout_s=5.0)
+        assert back is not None and back - restore_ns < 300_000_000, (back, restore_ns)
+        stream.wait_bytes(stream.received + 200_000)
+    assert stream.result is not None and stream.result.ok, stream.result
