@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.hooks import Hooks
-from clocktower.actuators.link_routing import RoutingError
+from clocktower.actuators.link_routing import LinkRouting, RoutingError
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.simulated_routing import SimulatedRouting
@@ -37,8 +37,8 @@ class RecordingRouting:
         self.sim = SimulatedRouting()
         self.calls: list[tuple[str, str, str]] = []
 
-    def remember(self, link: str) -> str:
-        return self.sim.remember(link)
+    def remember(self, link: str, backup: str) -> str:
+        return self.sim.remember(link, backup)
 
     def fail_over(self, link: str, backup: str) -> str:
         self.calls.append(("fail_over", link, backup))
@@ -308,5 +308,5 @@ def test_a_hook_that_cannot_start_is_a_failed_ack(tmp_path: Path) -> None:
     assert ack.status == "failed" and "could not start" in ack.detail
 
 
-def test_routing_error_type_is_the_protocols() -> None:
-    assert issubclass(RoutingError, Exception)
+def test_the_recording_fake_is_a_link_routing() -> None:
+    assert isinstance(RecordingRouting(), LinkRouting) and issubclass(RoutingError, Exception)
