@@ -104,7 +104,19 @@ def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
 def kernel_routing(settings: ActuatorSettings) -> LinkRouting:
     """The real routing backend: the kernel's tables through pyroute2, its remembered routes in the state dir."""
     from clocktower.actuators.route_table import KernelRouting  # pyroute2 only where it is used
+    if not _has_net_admin():
+        raise PermissionError("changing routes needs CAP_NET_ADMIN: run the agent as root, or grant it the capability")
     return KernelRouting(settings.state_dir / "routes.json")
+
+
+def _has_net_admin() -> bool:
+    """Whether this process holds CAP_NET_ADMIN (bit 12 of CapEff), which route changes need."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), "0")
+        return bool(int(caps, 16) >> 12 & 1)
+    except (OSError, ValueError):
+        return False
 
 
 def _actuators(args: argparse.Namespace, node: str, bootstrap: str | None) -> list[ActuatorComponent]:
