@@ -87,6 +87,7 @@ def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStr
         "watchdog_acks": sum(len(agent.acks) for agent in agents.values()),
         "watchdog_failed_acks": failed_acks,
         "moves_not_seen": misses,
+        "local_failover_ms_all": [round(v, 1) for v in failover_ms],
     }
 
 
@@ -95,9 +96,13 @@ def main() -> None:
     parser.add_argument("--flaps", type=int, default=20)
     parser.add_argument("--watchdog-ms", type=float, default=0.0)
     parser.add_argument("--mode", choices=("hard", "carrier"), default="hard")
+    parser.add_argument("--rto-min-ms", type=int, default=None,
+                        help="rto_min metric on the service routes (default: none, TCP's 200 ms)")
     args = parser.parse_args()
-    out: dict[str, Any] = {"flaps": args.flaps, "mode": args.mode, "watchdog_delay_ms": args.watchdog_ms}
-    with tempfile.TemporaryDirectory(prefix="ct-failover-") as tmp, failover_bed("bfo", skip=False) as bed:
+    out: dict[str, Any] = {"flaps": args.flaps, "mode": args.mode, "watchdog_delay_ms": args.watchdog_ms,
+                           "rto_min_ms": args.rto_min_ms}
+    with (tempfile.TemporaryDirectory(prefix="ct-failover-") as tmp,
+          failover_bed("bfo", skip=False, rto_min_ms=args.rto_min_ms) as bed):
         with bed.agents(Path(tmp), delay_s=args.watchdog_ms / 1e3) as agents, bed.stream() as stream:
             stream.wait_bytes(100_000)
             out.update(measure_local(bed, agents, stream, args.flaps, args.mode))

@@ -7,7 +7,9 @@
 
 Each host reaches the other's service address (on lo) through a static route via the primary
 (`10.71.0.2/32 via 10.71.1.2 dev pri src 10.71.0.1 proto static`, and the mirror on b), so a TCP connection
-between the service addresses survives when both hosts move that route to the backup.
+between the service addresses survives when both hosts move that route to the backup. `rto_min_ms` gives
+those routes a locked `rto_min` metric (`ip route ... rto_min 5ms lock`: TCP's minimum retransmit timeout,
+200 ms by default).
 
 - `carrier_down(host)` sets the *other* end of the primary admin down: `host`'s end loses carrier, its routes
   stay. `hard_down()` sets both ends admin down: both lose carrier and the kernel deletes both hosts' routes
@@ -28,6 +30,7 @@ between the service addresses survives when both hosts move that route to the ba
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -59,6 +62,7 @@ DATA_BYTES = 500           # a rise of the rx counter by this much is data, not 
 _PATTERN_PERIOD = 251      # byte i of the stream is i % 251 (prime: no chunk size hides a shift)
 _PATTERN = bytes(range(_PATTERN_PERIOD)) * (70_000 // _PATTERN_PERIOD + 2)
 RECV_SIZE = 65_536
+RTO_MIN_LOCK = 1 << 13     # RTAX_LOCK bit of RTAX_RTO_MIN: TCP uses a route's rto_min only when it is locked
 
 
 class BedUnavailable(Exception):
@@ -377,6 +381,9 @@ def _agent_main(host: str, ns: str, state_path: str, delay_s: str, gateway: str)
                             lambda ack: say({"ack": ack.model_dump(mode="json")}), delay_s=float(delay_s))
     source = LinkSource(f"host-{host}", interfaces=[PRIMARY, BACKUP], netns=ns, listeners=[watchdog.observe])
     source.start(lambda events: None)
+    # Start-up objects (imports, pyroute2's tables) move out of the collector's reach: a full collection
+    # over them took 40-160 ms on the test VM, stalling a failover that fell into it (an RTO-long stall).
+    gc.freeze()
     say({"ready": True})
     ops: dict[str, Callable[..., Any]] = {"remember": routing.remember, "fail_over": routing.fail_over,
                                           "restore": routing.restore, "on_backup": routing.on_backup}
@@ -397,7 +404,8 @@ class FailoverBed:
     PRIMARY = PRIMARY
     BACKUP = BACKUP
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, rto_min_ms: int | None = None) -> None:
+        self.rto_min_ms = rto_min_ms
         tag = f"{os.getpid() % 100000}"
         self.prefix = prefix
         self.ns = {host: f"{prefix}-{host}-{tag}" for host in HOSTS}
@@ -434,7 +442,9 @@ class FailoverBed:
             self.wait_carrier(host, PRIMARY, True)
             self.wait_carrier(host, BACKUP, True)
             self._ipr[host].route("add", dst=SERVICE[other(host)], dst_len=32, gateway=ADDR[other(host), PRIMARY],
-                                  prefsrc=SERVICE[host], proto=4)
+                                  prefsrc=SERVICE[host], proto=4,
+                                  **({"metrics": {"rto_min": self.rto_min_ms, "lock": RTO_MIN_LOCK}}
+                                     if self.rto_min_ms else {}))
         self.monitor = PathMonitor(self.ns)
 
     def remove(self) -> None:
@@ -537,11 +547,11 @@ def _quiet_sysctls() -> None:
 
 
 @contextmanager
-def failover_bed(prefix: str = "fob", skip: bool = True) -> Iterator[FailoverBed]:
+def failover_bed(prefix: str = "fob", skip: bool = True, rto_min_ms: int | None = None) -> Iterator[FailoverBed]:
     """Build the bed (see the module doc); skip the test (or raise BedUnavailable) where it cannot be."""
     if sys.platform != "linux" or os.geteuid() != 0:
         _unavailable("building the failover bed needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) on Linux", skip)
-    bed = FailoverBed(prefix)
+    bed = FailoverBed(prefix, rto_min_ms)
     try:
         try:
             bed.build()
