@@ -203,6 +203,16 @@ def test_more_than_n_flaps_an_hour_quarantine_the_link_and_no_restore_follows() 
     assert [a for a, _ in commands(again)] == ["failover", "restore"]
 
 
+def test_a_limit_above_64_counts_every_down() -> None:
+    node = Node(quarantine_flaps=100)
+    out = node(rep(T0, True, 1))
+    for i in range(1, 201):                                    # 100 downs of 10 ms: at the limit, not over it
+        out += node(rep(T0 + i * 10 * MS, i % 2 == 0, 1 + i))
+    assert [a for a, _ in commands(out)] == ["failover"]
+    over = node(rep(T0 + 201 * 10 * MS, False, 202))           # the 101st
+    assert [a for a, _ in commands(over)] == ["quarantine"] and "101 flaps" in incidents(over)[0].detail
+
+
 def test_settings_reach_the_detector() -> None:
     s = StreamsSettings(streams_link_watchdog_ms=0, streams_link_stable_s=2.5, streams_link_quarantine_flaps=4,
                         streams_spare_nodes="spare-a, spare-b,spare-a")

@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
 HOUR_NS = 3600 * 10**9
 MAX_CHANGES_PER_REPORT = 1000   # a counter jump larger than this (a reset misread) counts as this many
-MAX_DOWN_ENTRIES = 64           # [ts, downs] kept for the hourly count (enough: each entry is at least one down)
 
 
 @dataclass
@@ -200,7 +199,8 @@ class LinkFlapDetector(ReplayingDetector):
         if downs:
             port.downs.append([ts, min(downs, MAX_CHANGES_PER_REPORT)])
         port.changes = [c for c in port.changes if c[0] >= ts - self.window_ns]
-        port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-MAX_DOWN_ENTRIES:]
+        # [ts, downs] entries of the last hour; N+1 of them (each at least one down) tell "more than N" and "under N"
+        port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-(self.quarantine_flaps + 1):]
         out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
         if port.incident_id is not None and port.up and ts - port.last_change_ns >= self.stable_ns:
             out += self._resolve(node, link, port, ts)
