@@ -7,6 +7,10 @@ watchdog calls `routing.fail_over(link, backup)` and reports a ControlAck (origi
 It fails over once per down episode (the periodic re-reports of a down link do not repeat it) and never
 restores: the pipeline decides the restore after T_stable of stable carrier, and quarantine.
 
+One physical port can be reported by several interfaces (RoCE: the netdev `eth0` and the RDMA port
+`mlx5_0/1`, whose LinkState has `link` "eth0"): the link is down while any of them last said so, and up
+again only when all of them say up, so their reports arriving at different times make one episode.
+
 `delay_s` 0 fails over at once, in the calling thread. Otherwise one scheduler thread of its own runs the
 due failovers; the delay counts from the LinkState's `ts_ns` (when the change was read from netlink), not
 from when `observe` ran. Whenever it sees a link come up (or first sees it up), it asks the routing to
@@ -21,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clocktower.actuators.link_routing import LinkRouting, RoutingError
 from clocktower.schemas.control import ControlAck
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Link:
-    up: bool | None = None          # last seen; None: not seen yet
+    up: bool | None = None          # all its interfaces up (None: not seen yet)
+    down_ifaces: set[str] = field(default_factory=set)   # those that last reported it down
     down_ts_ns: int = 0             # ts_ns of the LinkState that saw it go down (0: up)
     episode: int = 0                # bumped on every change: a due failover of an older episode is void
     handled: bool = False           # this down episode's failover ran (or is running)
@@ -72,6 +77,8 @@ class LinkWatchdog:
             if self._stopped:
                 return
             st = self._links.setdefault(link, _Link())
+            (st.down_ifaces.add if down else st.down_ifaces.discard)(state.interface)
+            down = bool(st.down_ifaces)
             remember = not down and st.up is not True
             if down and st.up is not False:
                 st.up, st.down_ts_ns, st.handled = False, state.ts_ns, False

@@ -229,3 +229,19 @@ def test_carrier_loss_at_one_end_then_restore_resumes_on_the_primary_at_once(tmp
         assert back is not None and back - restore_ns < 300_000_000, (back, restore_ns)
         stream.wait_bytes(stream.received + 200_000)
     assert stream.result is not None and stream.result.ok, stream.result
+
+
+def test_a_port_reported_by_two_interfaces_is_one_link() -> None:
+    """RoCE: the netdev and its RDMA port report the same physical link at different times: one episode."""
+    wd, sim, acks = make(0.0)
+    wd.observe(state("eth0", True))
+    wd.observe(state("mlx5_0/1", True, link="eth0"))
+    wd.observe(state("eth0", False))
+    wd.observe(state("mlx5_0/1", False, link="eth0"))      # the RDMA port's poll sees it later
+    wd.observe(state("eth0", True))                          # netdev back, RDMA port not yet: still down
+    sim.restore("eth0", "eth1")
+    wd.observe(state("mlx5_0/1", False, link="eth0"))      # its periodic re-report
+    assert len(acks.items) == 1 and not sim.on_backup("eth0")
+    wd.observe(state("mlx5_0/1", True, link="eth0"))       # both up: the next down is a new episode
+    wd.observe(state("mlx5_0/1", False, link="eth0"))
+    assert len(acks.items) == 2 and sim.on_backup("eth0")
