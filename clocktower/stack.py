@@ -22,7 +22,7 @@ from clocktower.config import Settings
 from clocktower.data_dir import DataDirLock
 from clocktower.generated_secrets import ensure_secrets
 from clocktower.ports import ensure_free, wait_open
-from clocktower.runtime.credentials import DASHBOARDS_USER, credentials_path
+from clocktower.runtime.credentials import DASHBOARDS_USER, control_key_path, credentials_path
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import write_owner
 from clocktower.shutdown_signals import ignoring_stop_signals
@@ -84,6 +84,9 @@ class Stack:
             "CLOCKTOWER_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
         }
+        if settings.embedded_kafka and settings.control_private_key_file is None:
+            # the children see an "external" bootstrap (ours): name the data dir's generated key for them
+            self.env["CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE"] = str(control_key_path(self.data_dir))
 
     # --- start ------------------------------------------------------------------
     def start(self, on_step=lambda msg: None) -> None:  # noqa: ANN001

@@ -39,8 +39,10 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
     incidents = dict(client.query(
         "SELECT kind, uniqExact(incident_id) FROM incidents WHERE state = 'open' AND ts_ns >= {s:Int64} "
         "GROUP BY kind", parameters={"s": since_ns}).result_rows)
+    # An incident can change kind on an update (a link_down the watchdog opened becomes a link_flap once the
+    # burst is seen): a kind counts as detected from its open or update rows.
     opened = {(k, n) for k, n in client.query(
-        "SELECT DISTINCT kind, node FROM incidents WHERE state = 'open' AND ts_ns >= {s:Int64}",
+        "SELECT DISTINCT kind, node FROM incidents WHERE state IN ('open', 'update') AND ts_ns >= {s:Int64}",
         parameters={"s": since_ns}).result_rows}
     for f in faults:
         f["detected"] = (DETECTS.get(f["kind"], ""), f["node"]) in opened

@@ -23,7 +23,7 @@ from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processor import Processor
-from clocktower.streams.processor_context import ProcessorContext
+from clocktower.streams.processor_context import context_from_settings
 from clocktower.streams.record_handler import identity_check
 from clocktower.streams.registry import APP_ID, build, partitions
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -59,10 +59,7 @@ app = faust.App(
 )
 clocks = ClockBroadcast(settings.bootstrap, security.librdkafka())
 budget = RemediationBudget(settings.remediation_max_per_hour)
-processors = build(ProcessorContext(clocks=clocks, clock_pure_tolerance_ns=settings.clock_pure_tolerance_ns,
-                                    clock_update_ns=round(settings.clock_update_ms * 1e6),
-                                    segment_ttl_ns=round(settings.streams_segment_ttl_s * 1e9),
-                                    remediation_budget=budget))
+processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget))
 tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes)
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 

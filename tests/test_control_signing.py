@@ -55,7 +55,7 @@ def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies(
     processors = Processors(TEST_SIGNER)
     out = processors.on_batch([_gpu(T0)]) + processors.on_batch([_gpu(T0 + S, xid=79)])
     cmds = [e for e in out if isinstance(e, ControlCommand)]
-    assert [c.action for c in cmds] == ["drain", "spare"]
+    assert [c.action for c in cmds] == ["drain"]       # no spare pool configured: no spare
     assert all(TEST_VERIFIER.verify(c) for c in cmds) and not any(OTHER.verify(c) for c in cmds)
     assert not any(isinstance(e, CommandIntent) for e in out), "no intent leaves the streams unsigned"
     incident = next(e for e in out if isinstance(e, Incident))
@@ -63,7 +63,7 @@ def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies(
 
 
 def test_detectors_hold_no_key_and_the_issuer_gives_the_ids_they_predict() -> None:
-    det = GpuFaultDetector()
+    det = GpuFaultDetector(spare_nodes=("spare-1",))
     store = StateStore(det)
     intents = det.process(store, _gpu(T0)) + det.process(store, _gpu(T0 + S, xid=79))
     asked = [i for i in intents if isinstance(i, CommandIntent)]

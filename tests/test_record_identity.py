@@ -11,6 +11,7 @@ from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
+from tests.control_keys import TEST_SIGNER
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
@@ -25,7 +26,7 @@ def _xid79(node: str) -> tuple[bytes, bytes, list]:
 def _handler() -> RecordHandler:
     check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
     assert check is not None
-    return RecordHandler(Processors(b"k" * 32), identity=check)
+    return RecordHandler(Processors(TEST_SIGNER), identity=check)
 
 
 def _actions(out: list) -> list[str]:
@@ -44,7 +45,7 @@ def test_a_node_signed_record_is_acted_on() -> None:
     pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
     key, value, headers = pub.signed(TOPIC, *_xid79("node-1"))
     assert any(h == H_NODE_MAC for h, _ in headers)
-    assert _actions(_handler().handle(TOPIC, 0, 1, key, value, headers)) == ["drain", "spare"]
+    assert _actions(_handler().handle(TOPIC, 0, 1, key, value, headers)) == ["drain"]   # no spare pool configured
 
 
 def test_an_anonymous_xid79_drains_nothing() -> None:

@@ -78,7 +78,7 @@ def test_fields_that_do_not_apply_keep_their_default() -> None:
 
 def _detector() -> Callable[[GpuHealth], list]:
     """The GPU detector fed one reading per batch, returning its unsigned outputs."""
-    det = GpuFaultDetector()
+    det = GpuFaultDetector(spare_nodes=("spare-1",))
     store = StateStore(det)
 
     def feed(e: GpuHealth) -> list:

@@ -49,7 +49,7 @@ class _Fed:
 
 
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
-    runner = ProcessorRunner(GpuFaultDetector(), issuer=CommandIssuer(KEY))
+    runner = ProcessorRunner(GpuFaultDetector(spare_nodes=("spare-1",)), issuer=CommandIssuer(KEY))
     out = runner.run(0, [GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})])
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
@@ -60,13 +60,13 @@ def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
 
 
 def test_link_flaps_on_256_char_names_open_and_resolve() -> None:
-    d = _Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S))
+    d = _Fed(LinkFlapDetector(window_ns=10 * S, min_transitions=3, stable_ns=5 * S, watchdog_ns=10 * S))
     intents = []
     for i, up in enumerate([True, False, True, False, True]):
         intents += d(LinkState(node=NODE, ts_ns=T0 + i * S, interface=IFACE, kind="ethernet", up=up,
-                               carrier_changes=i, speed_mbps=0, operstate="up", carrier=up))
+                               carrier_changes=i, speed_mbps=0, operstate="up", carrier=up, backup="b" * 256))
     intents += d(LinkState(node=NODE, ts_ns=T0 + 20 * S, interface=IFACE, kind="ethernet", up=True,
-                           carrier_changes=4, speed_mbps=0, operstate="up", carrier=True))
+                           carrier_changes=4, speed_mbps=0, operstate="up", carrier=True, backup="b" * 256))
     out = CommandIssuer(KEY).signed(intents)
     _revalidate(out)
     states = [(type(e).__name__, getattr(e, "state", getattr(e, "action", ""))) for e in out]
@@ -101,7 +101,7 @@ class _Clock:
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
-    d = _Fed(GpuFaultDetector(budget=budget))
+    d = _Fed(GpuFaultDetector(budget=budget, spare_nodes=("spare-1",)))
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
         clock.now_ns += 150 * S
@@ -201,7 +201,7 @@ class _GpuBug(GpuFaultDetector):
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
     processors = Processors(KEY)
-    processors.replace(_GpuBug(budget=processors.budget))
+    processors.replace(_GpuBug(budget=processors.budget, spare_nodes=("spare-1",)))
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
