@@ -28,4 +28,7 @@ for name in SUBPACKAGES:
     package_dir[f"clocktower.{name}"] = name
     packages += [f"clocktower.{p}" for p in find_packages(include=[name, f"{name}.*"])]
 
-setup(packages=packages, package_dir=package_dir, package_data={"clocktower.producers.agent.ebpf": ["*.bpf.c"]})
+# Non-Python files the package needs at run time: the eBPF sources, and the drain/spare hook examples (a package
+# path, not a module: hook_examples/ has no __init__.py, so it ships as data of clocktower.actuators).
+package_data = {"clocktower.producers.agent.ebpf": ["*.bpf.c"], "clocktower.actuators": ["hook_examples/*.sh"]}
+setup(packages=packages, package_dir=package_dir, package_data=package_data)

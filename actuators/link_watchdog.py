@@ -41,10 +41,12 @@ class _Link:
     down_ts_ns: int = 0             # ts_ns of the LinkState that saw it go down (0: up)
     episode: int = 0                # bumped on every change: a due failover of an older episode is void
     handled: bool = False           # this down episode's failover ran (or is running)
+    backup: str = ""                # where its traffic goes: the configured backup, else the one its reports name
 
 
 class LinkWatchdog:
-    """Local failover on carrier loss; see the module doc. `backups` maps primary link -> backup port."""
+    """Local failover on carrier loss; see the module doc. `backups` maps primary link -> backup port; a link
+    missing there fails over to the backup its own reports name (LinkState.backup: the agent's topology)."""
 
     def __init__(self, node: str, routing: LinkRouting, backups: Mapping[str, str],
                  report: Callable[[ControlAck], None], delay_s: float = 0.05) -> None:
@@ -68,8 +70,8 @@ class LinkWatchdog:
     def observe(self, state: LinkState) -> None:
         """Called with every LinkState (the link source's thread); cheap unless it fails over (delay 0)."""
         link = state.link or state.interface
-        backup = self.backups.get(link)
-        if backup is None:
+        backup = self.backups.get(link) or state.backup
+        if not backup:
             return
         down = not state.carrier or not state.up
         run_now = False
@@ -77,6 +79,7 @@ class LinkWatchdog:
             if self._stopped:
                 return
             st = self._links.setdefault(link, _Link())
+            st.backup = backup
             (st.down_ifaces.add if down else st.down_ifaces.discard)(state.interface)
             down = bool(st.down_ifaces)
             remember = not down and st.up is not True
@@ -139,7 +142,7 @@ class LinkWatchdog:
                     continue                        # carrier came back (or it was handled): nothing to do
                 st.handled = True
                 down_ts = st.down_ts_ns
-            self._fail_over(link, self.backups[link], down_ts, episode)
+            self._fail_over(link, st.backup, down_ts, episode)
 
     def _fail_over(self, link: str, backup: str, down_ts_ns: int, episode: int) -> None:
         start = time.perf_counter_ns()

@@ -61,6 +61,8 @@ class ActuatorSettings(BaseSettings):
     spare_hook: Argv = Field(default=(), description=(
         "run for `spare` commands on the spare node (e.g. hook_examples/slurm-resume.sh or k8s-uncordon.sh)"))
     hook_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="a hook still running then is killed")
+    watchdog_ms: float = Field(default=50.0, ge=0, le=60_000, description=(
+        "T_watchdog: a primary link without carrier this long is failed over by the agent itself (0: at once)"))
 
     @field_validator("drain_hook", "undrain_hook", "spare_hook", mode="before")
     @classmethod

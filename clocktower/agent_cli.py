@@ -14,26 +14,31 @@ publisher. Producers never import actuators: this module is where the two meet.
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import orjson
 from rich.console import Console
 
 from clocktower.actuators.component import ActuatorComponent
 from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.link_watchdog import LinkWatchdog
 from clocktower.actuators.settings import ActuatorSettings
 from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
 from clocktower.producers.agent.factory import build_sources
+from clocktower.producers.agent.link_source import LinkSource
 from clocktower.producers.agent.runner import AgentRunner, Sink
 from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.errors import UserError
+from clocktower.schemas.event import Event
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -119,15 +124,47 @@ def _has_net_admin() -> bool:
         return False
 
 
-def _actuators(args: argparse.Namespace, node: str, bootstrap: str | None) -> list[ActuatorComponent]:
-    """The actuator component when --actuate is given (its check says whether it can run here)."""
+class _Actuation:
+    """What --actuate adds: the actuator component and the local watchdog, sharing one routing backend (two
+    KernelRouting objects on one state file would disagree about what was moved)."""
+
+    def __init__(self, node: str, bootstrap: str) -> None:
+        self.settings = ActuatorSettings()
+        self.emit: Callable[[list[Event]], None] = lambda events: None   # the runner's, once it exists
+        self.routing: LinkRouting | None = None
+        self.routing_error: Exception | None = None
+        try:
+            self.routing = kernel_routing(self.settings)
+        except (PermissionError, OSError) as exc:   # the component reports itself off with this reason
+            self.routing_error = exc
+        self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings)
+        self.watchdog = None if self.routing is None else LinkWatchdog(
+            node, self.routing, {}, lambda ack: self.emit([ack]), delay_s=self.settings.watchdog_ms / 1e3)
+
+    def _routing(self) -> LinkRouting:
+        if self.routing is None:
+            raise self.routing_error or RuntimeError("no routing backend")
+        return self.routing
+
+    def watch(self, sources: list) -> None:   # noqa: ANN001 - agent sources
+        """Feed the watchdog from the link source (on its own thread: no queue between carrier loss and failover)."""
+        for src in sources:
+            if self.watchdog is not None and isinstance(src, LinkSource):
+                src.listeners = (*src.listeners, self.watchdog.observe)
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
+def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None) -> _Actuation | None:
+    """The actuator and watchdog when --actuate is given (the component's check says whether it can run here)."""
     if not args.actuate:
-        return []
+        return None
     if bootstrap is None:
         raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
                         "(drop --stdout)")
-    settings = ActuatorSettings()
-    return [ActuatorComponent(node, bootstrap, lambda: kernel_routing(settings), settings)]
+    return _Actuation(node, bootstrap)
 
 
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
@@ -161,9 +198,13 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    actuators = _actuators(args, settings.node, bootstrap)
+    actuation = _actuation(args, settings.node, bootstrap)
+    actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
                          refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)
+    if actuation is not None:
+        actuation.emit = runner.emit
+        actuation.watch(sources)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):      # a closed terminal stops the agent cleanly too (not nohup)
         if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
@@ -175,6 +216,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         with SourceTableView(err) as view:
             _wait_running(runner, view, stop)
         running_at = time.monotonic()            # --duration counts from here, not from the process start
+        gc.freeze()   # start-up's objects leave the collector: a full collection stalled a failover by 40-160 ms
         if not any(s.enabled for s in runner.status.values() if s.kind == "source"):
             err.print("[yellow]no source can run on this machine[/yellow]")
         deadline = running_at + args.duration if args.duration else None
@@ -185,10 +227,15 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     finally:
         if running_at is not None:
             seconds = time.monotonic() - running_at
+        if actuation is not None:
+            actuation.stop()
         runner.stop()
         if publisher is not None:   # deliver for up to 10 s if the broker is there; else it stays spooled
             publisher.close(timeout=10.0 if publisher.broker_up else 0.0)
     report = runner.report() | {"node": settings.node, "seconds": round(seconds, 3)}
+    if actuation is not None and actuation.watchdog is not None:
+        wd = actuation.watchdog
+        report["watchdog"] = {"failovers": wd.failovers, "failures": wd.failures, "delay_ms": wd.delay_s * 1e3}
     for act in actuators:
         report["actuators"][act.name]["consumer"] = act.stats()
     if publisher is not None:

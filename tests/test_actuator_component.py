@@ -159,14 +159,27 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
     assert act.stats()["acks_applied"] == 1
 
 
-def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path) -> None:
+def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from clocktower import agent_cli
     from clocktower.actuators.route_table import KernelRouting
-    assert agent_cli._actuators(argparse.Namespace(actuate=False), NODE, None) == []
+    from clocktower.producers.agent.link_source import LinkSource
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_WATCHDOG_MS", "0")
+    assert agent_cli._actuation(argparse.Namespace(actuate=False), NODE, None) is None
     with pytest.raises(UserError, match="--actuate needs Kafka"):
-        agent_cli._actuators(argparse.Namespace(actuate=True), NODE, None)
-    [act] = agent_cli._actuators(argparse.Namespace(actuate=True), NODE, "127.0.0.1:9")
+        agent_cli._actuation(argparse.Namespace(actuate=True), NODE, None)
+    actuation = agent_cli._actuation(argparse.Namespace(actuate=True), NODE, "127.0.0.1:9")
+    assert actuation is not None
+    act = actuation.component
     assert act.node == NODE and act.bootstrap == "127.0.0.1:9"
+    # one routing backend for the actuator and the watchdog, which the link source feeds
+    assert actuation.watchdog is not None and actuation.watchdog.routing is actuation.routing
+    assert actuation.watchdog.delay_s == 0 and act._routing_factory() is actuation.routing
+    links = LinkSource(NODE, interfaces=["lo"])
+    actuation.watch([links])
+    assert links.listeners == (actuation.watchdog.observe,)
+    actuation.stop()
     routing = agent_cli.kernel_routing(ActuatorSettings(state_dir=tmp_path))
     assert isinstance(routing, KernelRouting) and routing.state_path == tmp_path / "routes.json"
     routing.close()

@@ -15,10 +15,10 @@ from clocktower.schemas.control import ControlAck
 from clocktower.schemas.telemetry import LinkState
 
 
-def state(interface: str, up: bool, ts_ns: int | None = None, link: str = "") -> LinkState:
+def state(interface: str, up: bool, ts_ns: int | None = None, link: str = "", backup: str = "") -> LinkState:
     return LinkState(node="n1", ts_ns=ts_ns if ts_ns is not None else time.time_ns(), interface=interface,
                      kind="ethernet", up=up, carrier_changes=0, speed_mbps=0, operstate="up" if up else "down",
-                     carrier=up, link=link)
+                     carrier=up, link=link, backup=backup)
 
 
 class Acks:
@@ -112,6 +112,14 @@ def test_delay_counts_from_the_event_time() -> None:
     wd, sim, acks = make(0.2)
     wd.observe(state("eth0", False, time.time_ns() - 150_000_000))   # read 150 ms ago: 50 ms are left
     assert acks.event.wait(0.15), "waited the full delay again instead of the rest of it"
+    wd.stop()
+
+
+def test_a_link_not_configured_fails_over_to_the_backup_its_reports_name() -> None:
+    wd, sim, acks = make(0.0)
+    wd.observe(state("eth2", True, backup="eth1"))
+    wd.observe(state("eth2", False, backup="eth1"))    # the agent's topology named eth1 (config or routes)
+    assert sim.on_backup("eth2") and [(a.target, a.status) for a in acks.items] == [("eth2", "applied")]
     wd.stop()
 
 
