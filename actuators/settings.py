@@ -12,32 +12,28 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
-import orjson
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from clocktower.runtime.credentials import control_public_key_path
 from clocktower.runtime.errors import UserError
+from clocktower.runtime.setting_text import json_or_text
 
 Argv = Annotated[tuple[str, ...], NoDecode]
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"hook cannot be split into arguments: {e}") from None
 
 
 def parse_argv(value: Any) -> tuple[str, ...]:
     """A hook command: a list of strings, its JSON, or a string split like a shell would (but never run by one)."""
     if value is None:
         return ()
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = orjson.loads(text)
-            except orjson.JSONDecodeError as e:
-                raise ValueError(f"hook is not a valid JSON list: {e}") from None
-        else:
-            try:
-                value = shlex.split(text)
-            except ValueError as e:
-                raise ValueError(f"hook cannot be split into arguments: {e}") from None
+    value = json_or_text(value, "[", "hook", _split)
     if not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
         raise ValueError("a hook is a list of strings (the program and its arguments)")
     if value and not value[0]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from clocktower.control.keys import BadKeyFile, load_private_key, load_public_key
 from clocktower.control.signing import CommandSigner, CommandVerifier
-from clocktower.runtime.credentials import read_public_file
 from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import read_public_file
 from clocktower.runtime.settings import RuntimeSettings
 
 

@@ -10,8 +10,6 @@ credentials.json holds two users of the embedded ClickHouse endpoint:
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 from clocktower.runtime.errors import UserError
@@ -65,21 +63,3 @@ def read_control_key(data_dir: Path) -> bytes | None:
     if not path.exists():
         return None
     return read_private_file(path)
-
-
-def read_public_file(path: Path) -> bytes:
-    """A public file's bytes (a public key may be world-readable, never writable by others, never a symlink)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{path} is not a regular file")
-        if st.st_mode & 0o022:
-            raise UserError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 644 it")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(1 << 16)
-    finally:
-        os.close(fd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from clocktower.runtime.errors import UserError
@@ -54,6 +55,25 @@ def create_private_file(path: Path, data: bytes) -> bool:
 
 def read_private_file(path: Path) -> bytes:
     """The file's bytes; UserError if it is a symlink, another user's, or readable by others."""
+    def check(st: os.stat_result) -> None:
+        if st.st_uid != os.geteuid():
+            raise UserError(f"{path} belongs to uid {st.st_uid}, not to this user: refusing to trust it")
+        if st.st_mode & 0o077:
+            raise UserError(f"{path} is readable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it")
+    return read_checked_file(path, check)
+
+
+def read_public_file(path: Path) -> bytes:
+    """A public file's bytes (a public key may be world-readable, never writable by others, never a symlink)."""
+    def check(st: os.stat_result) -> None:
+        if st.st_mode & 0o022:
+            raise UserError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 644 it")
+    return read_checked_file(path, check)
+
+
+def read_checked_file(path: Path, check: Callable[[os.stat_result], None]) -> bytes:
+    """A regular file's bytes, opened without following a symlink, after `check` (raising UserError) passed on
+    the opened file's own stat: nothing can be swapped in between the check and the read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -62,10 +82,7 @@ def read_private_file(path: Path) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"{path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise UserError(f"{path} belongs to uid {st.st_uid}, not to this user: refusing to trust it")
-        if st.st_mode & 0o077:
-            raise UserError(f"{path} is readable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it")
+        check(st)
         chunks = []
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)

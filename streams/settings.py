@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
+from clocktower.runtime.setting_text import json_or_text
 from clocktower.runtime.settings import RuntimeSettings
 
 
@@ -58,15 +58,7 @@ class StreamsSettings(RuntimeSettings):
 
 def parse_node_list(value: Any) -> list[str]:
     """`node-a,node-b` or `["node-a", "node-b"]` (or a list) -> unique node names in order; ValueError says why."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = orjson.loads(text)
-            except orjson.JSONDecodeError as e:
-                raise ValueError(f"spare nodes: not valid JSON: {e}") from None
-        else:
-            value = [part.strip() for part in text.split(",") if part.strip()]
+    value = json_or_text(value, "[", "spare nodes", lambda text: [p.strip() for p in text.split(",") if p.strip()])
     if not isinstance(value, list | tuple) or not all(isinstance(n, str) and 0 < len(n.strip()) <= 256 for n in value):
         raise ValueError("spare nodes must be node names (1-256 characters), comma-separated or a JSON list")
     return list(dict.fromkeys(n.strip() for n in value))

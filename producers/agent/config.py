@@ -7,32 +7,31 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from clocktower.runtime.setting_text import json_or_text
 
 ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
 _PORT_NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")    # a netdev ("eth0") or an RDMA port ("mlx5_0/1")
 
 
+def _pairs(text: str) -> dict[str, str]:
+    """`eth0=eth1,ib0=ib1` -> {"eth0": "eth1", "ib0": "ib1"}."""
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        primary, eq, backup = item.partition("=")
+        if not eq:
+            raise ValueError(f"link_backups item {item!r} is not PRIMARY=BACKUP")
+        if primary.strip() in pairs:
+            raise ValueError(f"link_backups names {primary.strip()!r} twice")
+        pairs[primary.strip()] = backup.strip()
+    return pairs
+
+
 def parse_link_backups(value: Any) -> dict[str, str]:
     """`{"eth0": "eth1"}` (a dict or its JSON) or `eth0=eth1,ib0=ib1` -> {primary: backup}; ValueError says why."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            try:
-                value = orjson.loads(text)
-            except orjson.JSONDecodeError as e:
-                raise ValueError(f"link_backups is not valid JSON: {e}") from None
-        else:
-            value = {}
-            for item in filter(None, (part.strip() for part in text.split(","))):
-                primary, eq, backup = item.partition("=")
-                if not eq:
-                    raise ValueError(f"link_backups item {item!r} is not PRIMARY=BACKUP")
-                if primary.strip() in value:
-                    raise ValueError(f"link_backups names {primary.strip()!r} twice")
-                value[primary.strip()] = backup.strip()
+    value = json_or_text(value, "{", "link_backups", _pairs)
     if not isinstance(value, dict):
         raise ValueError("link_backups must be a JSON object or PRIMARY=BACKUP,... pairs")
     out: dict[str, str] = {}
@@ -76,6 +75,10 @@ class AgentSettings(BaseSettings):
         "through two devices (two metrics, or a multipath route) makes the lower metric's device the primary"))
     topology_refresh_s: float = Field(default=30.0, ge=0, le=86_400, description=(
         "how often the ports' netdevs and backups are discovered again (0: only at start)"))
+    netns: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description=(
+        "manage the links of another network namespace (containers, tests): a named netns (/var/run/netns/NAME) "
+        "whose links the link source watches, whose routes the topology discovery reads and the actuator moves; "
+        "the agent itself (its broker connection) stays in its own namespace"))
     ib_sysfs_root: Path = Path("/sys/class/infiniband")
     ib_poll_s: float = Field(default=1.0, gt=0, le=3600)
     clock_bind: str | None = Field(default=None, description=(
