@@ -106,12 +106,13 @@ def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
         raise UserError(f"{exc} (--spool-dir)") from None
 
 
-def kernel_routing(settings: ActuatorSettings) -> LinkRouting:
-    """The real routing backend: the kernel's tables through pyroute2, its remembered routes in the state dir."""
+def kernel_routing(settings: ActuatorSettings, netns: str | None = None) -> LinkRouting:
+    """The real routing backend: the kernel's tables through pyroute2, its remembered routes in the state dir;
+    `netns` (CLOCKTOWER_AGENT_NETNS) moves the routes of that named network namespace instead of this one's."""
     from clocktower.actuators.route_table import KernelRouting  # pyroute2 only where it is used
     if not _has_net_admin():
         raise PermissionError("changing routes needs CAP_NET_ADMIN: run the agent as root, or grant it the capability")
-    return KernelRouting(settings.state_dir / "routes.json")
+    return KernelRouting(settings.state_dir / "routes.json", netns=netns)
 
 
 def _has_net_admin() -> bool:
@@ -128,13 +129,13 @@ class _Actuation:
     """What --actuate adds: the actuator component and the local watchdog, sharing one routing backend (two
     KernelRouting objects on one state file would disagree about what was moved)."""
 
-    def __init__(self, node: str, bootstrap: str) -> None:
+    def __init__(self, node: str, bootstrap: str, netns: str | None = None) -> None:
         self.settings = ActuatorSettings()
         self.emit: Callable[[list[Event]], None] = lambda events: None   # the runner's, once it exists
         self.routing: LinkRouting | None = None
         self.routing_error: Exception | None = None
         try:
-            self.routing = kernel_routing(self.settings)
+            self.routing = kernel_routing(self.settings, netns)
         except (PermissionError, OSError) as exc:   # the component reports itself off with this reason
             self.routing_error = exc
         self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings)
@@ -157,14 +158,15 @@ class _Actuation:
             self.watchdog.stop()
 
 
-def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None) -> _Actuation | None:
+def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None,
+               netns: str | None = None) -> _Actuation | None:
     """The actuator and watchdog when --actuate is given (the component's check says whether it can run here)."""
     if not args.actuate:
         return None
     if bootstrap is None:
         raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
                         "(drop --stdout)")
-    return _Actuation(node, bootstrap)
+    return _Actuation(node, bootstrap, netns)
 
 
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
@@ -198,7 +200,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    actuation = _actuation(args, settings.node, bootstrap)
+    actuation = _actuation(args, settings.node, bootstrap, settings.netns)
     actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
                          refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)

@@ -22,6 +22,11 @@ those routes a locked `rto_min` metric (`ip route ... rto_min 5ms lock`: TCP's m
 - `agents(state_dir)` runs, per host, what a node agent would, in a process of its own: a real
   `LinkSource(netns=...)` feeding a `LinkWatchdog` that fails over through `KernelRouting`; its acks are
   collected, and `agents[host].routing` calls its KernelRouting (the pipeline's restore).
+- `real_agents(bootstrap, state_dir, public_key)` runs, per host, the real node agent instead:
+  `clocktower agent --actuate --sources links` with CLOCKTOWER_AGENT_NETNS naming the host's namespace (it
+  talks to the broker from the root namespace and watches and routes inside the host's), node name
+  `bed.node(host)`, the backup from CLOCKTOWER_AGENT_LINK_BACKUPS=pri=bkp; its watchdog's T_watchdog is
+  `watchdog_ms` (CLOCKTOWER_ACTUATOR_WATCHDOG_MS).
 
 `failover_bed()` skips the test (pytest) when the machine cannot build it, or raises BedUnavailable with
 `skip=False` (the benchmark). Everything it creates is removed on exit.
@@ -400,6 +405,58 @@ def _agent_main(host: str, ns: str, state_path: str, delay_s: str, gateway: str)
         routing.close()
 
 
+class RealAgent:
+    """One host's real `clocktower agent --actuate --sources links` process (see FailoverBed.real_agents)."""
+
+    def __init__(self, host: str, node: str, ns: str, bootstrap: str, state_dir: Path, public_key: Path,
+                 watchdog_ms: float, report_s: float, env: dict[str, str] | None = None) -> None:
+        self.host, self.node = host, node
+        self.state_dir = state_dir
+        self.routes_file = state_dir / "actuator" / "routes.json"
+        self.log_path = state_dir / "agent.log"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "clocktower", "agent", "--actuate", "--sources", "links", "--node", node,
+             "--kafka", bootstrap, "--spool-dir", str(state_dir / "spool"),
+             "--link-interface", PRIMARY, "--link-interface", BACKUP, "--duration", "3600", "--json"],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
+            env={**os.environ, **(env or {}),
+                 "CLOCKTOWER_AGENT_NETNS": ns, "CLOCKTOWER_AGENT_LINK_BACKUPS": f"{PRIMARY}={BACKUP}",
+                 "CLOCKTOWER_AGENT_LINK_REPORT_S": str(report_s),
+                 "CLOCKTOWER_ACTUATOR_STATE_DIR": str(state_dir / "actuator"),
+                 "CLOCKTOWER_ACTUATOR_WATCHDOG_MS": str(watchdog_ms),
+                 "CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE": str(public_key), "PYTHONUNBUFFERED": "1"})
+        self.report: dict[str, Any] | None = None
+
+    def ready(self) -> bool:
+        """Its watchdog has seen the primary up and remembered its routes (the routing backend runs)."""
+        try:
+            return PRIMARY in json.loads(self.routes_file.read_text()).get("links", {})
+        except (OSError, ValueError):
+            return False
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 20.0) -> dict[str, Any] | None:
+        """SIGTERM (the agent delivers what it holds, then prints its JSON report); killed after `timeout_s`."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        self._log.close()
+        with contextlib.suppress(ValueError, IndexError):
+            self.report = json.loads(out.decode().strip().splitlines()[-1])
+        return self.report
+
+
 class FailoverBed:
     PRIMARY = PRIMARY
     BACKUP = BACKUP
@@ -527,6 +584,36 @@ class FailoverBed:
         finally:
             for agent in agents.values():
                 agent.close()
+
+    def node(self, host: str) -> str:
+        """`host`'s node name for the real agents (the namespace's name: unique per bed)."""
+        return self.ns[host]
+
+    @contextmanager
+    def real_agents(self, bootstrap: str, state_dir: Path, public_key: Path, watchdog_ms: float = 50.0,
+                    report_s: float = 0.2, env: dict[str, str] | None = None,
+                    start_timeout_s: float = 60.0) -> Iterator[dict[str, RealAgent]]:
+        """Per host, a real `clocktower agent --actuate --sources links` (see the module doc), started and
+        ready (its watchdog remembered the primary's routes); stopped on exit (`agents[host].report` then
+        holds its JSON report)."""
+        agents: dict[str, RealAgent] = {}
+        try:
+            for host in HOSTS:
+                agents[host] = RealAgent(host, self.node(host), self.ns[host], bootstrap,
+                                         Path(state_dir) / f"agent-{host}", public_key, watchdog_ms, report_s, env)
+            deadline = time.monotonic() + start_timeout_s
+            for agent in agents.values():
+                while not agent.ready():
+                    if not agent.alive():
+                        raise RuntimeError(f"host {agent.host}'s agent exited:\n{agent.log()}")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"host {agent.host}'s agent not ready after {start_timeout_s} s:\n"
+                                           f"{agent.log()}")
+                    time.sleep(0.05)
+            yield agents
+        finally:
+            for agent in agents.values():
+                agent.stop()
 
     @contextmanager
     def stream(self, chunk: int = 4096, interval_s: float = 0.0005) -> Iterator[TcpStream]:

@@ -44,7 +44,8 @@ def _flows(s: AgentSettings, _: TopologyCache) -> Source:
 
 def _links(s: AgentSettings, topology: TopologyCache) -> Source:
     from clocktower.producers.agent.link_source import LinkSource
-    return LinkSource(s.node, interfaces=s.link_interfaces, report_interval_s=s.link_report_s, topology=topology)
+    return LinkSource(s.node, interfaces=s.link_interfaces, report_interval_s=s.link_report_s, topology=topology,
+                      netns=s.netns)
 
 
 def _ib(s: AgentSettings, topology: TopologyCache) -> Source:
@@ -60,7 +61,7 @@ def _clock(s: AgentSettings, _: TopologyCache) -> Source:
 
 def topology_for(s: AgentSettings) -> TopologyCache:
     """The node's port topology from its settings; nothing is read until a source first asks."""
-    return TopologyCache(partial(discover, s.ib_sysfs_root, s.link_backups, s.backups_from_routes),
+    return TopologyCache(partial(discover, s.ib_sysfs_root, s.link_backups, s.backups_from_routes, netns=s.netns),
                          refresh_s=s.topology_refresh_s)
 
 

@@ -1,0 +1,161 @@
+"""The failover proof, end to end: two hosts (network namespaces) joined by a primary and a backup veth pair
+(tests/failover_bed.py), each running the real node agent (`clocktower agent --actuate --sources links` in
+the root namespace, watching and routing inside its host's through CLOCKTOWER_AGENT_NETNS), with the real
+broker, stream workers and sink. A long-lived TCP stream between the hosts' service addresses checks every
+byte's sequence at the receiver.
+
+The primary flaps three times, and the traffic must stay up: the agents' own watchdogs (T_watchdog 50 ms)
+move the routes to the backup, the pipeline opens an incident, orders the failover (already done: applied
+as a no-op) and, once the primary has been stable for T_stable, the restore that moves the traffic back.
+Then the primary goes down hard for 20 s (the kernel deletes the routes through it) and comes back: on the
+backup within the watchdog's time, back on the primary only after T_stable.
+
+T_stable is 3 s here (CLOCKTOWER_STREAMS_LINK_STABLE_S; 10 s by default) to keep the test short; the agents
+report every link every 0.2 s (CLOCKTOWER_AGENT_LINK_REPORT_S) so the pipeline sees the stability promptly.
+Asserted: no stream error and no lost or reordered byte; the moves seen on the wire (rx counters); and in
+ClickHouse the incidents, both hosts' failover and restore commands, an `applied` ack for every command,
+and the watchdogs' own `applied` acks (origin 'watchdog').
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clocktower.runtime.credentials import control_public_key_path
+from tests.conftest import Pipeline, start_pipeline
+from tests.failover_bed import BACKUP, HOSTS, PRIMARY, FailoverBed, failover_bed
+
+STABLE_S = 3.0          # T_stable for this test (CLOCKTOWER_STREAMS_LINK_STABLE_S)
+HARD_DOWN_S = 20.0
+FLAPS = 3
+
+
+@pytest.fixture
+def bed() -> Iterator[FailoverBed]:
+    with failover_bed("fe2e") as b:
+        yield b
+
+
+@pytest.fixture
+def fast_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bed: FailoverBed) -> Iterator[Pipeline]:
+    # the stream workers inherit the environment (Stack's children copy os.environ)
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_STABLE_S", str(STABLE_S))
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS", "50")
+    p = start_pipeline(tmp_path / "ct")
+    try:
+        yield p
+    finally:
+        p.stack.stop()
+
+
+def _poll(pipeline: Pipeline, sql: str, done, timeout_s: float) -> list:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    rows: list = []
+    while time.monotonic() < deadline:
+        rows = pipeline.client.query(sql).result_rows
+        if done(rows):
+            return rows
+        pipeline.stack.supervise()
+        time.sleep(0.3)
+    return rows
+
+
+def _on(bed: FailoverBed, link: str) -> bool:
+    return all(bed.route_to_peer(host)[0] == link for host in HOSTS)
+
+
+def _wait_route(bed: FailoverBed, link: str, timeout_s: float) -> float | None:
+    """Seconds until both hosts route to their peer via `link`, or None after `timeout_s`."""
+    start = time.monotonic()
+    while not _on(bed, link):
+        if time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def _up_and_wait(bed: FailoverBed) -> None:
+    bed.hard_up()
+    for host in HOSTS:
+        bed.wait_carrier(host, PRIMARY, True)
+
+
+def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticing(
+        bed: FailoverBed, fast_pipeline: Pipeline, tmp_path: Path) -> None:
+    p = fast_pipeline
+    nodes = {host: bed.node(host) for host in HOSTS}
+    in_nodes = "(" + ",".join(f"'{n}'" for n in nodes.values()) + ")"
+    with (bed.real_agents(p.settings.bootstrap, tmp_path / "agents", control_public_key_path(p.settings.data_dir),
+                          watchdog_ms=50, report_s=0.2) as agents,
+          bed.stream() as stream):
+        # the detector acts on a link it has seen up: wait for both hosts' reports in ClickHouse
+        seen = _poll(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {in_nodes} AND interface = 'pri' "
+                        "AND up", lambda rows: len(rows) == 2, 60)
+        assert len(seen) == 2, f"link reports did not reach ClickHouse: {seen}"
+        stream.wait_bytes(200_000)
+
+        # 1. flaps: the watchdogs move the traffic to the backup at the first down, and it stays there
+        flap_ns = time.time_ns()
+        for _ in range(FLAPS):
+            bed.hard_down()
+            time.sleep(0.3)
+            _up_and_wait(bed)
+            time.sleep(0.3)
+        assert bed.monitor.flow_start("b", BACKUP, after_ns=flap_ns, timeout_s=5) is not None, "no traffic on bkp"
+        stable_from = time.monotonic()
+        assert _on(bed, BACKUP), [bed.route_to_peer(h) for h in HOSTS]
+        back = _wait_route(bed, PRIMARY, 30)
+        assert back is not None, f"not restored to the primary: {[bed.route_to_peer(h) for h in HOSTS]}"
+        assert time.monotonic() - stable_from >= STABLE_S - 0.5, "restored before T_stable"
+        restore_ns = time.time_ns()
+        assert bed.monitor.flow_start("b", PRIMARY, after_ns=restore_ns - int(0.5e9), timeout_s=5) is not None
+
+        # 2. a hard down for 20 s: on the backup at once, back on the primary T_stable after it comes up
+        time.sleep(1.0)
+        down_ns = time.time_ns()
+        bed.hard_down()
+        on_backup = bed.monitor.flow_start("b", BACKUP, after_ns=down_ns, timeout_s=5)
+        assert on_backup is not None, "the hard down did not move the traffic to the backup"
+        assert (on_backup - down_ns) / 1e6 < 1000, f"failover took {(on_backup - down_ns) / 1e6:.0f} ms"
+        time.sleep(HARD_DOWN_S)
+        stream.wait_bytes(stream.received + 100_000)          # still flowing, on the backup
+        assert _on(bed, BACKUP)
+        _up_and_wait(bed)
+        up_at = time.monotonic()
+        back = _wait_route(bed, PRIMARY, 30)
+        assert back is not None, f"not restored after the hard down: {[bed.route_to_peer(h) for h in HOSTS]}"
+        assert time.monotonic() - up_at >= STABLE_S - 0.5, "restored before T_stable"
+        stream.wait_bytes(stream.received + 100_000)
+        assert all(a.alive() for a in agents.values()), "an agent died"
+    result = stream.result
+    assert result is not None and result.ok, (result, "lost/reordered bytes or a socket error")
+    assert result.received == result.sent > 1_000_000
+    for agent in agents.values():
+        assert agent.report is not None, agent.log()
+        assert agent.report["watchdog"]["failovers"] >= 2 and agent.report["watchdog"]["failures"] == 0, agent.report
+
+    # what landed in ClickHouse: incidents, commands (failover, restore per host and episode), acks for all
+    cmds = _poll(p, f"SELECT command_id, node, action FROM control_commands FINAL WHERE node IN {in_nodes}",
+                 lambda rows: sum(r[2] == "restore" for r in rows) >= 4, 60)
+    for node in nodes.values():
+        actions = sorted(r[2] for r in cmds if r[1] == node)
+        assert actions == ["failover", "failover", "restore", "restore"], (node, actions)
+    ids = {r[0] for r in cmds}
+    acks = _poll(p, f"SELECT command_id, node, status, origin, action, detail FROM control_acks "
+                    f"WHERE node IN {in_nodes}",
+                 lambda rows: ids <= {r[0] for r in rows if r[3] == "command"}, 60)
+    acked = {r[0]: r for r in acks if r[3] == "command"}
+    assert ids <= set(acked), f"commands without an ack: {ids - set(acked)}"
+    assert all(acked[i][2] == "applied" for i in ids), [acked[i] for i in ids if acked[i][2] != "applied"]
+    for node in nodes.values():
+        local = [r for r in acks if r[1] == node and r[3] == "watchdog"]
+        assert len(local) >= 2 and all(r[2] == "applied" and r[4] == "failover" for r in local), (node, local)
+    incidents = p.client.query(f"SELECT node, kind, state FROM incidents FINAL WHERE node IN {in_nodes}").result_rows
+    for node in nodes.values():
+        kinds = {r[1] for r in incidents if r[0] == node}
+        assert kinds & {"link_down", "link_flap"}, (node, incidents)
+        assert any(r[2] == "resolve" for r in incidents if r[0] == node), (node, incidents)
