@@ -9,27 +9,40 @@ from collections import Counter
 from rich.console import Console
 from rich.live import Live
 
+from clocktower.actuators.settings import ActuatorSettings
 from clocktower.config import Settings
+from clocktower.demo_actuators import SPARE_NODE, DemoActuators, wait_acked
 from clocktower.drain import lag, wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
+from clocktower.producers.simulator.topology import node_id
 from clocktower.progress_view import ProgressView
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.schemas.topics import TOPICS
 from clocktower.stack import Stack
 from clocktower.summary import build_summary, table_rows
 
+ACK_TIMEOUT_S = 30.0   # after the drain, every command's ack is awaited this long
+
 
 def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console, drain_timeout: float = 120.0,
-             seed: int = 0) -> dict:
-    stack = Stack(settings, fresh_stream_state=True)   # a new simulated fleet: last run's stream state is not its
+             seed: int = 0, ack_timeout: float = ACK_TIMEOUT_S) -> dict:
+    # A new simulated fleet: last run's stream state is not its. A lost GPU's node is replaced from the demo's
+    # spare, whose actuator runs below.
+    stack = Stack(settings, fresh_stream_state=True, extra_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE})
     errors: list[str] = []
+    actuators: DemoActuators | None = None
     try:
         stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
         client = http_client(settings.clickhouse, *settings.clickhouse_login(), settings.clickhouse_database)
         _wait_for_tables(client, stack)
         rows_before = table_rows(client)
         since_ns = time.time_ns() - 10**9
+        console.print(f"[dim]•[/dim] starting the actuators of {nodes} simulated nodes and of {SPARE_NODE}")
+        actuators = DemoActuators(settings.bootstrap, [*(node_id(i) for i in range(nodes)), SPARE_NODE],
+                                  ActuatorSettings(data_dir=stack.data_dir).public_key_path(),
+                                  stack.data_dir / "demo-actuators")
+        actuators.start()
         sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed))
         publisher = KafkaPublisher(settings.bootstrap)
         stop = threading.Event()
@@ -60,6 +73,14 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
                     on_poll=lambda n: view.update(duration_s, f"draining, lag {n:,}", publisher.acked,
                                                   _delta(table_rows(client), rows_before)),
                     check=lambda: _note_restarts(stack, view, errors))
+                acked = wait_acked(
+                    client, since_ns, ack_timeout,
+                    on_poll=lambda n: view.update(duration_s, f"waiting for acks, {n:,} commands unacked",
+                                                  publisher.acked, _delta(table_rows(client), rows_before)),
+                    check=lambda: _note_restarts(stack, view, errors))
+                errors += actuators.stop()   # the last acks are published and committed
+                if not acked:   # acks published while stopping still reach ClickHouse; the summary names the rest
+                    wait_drained(settings.bootstrap, 30.0, check=lambda: _note_restarts(stack, view, errors))
                 view.update(duration_s, "done", publisher.acked, _delta(table_rows(client), rows_before))
             except KeyboardInterrupt:
                 stop.set()
@@ -74,7 +95,11 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
         return build_summary(client, produced, sum(publisher.failed.values()), errors, rows_before, since_ns,
                              sim.clocks)
     finally:
-        stack.stop()
+        try:
+            if actuators is not None:
+                actuators.stop()
+        finally:
+            stack.stop()
 
 
 def _delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:

@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from clocktower.child_process import ChildProcess, stop_all
@@ -68,7 +69,7 @@ SERVICES = ("broker", "clickhouse")
 
 class Stack:
     def __init__(self, settings: Settings, with_streams: bool = True, with_sink: bool = True,
-                 fresh_stream_state: bool = False) -> None:
+                 fresh_stream_state: bool = False, extra_env: Mapping[str, str] | None = None) -> None:
         self.s = settings
         self.fresh_stream_state = fresh_stream_state   # the demo: a new simulated fleet on every run
         self.data_dir = settings.data_dir.resolve()
@@ -83,6 +84,7 @@ class Stack:
             "CLOCKTOWER_CLICKHOUSE_URL": settings.clickhouse,
             "CLOCKTOWER_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),      # e.g. the demo's spare pool for the streams
         }
         if settings.embedded_kafka and settings.control_private_key_file is None:
             # the children see an "external" bootstrap (ours): name the data dir's generated key for them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
@@ -22,6 +23,15 @@ def table_rows(client: Client) -> dict[str, int]:
         final = " FINAL" if t.model.REPLACING else ""
         out[t.table] = int(client.query(f"SELECT count() FROM `{t.table}`{final}").result_rows[0][0])
     return out
+
+
+def control_errors(control: Mapping[str, Any]) -> list[str]:
+    """A command no actuator answered is an error: the demo's nodes all run one (at most 10 ids named)."""
+    unacked = list(control["commands_unacked"])
+    if not unacked:
+        return []
+    more = " ..." if len(unacked) > 10 else ""
+    return [f"{len(unacked)} control commands got no ack: {unacked[:10]}{more}"]
 
 
 def build_summary(client: Client, produced: Mapping[str, int], delivery_failures: int,
@@ -56,6 +66,7 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         errs.append(f"row counts differ from events produced: {missing}")
     if rows["deadletter"]:
         errs.append(f"{rows['deadletter']} records dead-lettered")
+    errs += control_errors(control)
     clock = clock_sync_report(client, since_ns, clocks)
     if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
         errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")

@@ -1,5 +1,6 @@
 """`clocktower demo`, the README's main job, run as a user runs it (a short one): exact counts, detected
-faults, and clock-corrected one-way latency in `flow_latency` checked against the simulator's ground truth."""
+faults, clock-corrected one-way latency in `flow_latency` checked against the simulator's ground truth, and every
+control command acked by the simulated nodes' actuators."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from clocktower import cli
 from clocktower.ports import free_port
+from clocktower.summary import control_errors
 from tests.test_cli import _env, clocktower
 
 
@@ -30,6 +32,15 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
     assert truth["offset_error_ns"]["p99"] < 200 and truth["offset_within_bound"] >= 0.99
     assert truth["latency_error_ns"]["p99"] < 300 and truth["latency_within_bound"] >= 0.99
     assert 4_000 < clock["corrected_latency_ns"]["p50"] < 1_000_000
+    # The loop closes: the simulated nodes' (and the spare's) real actuators acked every command, all applied, and
+    # the link flap (failover) and the lost GPU (drain + spare) each have a time from fault to ack.
+    commands = summary["control_commands"]
+    assert {"failover", "drain", "spare"} <= set(commands), commands
+    assert summary["commands_unacked"] == []
+    assert summary["control_acks"] == {"applied": sum(commands.values())}, (summary["control_acks"], commands)
+    to_ack = {f["kind"]: f["fault_to_ack_ms"] for f in summary["fault_to_ack"]}
+    assert {"link_flap", "gpu_xid"} <= set(to_ack), summary["fault_to_ack"]
+    assert all(0 < ms < 120_000 for ms in to_ack.values()), to_ack
 
 
 SUMMARY = {
@@ -70,3 +81,10 @@ def test_demo_prints_json_only_when_asked(monkeypatch: pytest.MonkeyPatch, capsy
                   "fault to ack: 1 faults, 2,346 to 2,346 ms", "150 of 200", "no errors"):
         assert shown in out, f"{shown!r} not in\n{out}"
     assert json.loads(_demo(monkeypatch, capsys, "--json")) == SUMMARY
+
+
+def test_an_unacked_command_is_an_error() -> None:
+    assert control_errors({"commands_unacked": []}) == []
+    assert control_errors({"commands_unacked": ["c1", "c2"]}) == ["2 control commands got no ack: ['c1', 'c2']"]
+    many = control_errors({"commands_unacked": [f"c{i}" for i in range(12)]})[0]
+    assert many.startswith("12 control commands got no ack: ['c0',") and "c10" not in many and many.endswith(" ...")

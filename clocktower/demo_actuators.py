@@ -1,0 +1,141 @@
+"""The demo's simulated nodes run the real actuator: the loop closes in `make demo` as on a fleet.
+
+Each simulated node, and the demo's spare node (the streams' spare pool, so a lost GPU gets a `spare` command
+that a running actuator answers), gets the agent's parts: `open_actuator` with its own `SimulatedRouting` (the
+simulator's ports eth0/eth1) and a `CommandConsumer` on its own thread, reading its partition of control.commands,
+verifying with the data dir's public key, and publishing its acks to Kafka. Drain and spare run a real, harmless
+hook (a Python one-liner that prints its arguments: no shell), so the hook path is exercised too.
+
+Every run starts from nothing, as the simulated fleet is a new one: the actuators' state dir is emptied (else
+this run's ids could meet last run's memories) and each node's consumer group is moved past the commands of
+earlier runs (else commands of the last hour, never committed by an interrupted run, would be applied again).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from clickhouse_connect.driver.client import Client
+from confluent_kafka import Consumer, TopicPartition
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.command_consumer import TOPIC, CommandConsumer, group_of
+from clocktower.actuators.component import open_actuator
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.control.key_files import verifier_from_file
+from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.runtime.private_file import private_dir
+from clocktower.schemas.event import Event
+from clocktower.schemas.partitioning import partition_of
+
+log = logging.getLogger(__name__)
+SPARE_NODE = "spare-0.demo"
+INTERFACES = ("eth0", "eth1")
+HOOK = (sys.executable, "-c", "import sys; print('demo hook:', *sys.argv[1:4])")   # + action, node, target, params
+STOP_TIMEOUT_S = 20.0
+ACK_FLUSH_S = 10.0
+
+
+class DemoActuators:
+    """One real actuator per node in `nodes`, with its state under `state_root` (emptied at `start`)."""
+
+    def __init__(self, bootstrap: str, nodes: Sequence[str], public_key: Path, state_root: Path) -> None:
+        self.bootstrap = bootstrap
+        self.nodes = list(dict.fromkeys(nodes))
+        self.public_key = public_key
+        self.state_root = state_root
+        self.publisher: KafkaPublisher | None = None
+        self.routing = {n: SimulatedRouting(INTERFACES) for n in self.nodes}
+        self.actuators: dict[str, Actuator] = {}
+        self.consumers: dict[str, CommandConsumer] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        verifier = verifier_from_file(self.public_key)
+        shutil.rmtree(self.state_root, ignore_errors=True)
+        self.publisher = KafkaPublisher(self.bootstrap)
+        hooks = Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
+        for node in self.nodes:
+            skip_earlier_commands(self.bootstrap, node)
+            state = self.state_root / node
+            private_dir(state)
+            act = open_actuator(node, verifier, self.routing[node], state, hooks)
+            self.actuators[node] = act
+            self.consumers[node] = cons = CommandConsumer(self.bootstrap, act, self._publish)
+            thread = threading.Thread(target=cons.run, args=(self._stop,), name=f"actuator-{node}", daemon=True)
+            self._threads[node] = thread
+            thread.start()
+
+    def _publish(self, acks: list[Event]) -> None:
+        """Acks are delivered before the consumer commits their commands (it retries when this raises)."""
+        assert self.publisher is not None
+        self.publisher.publish(acks)
+        if self.publisher.flush(ACK_FLUSH_S):
+            raise RuntimeError(f"acks not delivered within {ACK_FLUSH_S:g} s")
+
+    def stop(self) -> list[str]:
+        """Stop the consumers (their last acks are published and committed); returns what went wrong."""
+        self._stop.set()
+        problems = []
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for node, thread in self._threads.items():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                problems.append(f"the actuator of {node} did not stop within {STOP_TIMEOUT_S:g} s")
+            else:
+                self.actuators[node].close()
+        if self.publisher is not None and self.publisher.flush(ACK_FLUSH_S):
+            problems.append("some control acks were not delivered")
+        if self.publisher is not None and sum(self.publisher.failed.values()):
+            problems.append(f"{sum(self.publisher.failed.values())} control acks failed delivery to Kafka")
+        self._threads, self.actuators = {}, {}
+        return problems
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        return {n: c.stats() for n, c in self.consumers.items()}
+
+
+def skip_earlier_commands(bootstrap: str, node: str, timeout: float = 10.0) -> None:
+    """Commit the end of `node`'s partition for its actuator group: its consumer starts after earlier runs."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_of(node), "enable.auto.commit": False,
+                         "logger": logging.getLogger("rdkafka")})
+    try:
+        meta = consumer.list_topics(TOPIC, timeout=timeout).topics.get(TOPIC)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return   # no topic yet: nothing earlier to skip
+        partition = partition_of(node, len(meta.partitions))
+        _low, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, partition), timeout=timeout)
+        consumer.commit(offsets=[TopicPartition(TOPIC, partition, high)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def unacked_commands(client: Client, since_ns: int) -> int:
+    """Control commands stored since `since_ns` that have no ack stored yet."""
+    return int(client.query(
+        "SELECT count() FROM control_commands FINAL WHERE ts_ns >= {s:Int64} AND command_id NOT IN "
+        "(SELECT command_id FROM control_acks WHERE ts_ns >= {s:Int64})", parameters={"s": since_ns}
+    ).result_rows[0][0])
+
+
+def wait_acked(client: Client, since_ns: int, timeout: float, on_poll: Callable[[int], None] = lambda n: None,
+               check: Callable[[], object] = lambda: None) -> bool:
+    """True once every command since `since_ns` has an ack in ClickHouse; False after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        check()
+        n = unacked_commands(client, since_ns)
+        on_poll(n)
+        if n == 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
