@@ -11,11 +11,12 @@ from rich.live import Live
 
 from clocktower.actuators.settings import ActuatorSettings
 from clocktower.config import Settings
-from clocktower.demo_actuators import SPARE_NODE, DemoActuators, wait_acked
+from clocktower.demo_actuators import SPARE_NODE, DemoActuators, actuated_nodes, wait_acked
 from clocktower.drain import lag, wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
-from clocktower.producers.simulator.topology import node_id
+from clocktower.producers.simulator.fault_schedule import FaultSchedule
+from clocktower.producers.simulator.topology import Topology, node_id
 from clocktower.progress_view import ProgressView
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.schemas.topics import TOPICS
@@ -38,12 +39,15 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
         _wait_for_tables(client, stack)
         rows_before = table_rows(client)
         since_ns = time.time_ns() - 10**9
-        console.print(f"[dim]•[/dim] starting the actuators of {nodes} simulated nodes and of {SPARE_NODE}")
-        actuators = DemoActuators(settings.bootstrap, [*(node_id(i) for i in range(nodes)), SPARE_NODE],
+        config = SimConfig(nodes=nodes, duration_s=duration_s, seed=seed)
+        actuated = actuated_nodes([node_id(i) for i in range(nodes)], _faulty_nodes(config))
+        console.print(f"[dim]•[/dim] starting the actuators of {len(actuated) - 1} simulated nodes and of the "
+                      f"spare {SPARE_NODE}")
+        actuators = DemoActuators(settings.bootstrap, actuated,
                                   ActuatorSettings(data_dir=stack.data_dir).public_key_path(),
                                   stack.data_dir / "demo-actuators")
         actuators.start()
-        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed))
+        sim = FleetSimulator(config)
         publisher = KafkaPublisher(settings.bootstrap)
         stop = threading.Event()
         produced: Counter[str] = Counter()
@@ -100,6 +104,11 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
                 actuators.stop()
         finally:
             stack.stop()
+
+
+def _faulty_nodes(config: SimConfig) -> set[str]:
+    """The nodes the run's faults hit (the schedule depends on the config only; its start time just shifts it)."""
+    return {f.node for f in FaultSchedule(config, Topology(config.nodes, config.gpus_per_node), time.time_ns()).faults}
 
 
 def _delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:

@@ -6,6 +6,10 @@ simulator's ports eth0/eth1) and a `CommandConsumer` on its own thread, reading 
 verifying with the data dir's public key, and publishing its acks to Kafka. Drain and spare run a real, harmless
 hook (a Python one-liner that prints its arguments: no shell), so the hook path is exercised too.
 
+Up to `ALL_NODES_UP_TO` simulated nodes every one runs an actuator; a bigger fleet runs them on the nodes with
+injected faults only (the pipeline's commands go there), as one Kafka consumer per node is too many threads for
+a simulated fleet of thousands. A command to a node without one shows as unacked in the summary.
+
 Every run starts from nothing, as the simulated fleet is a new one: the actuators' state dir is emptied (else
 this run's ids could meet last run's memories) and each node's consumer group is moved past the commands of
 earlier runs (else commands of the last hour, never committed by an interrupted run, would be applied again).
@@ -18,7 +22,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
@@ -39,8 +43,15 @@ log = logging.getLogger(__name__)
 SPARE_NODE = "spare-0.demo"
 INTERFACES = ("eth0", "eth1")
 HOOK = (sys.executable, "-c", "import sys; print('demo hook:', *sys.argv[1:4])")   # + action, node, target, params
+ALL_NODES_UP_TO = 32
 STOP_TIMEOUT_S = 20.0
 ACK_FLUSH_S = 10.0
+
+
+def actuated_nodes(fleet: Sequence[str], faulty: Iterable[str]) -> list[str]:
+    """The nodes that run an actuator: all of `fleet` up to ALL_NODES_UP_TO, else the `faulty` ones; + the spare."""
+    chosen = fleet if len(fleet) <= ALL_NODES_UP_TO else [n for n in fleet if n in set(faulty)]
+    return list(dict.fromkeys([*chosen, SPARE_NODE]))
 
 
 class DemoActuators:

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.text import Text
 
 from clocktower import cli
+from clocktower.demo_actuators import ALL_NODES_UP_TO, SPARE_NODE, actuated_nodes
 from clocktower.ports import free_port
 from clocktower.summary import control_errors
 from tests.test_cli import _env, clocktower
@@ -88,3 +89,11 @@ def test_an_unacked_command_is_an_error() -> None:
     assert control_errors({"commands_unacked": ["c1", "c2"]}) == ["2 control commands got no ack: ['c1', 'c2']"]
     many = control_errors({"commands_unacked": [f"c{i}" for i in range(12)]})[0]
     assert many.startswith("12 control commands got no ack: ['c0',") and "c10" not in many and many.endswith(" ...")
+
+
+def test_every_node_runs_an_actuator_in_a_small_fleet_and_the_faulty_ones_in_a_big_one() -> None:
+    small = [f"node-{i}.demo" for i in range(4)]
+    assert actuated_nodes(small, {"node-1.demo"}) == [*small, SPARE_NODE]
+    big = [f"node-{i}.demo" for i in range(ALL_NODES_UP_TO + 1)]
+    assert actuated_nodes(big, {"node-3.demo", "node-1.demo", "elsewhere"}) == ["node-1.demo", "node-3.demo",
+                                                                                 SPARE_NODE]
