@@ -1,4 +1,5 @@
-"""`clocktower demo`: the whole pipeline on a simulated fleet with injected faults, then a summary."""
+"""`clocktower demo`: the whole pipeline on a simulated fleet with injected faults, whose nodes run the real
+actuators (demo_actuators.py), then a summary."""
 
 from __future__ import annotations
 
