@@ -519,6 +519,20 @@ class FailoverBed:
                 for index in ip.link_lookup(ifname=name):
                     ip.link("del", index=index)
 
+    def add_service_device(self, name: str = "svc") -> str:
+        """Per host, an interface carrying the host's service address too, and returns its name. A program
+        that binds by interface name (gloo's GLOO_SOCKET_IFNAME) takes the interface's first address, which on
+        lo is 127.0.0.1: this one has only the service address, still routed to the peer via the primary."""
+        for host in HOSTS:
+            ipr = self._ipr[host]
+            # a veth pair with both ends in the host (the dummy module is not everywhere): `name` carries the
+            # address, its peer only keeps it up
+            ipr.link("add", ifname=name, kind="veth", peer={"ifname": f"{name}-end"})
+            for ifname in (f"{name}-end", name):
+                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], state="up")
+            ipr.addr("add", index=ipr.link_lookup(ifname=name)[0], address=SERVICE[host], prefixlen=32)
+        return name
+
     # -- links ---------------------------------------------------------------------------------
 
     def ip(self, host: str) -> Any:
