@@ -24,10 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from clocktower.runtime.credentials import control_public_key_path
 from tests.conftest import Pipeline, start_pipeline
 from tests.failover_bed import BACKUP, HOSTS, PRIMARY, FailoverBed, failover_bed
+
+pytestmark = pytest.mark.e2e
 
 STABLE_S = 3.0          # T_stable for this test (CLOCKTOWER_STREAMS_LINK_STABLE_S)
 HARD_DOWN_S = 20.0
@@ -56,7 +59,10 @@ def _poll(pipeline: Pipeline, sql: str, done, timeout_s: float) -> list:  # noqa
     deadline = time.monotonic() + timeout_s
     rows: list = []
     while time.monotonic() < deadline:
-        rows = pipeline.client.query(sql).result_rows
+        try:
+            rows = pipeline.client.query(sql).result_rows
+        except DatabaseError:            # the sink creates its tables as it starts: ask again
+            rows = []
         if done(rows):
             return rows
         pipeline.stack.supervise()

@@ -5,12 +5,15 @@ bit-identical to an undisturbed run of the same seed and step count.
 
 Each rank is a process that enters its host's namespace before importing torch (`python -m
 tests.test_failover_training worker ...`); the rendezvous (TCPStore) and gloo's connections run between the
-hosts' service addresses, which a dummy interface `svc` carries (GLOO_SOCKET_IFNAME binds to an interface's
-first address; lo's is 127.0.0.1), routed via the primary. Each host runs its link agent process (the bed's
-HostAgent: a real LinkSource -> LinkWatchdog (T_watchdog 50 ms) -> KernelRouting), which moves the routes to
-the backup when the primary loses carrier. The restores are called by the test once the primary has been
-up for a second (standing in for the pipeline's restore after T_stable; the pipeline itself is in
-tests/test_failover_e2e.py, omitted here to keep this test's CPU load and length down).
+hosts' service addresses, which an interface `svc` carries (GLOO_SOCKET_IFNAME binds to an interface's
+first address; lo's is 127.0.0.1), routed via the primary.
+
+Two variants. In the first each host runs the bed's link agent process (HostAgent: a real LinkSource ->
+LinkWatchdog (T_watchdog 50 ms) -> KernelRouting), which moves the routes to the backup when the primary
+loses carrier, and the test restores once the primary has been up for a second (standing in for the
+pipeline). The second (e2e) runs everything real, as tests/test_failover_e2e.py does: per host `clocktower
+agent --actuate` (CLOCKTOWER_AGENT_NETNS), the broker, the stream workers (which order each restore after
+T_stable, 3 s here) and the sink, and checks that every command was acked `applied`.
 
 The disturbed run trains until the test says stop (rank 0 reads a stop file and all-reduces the flag each
 step, so both ranks stop at the same step), pacing its steps so the training spans the disturbances; the
@@ -19,6 +22,7 @@ undisturbed run then trains the same number of steps, unpaced, on the same bed w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -26,11 +30,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from tests.failover_bed import BACKUP, HOSTS, PRIMARY, REPO, SERVICE, FailoverBed, failover_bed
+
+if TYPE_CHECKING:
+    from tests.conftest import Pipeline
 
 SEED = 1234
 PORT = 29517
@@ -38,6 +48,7 @@ PACE_S = 0.02           # the disturbed run's pause between steps: ~40 s of trai
 HARD_DOWN_S = 20.0
 FLAPS = 3
 RUN_TIMEOUT_S = 150.0
+STABLE_S = 3.0          # the pipeline's T_stable in the full variant (CLOCKTOWER_STREAMS_LINK_STABLE_S)
 
 
 def _worker(rank: int, ns: str, steps: int, stop_file: str, out_file: str, pace_s: float) -> None:
@@ -164,57 +175,42 @@ def _wait_on(bed: FailoverBed, link: str, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def _up_then_restore(bed: FailoverBed, agents: dict) -> None:  # noqa: ANN001
-    """Primary up; after 1 s of carrier (the pipeline's T_stable, shortened) both hosts restore onto it."""
-    bed.hard_up()
-    for host in HOSTS:
-        bed.wait_carrier(host, PRIMARY, True)
-    time.sleep(1.0)
-    for host in HOSTS:
-        agents[host].routing.restore(PRIMARY, BACKUP)
-    _wait_on(bed, PRIMARY)
+def _disturb(bed: FailoverBed, job: Job, restored: Callable[[], None]) -> list[dict]:
+    """Train through FLAPS flaps, the restore, a HARD_DOWN_S hard down and the restore (`restored` returns once
+    both hosts are back on the primary); then stop the job and return its results."""
+    try:
+        job.wait_step(50, 90)
+        for _ in range(FLAPS):
+            bed.hard_down()
+            time.sleep(0.3)
+            assert _on(bed, BACKUP), [bed.route_to_peer(h) for h in HOSTS]
+            bed.hard_up()
+            for host in HOSTS:
+                bed.wait_carrier(host, PRIMARY, True)
+            time.sleep(0.3)
+        restored()
+        before = job.step()
+        time.sleep(1.0)
+        bed.hard_down()
+        _wait_on(bed, BACKUP, 2.0)
+        time.sleep(HARD_DOWN_S)
+        assert job.step() > before + 50, "training stalled during the hard down"
+        bed.hard_up()
+        for host in HOSTS:
+            bed.wait_carrier(host, PRIMARY, True)
+        restored()
+        job.wait_step(job.step() + 50, 30)              # trains on after the restore
+        job.stop_file.touch()
+        return job.results()
+    finally:
+        job.kill()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install torch)")
-def test_ddp_training_survives_flaps_and_a_hard_down_bit_identically(tmp_path: Path) -> None:
-    with failover_bed("ftrn") as bed:
-        bed.add_service_device("svc")
-        with bed.agents(tmp_path, delay_s=0.05) as agents:
-            job = Job(bed, tmp_path / "runs", "disturbed", pace_s=PACE_S)
-            try:
-                job.wait_step(50, 90)
-                for _ in range(FLAPS):
-                    bed.hard_down()
-                    time.sleep(0.3)
-                    assert _on(bed, BACKUP), [bed.route_to_peer(h) for h in HOSTS]
-                    bed.hard_up()
-                    for host in HOSTS:
-                        bed.wait_carrier(host, PRIMARY, True)
-                    time.sleep(0.3)
-                time.sleep(0.7)
-                for host in HOSTS:
-                    agents[host].routing.restore(PRIMARY, BACKUP)
-                _wait_on(bed, PRIMARY)
-                before = job.step()
-                time.sleep(1.0)
-                bed.hard_down()
-                _wait_on(bed, BACKUP, 2.0)
-                time.sleep(HARD_DOWN_S)
-                assert job.step() > before + 50, "training stalled during the hard down"
-                _up_then_restore(bed, agents)
-                after = job.step()
-                job.wait_step(after + 50, 30)              # trains on after the restore
-                job.stop_file.touch()
-                disturbed = job.results()
-            finally:
-                job.kill()
-            failovers = [a for agent in agents.values() for a in agent.acks]
-        assert not [a for a in failovers if a.status != "applied"], failovers
-        assert len(failovers) >= 2 * (FLAPS + 1) - 2, failovers     # each host, each down episode (a blip may merge)
-        assert [r["pid"] for r in disturbed] == [p.pid for p in job.procs], "a rank was restarted"
-        steps = disturbed[0]["steps"]
-        quiet = Job(bed, tmp_path / "runs", "quiet", steps=steps)
-        undisturbed = quiet.results()
+def _check(bed: FailoverBed, job: Job, disturbed: list[dict], work: Path) -> None:
+    """No error, no restart, and the parameters of an undisturbed run of as many steps (same bed, same seed)."""
+    assert [r["pid"] for r in disturbed] == [p.pid for p in job.procs], "a rank was restarted"
+    steps = disturbed[0]["steps"]
+    undisturbed = Job(bed, work, "quiet", steps=steps).results()
     for run in (disturbed, undisturbed):
         assert [r["errors"] for r in run] == [[], []], run
         assert run[0]["steps"] == run[1]["steps"] == steps, run
@@ -223,6 +219,80 @@ def test_ddp_training_survives_flaps_and_a_hard_down_bit_identically(tmp_path: P
     print(f"trained {steps} steps through {FLAPS} flaps and a {HARD_DOWN_S:.0f} s hard down; longest step "
           f"{max(r['max_step_ms'] for r in disturbed):.0f} ms (undisturbed "
           f"{max(r['max_step_ms'] for r in undisturbed):.0f} ms)")
+
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (make setup-pytorch)")
+
+
+@needs_torch
+def test_ddp_training_survives_flaps_and_a_hard_down_bit_identically(tmp_path: Path) -> None:
+    """The local watchdogs fail over; the test restores 1 s after the primary is back (the pipeline's part)."""
+    with failover_bed("ftrn") as bed:
+        bed.add_service_device("svc")
+        with bed.agents(tmp_path, delay_s=0.05) as agents:
+            def restored() -> None:
+                time.sleep(1.0)
+                for host in HOSTS:
+                    agents[host].routing.restore(PRIMARY, BACKUP)
+                _wait_on(bed, PRIMARY)
+
+            job = Job(bed, tmp_path / "runs", "disturbed", pace_s=PACE_S)
+            disturbed = _disturb(bed, job, restored)
+            failovers = [a for agent in agents.values() for a in agent.acks]
+        assert not [a for a in failovers if a.status != "applied"], failovers
+        assert len(failovers) >= 2 * (FLAPS + 1) - 2, failovers     # each host, each down episode (a blip may merge)
+        _check(bed, job, disturbed, tmp_path / "runs")
+
+
+@needs_torch
+@pytest.mark.e2e
+def test_ddp_training_survives_with_the_real_agents_and_pipeline(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with everything real: per host `clocktower agent --actuate` (its watchdog fails over), the broker,
+    stream workers (T_stable 3 s: they order every restore) and sink; every command acked `applied`."""
+    from clocktower.runtime.credentials import control_public_key_path
+    from tests.conftest import start_pipeline
+
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_STABLE_S", str(STABLE_S))
+    with failover_bed("ftrp") as bed:
+        bed.add_service_device("svc")
+        p = start_pipeline(tmp_path / "ct")
+        try:
+            with bed.real_agents(p.settings.bootstrap, tmp_path / "agents",
+                                 control_public_key_path(p.settings.data_dir)) as agents:
+                nodes = "(" + ",".join(f"'{bed.node(h)}'" for h in HOSTS) + ")"
+                _rows(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {nodes} AND up", 2)
+
+                def restored() -> None:              # the pipeline's restore, T_stable after the primary is back
+                    up = time.monotonic()
+                    _wait_on(bed, PRIMARY, STABLE_S + 20)
+                    assert time.monotonic() - up >= STABLE_S - 0.5, "restored before T_stable"
+
+                job = Job(bed, tmp_path / "runs", "disturbed", pace_s=PACE_S)
+                disturbed = _disturb(bed, job, restored)
+                assert all(a.alive() for a in agents.values())
+            cmds = _rows(p, f"SELECT command_id, action FROM control_commands FINAL WHERE node IN {nodes}", 8)
+            assert sorted(r[1] for r in cmds) == ["failover"] * 4 + ["restore"] * 4, cmds
+            acks = _rows(p, f"SELECT command_id, status FROM control_acks WHERE node IN {nodes} "
+                            "AND origin = 'command'", len(cmds))
+            assert {r[0] for r in cmds} <= {r[0] for r in acks if r[1] == "applied"}, (cmds, acks)
+        finally:
+            p.stack.stop()
+        _check(bed, job, disturbed, tmp_path / "runs")
+
+
+def _rows(p: Pipeline, sql: str, want: int, timeout_s: float = 60.0) -> list:
+    deadline = time.monotonic() + timeout_s
+    rows: list = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(DatabaseError):   # the sink creates its tables as it starts
+            rows = p.client.query(sql).result_rows
+        if len(rows) >= want:
+            break
+        p.stack.supervise()
+        time.sleep(0.3)
+    return rows
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
