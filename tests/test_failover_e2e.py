@@ -165,3 +165,35 @@ def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticin
         kinds = {r[1] for r in incidents if r[0] == node}
         assert kinds & {"link_down", "link_flap"}, (node, incidents)
         assert any(r[2] == "resolve" for r in incidents if r[0] == node), (node, incidents)
+
+
+def test_the_agent_netns_setting_reaches_the_link_source_topology_and_routing(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLOCKTOWER_AGENT_NETNS (what the proof above runs the agents with) is passed to all three; a name that
+    is not a plain netns name (a path) is refused."""
+    from pydantic import ValidationError
+
+    from clocktower import agent_cli
+    from clocktower.actuators.settings import ActuatorSettings
+    from clocktower.producers.agent import factory
+    from clocktower.producers.agent.config import AgentSettings
+
+    monkeypatch.setenv("CLOCKTOWER_AGENT_NETNS", "blue")
+    settings = AgentSettings(sources=("links",))
+    assert settings.netns == "blue"
+    (source,) = factory.build_sources(settings)
+    assert source.netns == "blue"
+    seen: dict = {}
+    monkeypatch.setattr(factory, "discover", lambda *a, **kw: seen.update(kw) or None)
+    factory.topology_for(settings)._discover()  # noqa: SLF001 - the call the cache makes
+    assert seen.get("netns") == "blue"
+    made: dict = {}
+    monkeypatch.setattr("clocktower.actuators.route_table.KernelRouting",
+                        lambda path, netns=None: made.update(path=path, netns=netns))
+    monkeypatch.setattr(agent_cli, "_has_net_admin", lambda: True)
+    agent_cli.kernel_routing(ActuatorSettings(state_dir=tmp_path), "blue")
+    assert made == {"path": tmp_path / "routes.json", "netns": "blue"}
+    for bad in ("../etc", "a/b", ""):
+        monkeypatch.setenv("CLOCKTOWER_AGENT_NETNS", bad)
+        with pytest.raises(ValidationError):
+            AgentSettings()
