@@ -48,7 +48,7 @@ class Hooks:
         if argv is None:
             raise HookError(f"no {cmd.action} hook configured (CLOCKTOWER_ACTUATOR_{cmd.action.upper()}_HOOK)")
         params = orjson.dumps(cmd.params, option=orjson.OPT_SORT_KEYS).decode()
-        env = {**os.environ, "CLOCKTOWER_ACTION": cmd.action, "CLOCKTOWER_NODE": cmd.node,
+        env = {**_hook_base_env(), "CLOCKTOWER_ACTION": cmd.action, "CLOCKTOWER_NODE": cmd.node,
                "CLOCKTOWER_TARGET": cmd.target, "CLOCKTOWER_PARAMS": params,
                "CLOCKTOWER_COMMAND_ID": cmd.command_id, "CLOCKTOWER_INCIDENT_ID": cmd.incident_id}
         try:
@@ -71,3 +71,12 @@ class Hooks:
         if proc.returncode != 0:
             raise HookError(f"{cmd.action} hook exited with {proc.returncode}; output: {_tail(out)}")
         return _tail(out)
+
+
+HOOK_ENV_PASSED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "KUBECONFIG", "SLURM_CONF", "USER", "LOGNAME")
+
+
+def _hook_base_env() -> dict[str, str]:
+    """Only what a drain/spare tool needs from the agent's environment: never its secrets (Kafka password, node
+    key), since a hook's output goes into the ack, which any dashboard user can read."""
+    return {k: v for k, v in os.environ.items() if k in HOOK_ENV_PASSED}

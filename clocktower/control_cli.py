@@ -86,7 +86,7 @@ def _release(args: argparse.Namespace, settings: Settings, console: Console) -> 
 def _send(bootstrap: str, login: dict[str, str], cmd: ControlCommand) -> None:
     spec = BY_MODEL[ControlCommand]
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **login})
-    meta = producer.list_topics(spec.name, timeout=10).topics.get(spec.name)
+    meta = producer.list_topics(timeout=10).topics.get(spec.name)   # by name would auto-create it on some brokers
     if meta is None or meta.error is not None or not meta.partitions:
         raise UserError(f"topic {spec.name} is not there: has `clocktower up` (or the topics job) run?")
     key, value, headers = encode_batch([cmd])
@@ -101,7 +101,7 @@ def _ack_reader(bootstrap: str, login: dict[str, str]) -> Consumer:
     topic = BY_MODEL[ControlAck].name
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"clocktower-cli-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, **login})
-    meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    meta = consumer.list_topics(timeout=10).topics.get(topic)
     parts = sorted(meta.partitions) if meta is not None and meta.partitions else [0]
     ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]
     consumer.assign([TopicPartition(topic, p, end if end >= 0 else OFFSET_END) for p, end in zip(parts, ends,

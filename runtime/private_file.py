@@ -64,8 +64,11 @@ def read_private_file(path: Path) -> bytes:
 
 
 def read_public_file(path: Path) -> bytes:
-    """A public file's bytes (a public key may be world-readable, never writable by others, never a symlink)."""
+    """A public file's bytes: world-readable is fine (a public key), but it must belong to this user or root and
+    be writable by no one else, or whoever can rewrite it could swap in their own key."""
     def check(st: os.stat_result) -> None:
+        if st.st_uid not in (os.geteuid(), 0):
+            raise UserError(f"{path} belongs to uid {st.st_uid}, not to this user or root: refusing to trust it")
         if st.st_mode & 0o022:
             raise UserError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 644 it")
     return read_checked_file(path, check)

@@ -7,9 +7,21 @@ import logging
 import sys
 
 from prometheus_client import start_http_server
+from pydantic import ValidationError
 
+from clocktower.runtime.errors import UserError
 from clocktower.runtime.parent_watch import watch_parent
-from clocktower.streams.app import app, settings
+
+try:   # the app reads its settings and keys when imported: a problem there is one line, not a traceback
+    from clocktower.streams.app import app, settings
+except UserError as exc:
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(2)
+except ValidationError as exc:
+    err = exc.errors()[0]
+    print(f"error: bad configuration {'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}",
+          file=sys.stderr, flush=True)
+    sys.exit(2)
 
 if __name__ == "__main__":
     watch_parent()

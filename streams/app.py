@@ -20,6 +20,8 @@ from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.clock_broadcast import ClockBroadcast
+from clocktower.streams.command_topic import command_partitions
+from clocktower.streams.emit import use_command_partitions
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processor import Processor
@@ -58,6 +60,7 @@ app = faust.App(
     producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
 )
 clocks = ClockBroadcast(settings.bootstrap, security.librdkafka())
+use_command_partitions(command_partitions(settings.bootstrap, security.librdkafka()))
 budget = RemediationBudget(settings.remediation_max_per_hour)
 processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget))
 tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes)

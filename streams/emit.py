@@ -17,6 +17,17 @@ from clocktower.schemas.topics import topic_for
 log = logging.getLogger(__name__)
 
 
+_command_partitions: int | None = None   # control.commands' real partition count, once the worker has read it
+
+
+def use_command_partitions(partitions: int) -> None:
+    """Route commands by the topic's real partition count (read from the broker at start), which is what the
+    actuators assign themselves by: an operator-made topic, or one the cluster refused to grow, may differ from the
+    registry's count."""
+    global _command_partitions
+    _command_partitions = partitions
+
+
 class Out(NamedTuple):
     """A record to publish. `partition` None: the producer's partitioner places it by key; a repartitioned
     record names its partition (the processor's key decides it, while the key stays the producing node)."""
@@ -45,6 +56,6 @@ def records(events: Iterable[Event], max_events: int = 1000, topic: str | None =
             spec = topic_for(type(part[0]))
             to = partition
             if topic is None and spec.model is ControlCommand:
-                to = partition_of(part[0].node, spec.partitions)
+                to = partition_of(part[0].node, _command_partitions or spec.partitions)
             for r in split.records:
                 yield Out(topic or spec.name, r.key, r.value, r.headers, to)

@@ -279,6 +279,15 @@ def test_arguments_never_go_through_a_shell(tmp_path: Path) -> None:
     assert evil in out.read_text().splitlines() and not (tmp_path / "pwned").exists()
 
 
+def test_a_hook_never_sees_the_agent_s_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOCKTOWER_KAFKA_SASL_PASSWORD", "sasl-secret")
+    monkeypatch.setenv("CLOCKTOWER_NODE_KEY", "node-key-secret")
+    hook = _script(tmp_path, "env\n")
+    ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]})).handle(_cmd("drain", params={}))
+    assert ack.status == "applied" and "CLOCKTOWER_ACTION=drain" in ack.detail and "PATH=" in ack.detail
+    assert "secret" not in ack.detail, ack.detail
+
+
 def test_a_failing_hook_is_a_failed_ack_with_its_output(tmp_path: Path) -> None:
     hook = _script(tmp_path, "echo 'scontrol: node unknown' >&2; exit 3\n")
     ack = _actuator(tmp_path / "state", hooks=Hooks({"drain": [hook]})).handle(_cmd("drain", params={}))

@@ -163,6 +163,12 @@ def test_a_world_writable_public_key_is_not_trusted(tmp_path: Path) -> None:
     path.chmod(0o666)
     with pytest.raises(UserError, match="writable by other users"):
         verifier_from_file(path)
+    path.chmod(0o644)
+    assert isinstance(verifier_from_file(path), CommandVerifier)
+    if os.geteuid() == 0:   # only root can give a file away (the build machines run as root)
+        os.chown(path, 4242, 4242)   # another user's file: they could swap in their own key
+        with pytest.raises(UserError, match="belongs to uid 4242"):
+            verifier_from_file(path)
 
 
 def test_control_imports_only_schemas_runtime_and_libraries() -> None:
@@ -175,3 +181,17 @@ def test_control_imports_only_schemas_runtime_and_libraries() -> None:
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("clocktower")
                           and not n.startswith(("clocktower.schemas", "clocktower.control", "clocktower.runtime"))]
     assert offenders == []
+
+
+def test_the_stream_worker_refuses_to_start_without_a_key_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    tmp_path.chmod(0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLOCKTOWER_")}
+    env |= {"CLOCKTOWER_DATA_DIR": str(tmp_path), "CLOCKTOWER_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    r = subprocess.run([sys.executable, "-m", "clocktower.streams"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.splitlines() == ["error: no control signing key: with an external Kafka set "
+                                     "CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE (`clocktower control keygen DIR` makes a "
+                                     "key pair)"], r.stderr

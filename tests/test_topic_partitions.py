@@ -66,3 +66,28 @@ def test_the_demo_starts_its_streams_from_no_state(broker: StandaloneBroker, tmp
     assert not set(gone) & set(_partitions(admin))
     ensure_topics(broker.bootstrap)   # and the setup makes them again, empty
     assert set(gone) <= set(_partitions(admin))
+
+
+def test_commands_follow_the_real_partition_count_the_actuators_read(broker: StandaloneBroker) -> None:
+    """An operator-made control.commands with 7 partitions (not the registry's 4): the streams route by 7, the
+    partition a node's actuator assigns itself."""
+    from clocktower.control.intent import CommandIntent
+    from clocktower.control.issuer import CommandIssuer
+    from clocktower.schemas.partitioning import partition_of
+    from clocktower.streams import emit
+    from clocktower.streams.command_topic import command_partitions
+    from tests.control_keys import TEST_SIGNER
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert command_partitions(broker.bootstrap, {}, timeout_s=5) == BY_NAME["control.commands"].partitions
+    for f in admin.create_topics([NewTopic("control.commands", 7, 1)]).values():
+        f.result(10)
+    assert command_partitions(broker.bootstrap, {}) == 7
+    cmds = [CommandIssuer(TEST_SIGNER).issue(CommandIntent(f"node-{i}", "drain", f"node-{i}", 1_780_000_000 * 10**9))
+            for i in range(12)]
+    emit.use_command_partitions(7)
+    try:
+        parts = {out.partition for c in cmds for out in emit.records([c])}
+        assert parts == {partition_of(c.node, 7) for c in cmds} and max(parts) >= 4   # beyond the registry's 4
+    finally:
+        emit.use_command_partitions(0)
