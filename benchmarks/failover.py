@@ -35,10 +35,12 @@ setting's maximum, beyond every down here) and the stream workers fail over on t
    default; CLOCKTOWER_STREAMS_LINK_STABLE_S) of stable carrier: pipeline_restore_after_up_ms = from the up
    until data bytes arrive on b's primary port (T_stable included), and the next down waits for it.
 
-pipeline_down_to_command_ms (down until the failover's control.commands record timestamp: the agent's 0.1 s
-event batching, the spooling publisher, the broker, the stream workers) and pipeline_command_to_ack_ms (that
-until the node's ack: the actuator consumer's idle pacing, up to 0.25 s, verifying and moving) say where the
-time goes (wall clocks of one machine).
+pipeline_down_to_command_ms (down until host a's failover record's timestamp on control.commands: the
+agent's 0.1 s event batching, the spooling publisher, the broker, the stream workers' idle fetch backoff of up
+to 0.25 s) and pipeline_command_to_ack_ms (that until a's ack: the actuator consumer's idle pacing, up to
+0.25 s, verifying and moving) say where the time goes (wall clocks of one machine). TCP then adds its
+retransmit timer: a stream whose route moved 0.2-0.6 s after the down resumes at the retransmission of
+~0.6 s (200 ms rto_min, doubling), so pipeline_failover_ms sits near 620-650 ms or near 210 ms.
 
 Quarantine is lifted for the run (CLOCKTOWER_STREAMS_LINK_QUARANTINE_FLAPS=10000: more than 8 downs an hour
 would otherwise hold the traffic on the backup). pipeline_commands / pipeline_acks_applied count the
@@ -191,7 +193,8 @@ def _command_times(bootstrap: str, ids: set[str]) -> dict[str, int]:
             except DecodeError:
                 continue
             for cmd in batch.events:
-                out[cmd.command_id] = msg.timestamp()[1] * 1_000_000
+                if cmd.command_id in ids:
+                    out[cmd.command_id] = msg.timestamp()[1] * 1_000_000
     finally:
         c.close()
     return out
@@ -249,13 +252,14 @@ def measure_pipeline(bed: FailoverBed, stream: TcpStream, flaps: int, work_dir: 
                     time.sleep(0.02)
                 time.sleep(0.3)
             died = [a.host for a in agents.values() if not a.alive()]
-        cmds = _wait_rows(client, f"SELECT command_id, action FROM control_commands FINAL WHERE node IN {nodes}",
+        cmds = _wait_rows(client, f"SELECT command_id, action, node FROM control_commands FINAL WHERE node IN {nodes}",
                           lambda rows: sum(r[1] == "restore" for r in rows) >= flaps * len(HOSTS), 30)
         ids = {r[0] for r in cmds}
         acks = _wait_rows(client, f"SELECT command_id, status, ts_ns FROM control_acks WHERE node IN {nodes} "
                                   "AND origin = 'command'", lambda rows: ids <= {r[0] for r in rows}, 30)
         # where the time goes: down -> the command's record (agent, broker, stream workers) -> the ack (actuator)
-        sent = _command_times(pipeline.settings.bootstrap, {r[0] for r in cmds if r[1] == "failover"})
+        sent = _command_times(pipeline.settings.bootstrap,     # host a's (whose route move is timed above)
+                              {r[0] for r in cmds if r[1] == "failover" and r[2] == bed.node("a")})
         acked_at = {r[0]: r[2] for r in acks}
         to_command, to_ack = [], []
         for cid, ts in sent.items():
