@@ -6,11 +6,22 @@ consumer `assign()`s only that one (no subscribe, no rebalance: every node's act
 `clocktower-actuator-<node>`), re-reads the partition count every `metadata_refresh_s` and adds the new partition
 of its node if the topic grew (the old one stays assigned: commands sent before the growth are still read).
 A partition with no committed offset starts at the first record of the last command lifetime (offsets_for_times):
-anything older has expired. Records of the other nodes sharing the partition are skipped, counted (`foreign`).
+anything older has expired. With no record in that lifetime it starts at the high watermark read at that moment, an
+absolute offset: the logical OFFSET_END would be resolved only at the first fetch, skipping for good a command
+produced in between. Records of the other nodes sharing the partition are skipped, counted (`foreign`).
 
 The loop is the sink's (runtime/consume_loop.py): the acks of the handled records are handed to `publish` (the
 agent's spooling path) before their offsets are committed. A record that fails decoding is never applied: the
 ids it names get `refused` acks; one naming none becomes a dead letter. No record stops the consumer.
+
+Nothing else stops it either: any exception out of the loop (a failed synchronous commit, a broker restarting) is
+logged and counted (`loop_restarts`, `last_error`), and the consumer is rebuilt and resumes after a backoff (0.5 s
+doubling to 10 s), until `stop`. A partition then restarts after the last record handled by this process when
+that is past its committed offset (the records' acks are published, or still pending and published at the next
+store; the offset is committed at that store), so an in-process restart applies and acks nothing twice. Limit: if
+the process itself dies between publishing acks and committing their offsets, the next process reads those
+records again, and the on-disk seen-commands memory refuses them as `replayed` (a second ack, `refused`, for an id
+already acked `applied`; never a second apply).
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.malformed import named_commands
@@ -39,7 +50,7 @@ RDKAFKA_LOG = logging.getLogger("rdkafka")
 TOPIC = "control.commands"
 METADATA_REFRESH_S = 30.0
 METADATA_TIMEOUT_S = 5.0
-RETRY_S = (0.5, 10.0)         # assigning waits for the broker and the topic: retried, doubling up to the maximum
+RETRY_S = (0.5, 10.0)         # assigning, and rebuilding after a failed loop: retried, doubling up to the maximum
 
 Publish = Callable[[list[Event]], None]
 
@@ -65,9 +76,14 @@ class CommandConsumer:
         self._acks: list[Event] = []             # handled, not yet handed to publish
         self._offsets: dict[tuple[str, int], int] = {}
         self._refresh_at = 0.0
+        self._position: dict[tuple[str, int], int] = {}   # after the last record handled by this process
+        self._assigned: set[int] = set()                    # partitions assigned to the current consumer
         self._retry_s = RETRY_S[0]
         self._lock = threading.Lock()
-        self.consumer = Consumer({
+        self._alive = False
+        self._restarts = 0
+        self._last_error: str | None = None
+        self._config = {
             "bootstrap.servers": bootstrap,
             "group.id": group_of(self.node),
             "enable.auto.commit": False,
@@ -78,49 +94,103 @@ class CommandConsumer:
             "logger": RDKAFKA_LOG,
             **IDLE_CONSUMER_SETTINGS,          # the embedded broker answers fetches at once: pause while idle
             **(security or KafkaSecurity()).librdkafka(),
-        })
+        }
+        self.consumer = Consumer(self._config)
+        self._open = True
 
     # -- running ---------------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Assign (waiting for the broker and the topic), then consume until `stop`; closes the consumer."""
+        """Consume until `stop`, closing the consumer at the end; a failed loop is rebuilt (see the module doc)."""
+        with self._lock:
+            self._alive = True
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    self._run_once(stop)
+                except Exception as exc:  # noqa: BLE001 - whatever ended the loop, the actuator goes on
+                    self._failed(exc, time.monotonic() - started)
+                    self._backoff(stop)
+        finally:
+            self._close_quietly()
+            with self._lock:
+                self._alive = False
+
+    def _run_once(self, stop: threading.Event) -> None:
+        """Assign (waiting for the broker and the topic), then run the consume loop until `stop` (or it fails)."""
+        if not self._open:
+            self.consumer, self._open, self._assigned, self._refresh_at = Consumer(self._config), True, set(), 0.0
         while not stop.is_set() and not self._assign_own():
-            stop.wait(self._retry_s)
-            self._retry_s = min(2 * self._retry_s, RETRY_S[1])
-        if stop.is_set():
-            self.consumer.close()
-            return
-        consume_loop(self.consumer, self, stop)
+            self._backoff(stop)
+        if not stop.is_set():
+            consume_loop(self.consumer, self, stop)
+
+    def _failed(self, exc: Exception, ran_s: float) -> None:
+        if ran_s >= RETRY_S[1]:
+            self._retry_s = RETRY_S[0]       # it had been running: a new failure, not the same one again
+        log.error("the actuator's consume loop for %s failed after %.1f s (%s: %s); rebuilding the consumer in %g s",
+                  self.node, ran_s, type(exc).__name__, exc, self._retry_s, exc_info=exc)
+        with self._lock:
+            self._restarts += 1
+            self._last_error = bounded(f"{type(exc).__name__}: {exc}", 300)
+        self._close_quietly()
+
+    def _backoff(self, stop: threading.Event) -> None:
+        stop.wait(self._retry_s)
+        self._retry_s = min(2 * self._retry_s, RETRY_S[1])
+
+    def _close_quietly(self) -> None:
+        if self._open:
+            try:
+                self.close()
+            except Exception as exc:  # noqa: BLE001 - closing a broken consumer: a new one is built anyway
+                log.warning("closing the actuator's consumer failed: %s", exc)
 
     def stats(self) -> dict[str, object]:
+        """Counts, plus liveness: `alive` (the run is going on), `loop_restarts` and `last_error` (see run)."""
         with self._lock:
-            return {"partitions": list(self.partitions), **dict(sorted(self.counts.items()))}
+            return {"partitions": list(self.partitions), "alive": self._alive, "loop_restarts": self._restarts,
+                    "last_error": self._last_error, **dict(sorted(self.counts.items()))}
 
     def _assign_own(self) -> bool:
-        """Add this node's partition for the topic's current partition count; False when it cannot be read now."""
+        """Add this node's partition for the topic's current partition count, and (after a rebuild) those assigned
+        before; False when it cannot be done now."""
         self._refresh_at = time.monotonic() + self.metadata_refresh_s
         try:
             meta = self.consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S).topics.get(self.topic)
             if meta is None or meta.error is not None or not meta.partitions:
                 log.warning("%s: no partitions yet (%s); retrying", self.topic, None if meta is None else meta.error)
                 return False
-            partition = partition_of(self.node, len(meta.partitions))
-            if partition in self.partitions:
-                return True
-            tp = TopicPartition(self.topic, partition, self._start_offset(partition))
-            self.consumer.incremental_assign([tp])
+            own = partition_of(self.node, len(meta.partitions))
+            for partition in dict.fromkeys([*self.partitions, own]):
+                if partition not in self._assigned:
+                    self._assign(partition, len(meta.partitions))
         except Exception as exc:  # noqa: BLE001 - the broker is away or restarting: retried, never fatal
             log.warning("cannot assign %s for node %s yet: %s", self.topic, self.node, exc)
             return False
-        with self._lock:
-            self.partitions.append(partition)
-        log.info("actuator %s reads %s[%d] from offset %d (of %d partitions)", self.node, self.topic, partition,
-                 tp.offset, len(meta.partitions))
         return True
 
+    def _assign(self, partition: int, count: int) -> None:
+        tp = TopicPartition(self.topic, partition, self._start_offset(partition))
+        self.consumer.incremental_assign([tp])
+        self._assigned.add(partition)
+        with self._lock:
+            if partition not in self.partitions:
+                self.partitions.append(partition)
+        log.info("actuator %s reads %s[%d] from offset %d (of %d partitions)", self.node, self.topic, partition,
+                 tp.offset, count)
+
     def _start_offset(self, partition: int) -> int:
-        """The committed offset, else the first record of the last command lifetime (older ones have expired)."""
+        """After the last record this process handled when past the committed offset (a rebuilt consumer), else
+        the committed offset, else the first record of the last command lifetime (older ones have expired)."""
         committed = self.consumer.committed([TopicPartition(self.topic, partition)], timeout=METADATA_TIMEOUT_S)[0]
+        key = (self.topic, partition)
+        with self._lock:
+            handled = self._position.get(key, -1)
+            if handled > max(committed.offset, -1):
+                self._offsets.setdefault(key, handled)    # committed at the next store
+                return handled
         if committed.offset >= 0:
             return committed.offset
         return self._lifetime_offset(partition)
@@ -134,7 +204,15 @@ class CommandConsumer:
             log.warning("%s[%d]: no offset for the time %d ms (%s); reading from the start", self.topic, partition,
                         since_ms, found.error)
             return OFFSET_BEGINNING
-        return found.offset if found.offset >= 0 else OFFSET_END   # -1: no record since then
+        if found.offset >= 0:
+            return found.offset
+        # no record since then: the end as it is now, an absolute offset (OFFSET_END would be resolved at the first
+        # fetch, and a command produced in between would be skipped for good)
+        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                      timeout=METADATA_TIMEOUT_S, cached=False)
+        if high < 0:
+            raise RuntimeError(f"{self.topic}[{partition}]: no high watermark ({high})")
+        return high
 
     # -- the consume loop's handler (runtime/consume_loop.py) ------------------------------------------------
 
@@ -161,7 +239,8 @@ class CommandConsumer:
             self._count("errors")
         with self._lock:
             self._acks += acks
-            self._offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            self._offsets[(msg.topic(), msg.partition())] = self._position[(msg.topic(), msg.partition())] = \
+                msg.offset() + 1
         return False
 
     def _reset(self, msg: Message) -> bool:
@@ -170,6 +249,8 @@ class CommandConsumer:
         self._count("offset_resets")
         try:
             offset = self._lifetime_offset(partition)
+            with self._lock:
+                self._position.pop((self.topic, partition), None)   # read again from there, even after a rebuild
             log.error("%s[%d]: fetch out of range (%s); reading again from offset %d (the last command lifetime)",
                       self.topic, partition, msg.error().str(), offset)
             self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
@@ -195,6 +276,7 @@ class CommandConsumer:
         return offsets
 
     def close(self) -> None:
+        self._open = False
         self.consumer.close()
 
     # -- one record ----------------------------------------------------------------------------------------------

@@ -113,4 +113,9 @@ class ActuatorComponent:
             self._actuator.close()
 
     def stats(self) -> dict[str, object]:
-        return self.consumer.stats() if self.consumer is not None else {}
+        """The consumer's counts and liveness (`alive`, `loop_restarts`, `last_error`); `alive` is also false when
+        its thread has ended, whatever the consumer last said."""
+        if self.consumer is None:
+            return {"alive": False}
+        stats = self.consumer.stats()
+        return {**stats, "alive": bool(stats.get("alive")) and self._thread is not None and self._thread.is_alive()}

@@ -148,6 +148,8 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
         deadline = time.monotonic() + 30
         while not delivered and time.monotonic() < deadline:
             time.sleep(0.05)
+        live = act.stats()
+        assert (live["alive"], live["loop_restarts"], live["last_error"]) == (True, 0, None), live
         runner.stop()
     finally:
         broker.stop()
@@ -157,6 +159,7 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
     assert report["actuators"]["actuator"]["events"] == {"control_ack": 1}
     assert report["delivered"] == {"control_ack": 1}
     assert act.stats()["acks_applied"] == 1
+    assert act.stats()["alive"] is False, "stopped: the consumer's thread has ended"
 
 
 def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path,

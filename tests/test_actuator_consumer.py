@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -192,3 +192,175 @@ def test_a_committed_offset_past_the_log_end_restarts_at_the_last_command_lifeti
         run.close()
     assert [(a.command_id, a.status) for a in run.published] == [(cmd.command_id, "applied")]  # type: ignore[attr-defined]
     assert run.consumer.stats()["offset_resets"] == 1
+
+
+# -- unit tests with a fake consumer (no broker) -------------------------------------------------------------------
+
+class _Msg:
+    """Just enough of a confluent_kafka Message: one record of `partition`."""
+
+    def __init__(self, partition: int, offset: int, record: tuple[bytes, bytes, list]) -> None:
+        self._partition, self._offset, self._record = partition, offset, record
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return TOPIC
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return self._record[0]
+
+    def value(self) -> bytes:
+        return self._record[1]
+
+    def headers(self) -> list:
+        return self._record[2]
+
+
+class _Log:
+    """The topic's one partition as the fake consumers see it (shared: it outlives a rebuilt consumer)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes, list]] = []
+        self.committed = -1001                  # librdkafka's OFFSET_INVALID: nothing committed
+        self.consumers: list[_FakeConsumer] = []
+        self.failing_commits = 0                # the next n commits raise a transport error
+        self.end_lookups = 0
+        self.lifetime_start = 0                 # what offsets_for_times answers (-1: no record since then)
+
+
+class _FakeConsumer:
+    """A Consumer over `_Log`, built by CommandConsumer in place of confluent_kafka's."""
+
+    def __init__(self, log: _Log) -> None:
+        from types import SimpleNamespace
+        self.log, self.position, self.assigned, self.closed = log, None, [], False
+        self._meta = SimpleNamespace(topics={TOPIC: SimpleNamespace(error=None, partitions={0: None})})
+        log.consumers.append(self)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        assert not self.closed
+        return self._meta
+
+    def committed(self, parts: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0, self.log.committed)]
+
+    def offsets_for_times(self, parts: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0, self.log.lifetime_start)]
+
+    def get_watermark_offsets(self, part: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        self.log.end_lookups += 1
+        return 0, len(self.log.records)
+
+    def incremental_assign(self, parts: list[TopicPartition]) -> None:
+        self.assigned += parts
+        offset = parts[0].offset
+        # the logical end is resolved only at the first fetch: whatever was produced meanwhile is skipped
+        self.position = offset if offset >= 0 else ("end" if offset == -1 else 0)
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0)] if self.assigned else []
+
+    def pause(self, parts: list[TopicPartition]) -> None:
+        pass
+
+    def resume(self, parts: list[TopicPartition]) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[_Msg]:
+        assert not self.closed
+        if self.position == "end":
+            self.position = len(self.log.records)
+        if self.position is None or self.position >= len(self.log.records):
+            time.sleep(min(timeout, 0.01))
+            return []
+        msgs = [_Msg(0, o, self.log.records[o]) for o in range(self.position, len(self.log.records))][:num_messages]
+        self.position += len(msgs)
+        return msgs
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+        if self.log.failing_commits:
+            self.log.failing_commits -= 1
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        self.log.committed = offsets[0].offset
+
+    def close(self) -> None:
+        if self.closed:
+            raise RuntimeError("Consumer closed")
+        self.closed = True
+
+
+@pytest.fixture
+def fake_log(monkeypatch: pytest.MonkeyPatch) -> _Log:
+    from clocktower.actuators import command_consumer
+    log = _Log()
+    monkeypatch.setattr(command_consumer, "Consumer", lambda config: _FakeConsumer(log))
+    return log
+
+
+def _wait_for(what: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not what() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return what()
+
+
+def test_a_failed_commit_rebuilds_the_consumer_and_applies_nothing_twice(fake_log: _Log, tmp_path: Path) -> None:
+    """The synchronous commit fails (the broker's transport): the loop is rebuilt after a backoff, not ended with
+    the thread dead; it resumes after the record it handled (nothing acked twice) and commits it then."""
+    first, second = _command(NODE, "eth0", 1), _command(NODE, "eth1", 2)
+    fake_log.records.append(encode_batch([first]))
+    fake_log.failing_commits = 1
+    run = Run("fake:9092", tmp_path / "state", SimulatedRouting())
+    try:
+        run.wait(1)
+        assert _wait_for(lambda: len(fake_log.consumers) == 2), "the consumer was not rebuilt after the commit error"
+        stats = run.consumer.stats()
+        assert stats["alive"] is True and run.thread.is_alive()
+        assert stats["loop_restarts"] == 1 and "_TRANSPORT" in str(stats["last_error"]), stats
+        assert fake_log.consumers[0].closed
+        assert [tp.offset for tp in fake_log.consumers[1].assigned] == [1], "resumed after the handled record"
+        assert _wait_for(lambda: fake_log.committed == 1), "the handled record's offset is committed after all"
+        fake_log.records.append(encode_batch([second]))
+        run.wait(2)
+    finally:
+        run.close()
+    assert [(a.command_id, a.status) for a in run.published] == [  # type: ignore[attr-defined]
+        (first.command_id, "applied"), (second.command_id, "applied")]
+    assert fake_log.committed == 2
+    assert run.consumer.stats()["alive"] is False
+
+
+def test_a_new_group_with_no_recent_command_starts_at_an_absolute_end(fake_log: _Log, tmp_path: Path) -> None:
+    """No committed offset, no record in the last lifetime: the start is the end read then (an absolute offset),
+    so a command produced before the first fetch is read, not skipped as the logical OFFSET_END would."""
+    from clocktower.actuators.actuator import Actuator as _Actuator
+    old = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "failover", "eth0", time.time_ns() - 2 * 3600 * 10**9,
+                                                         "inc-old", {"from": "eth0", "to": "eth9"}))
+    fake_log.records.append(encode_batch([old]))       # expired: not in the last lifetime
+    fake_log.lifetime_start = -1
+    published: list[Event] = []
+    state = tmp_path / "state"
+    actuator = _Actuator(NODE, TEST_VERIFIER, SimulatedRouting(), SeenCommands(state), Quarantine(state), Hooks({}))
+    consumer = CommandConsumer("fake:9092", actuator, published.extend)
+    assert consumer._assign_own()
+    assert [tp.offset for tp in fake_log.consumers[0].assigned] == [1] and fake_log.end_lookups == 1
+    fresh = _command(NODE, "eth1", 1)
+    fake_log.records.append(encode_batch([fresh]))      # produced between the lookup and the first fetch
+    stop = threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert _wait_for(lambda: len(published) == 1), consumer.stats()
+    finally:
+        stop.set()
+        thread.join(10)
+    assert [(a.command_id, a.status) for a in published] == [(fresh.command_id, "applied")]  # type: ignore[attr-defined]
