@@ -158,7 +158,8 @@ class CommandConsumer:
         before; False when it cannot be done now."""
         self._refresh_at = time.monotonic() + self.metadata_refresh_s
         try:
-            meta = self.consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S).topics.get(self.topic)
+            # all topics, not this one by name: a named request makes a broker with auto-create create it
+            meta = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S).topics.get(self.topic)
             if meta is None or meta.error is not None or not meta.partitions:
                 log.warning("%s: no partitions yet (%s); retrying", self.topic, None if meta is None else meta.error)
                 return False

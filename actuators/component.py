@@ -56,8 +56,13 @@ class ActuatorComponent:
     name = "actuator"
 
     def __init__(self, node: str, bootstrap: str, routing: Callable[[], LinkRouting],
-                 settings: ActuatorSettings | None = None, security: KafkaSecurity | None = None) -> None:
+                 settings: ActuatorSettings | None = None, security: KafkaSecurity | None = None,
+                 durable_publish: Callable[[list[Event]], None] | None = None) -> None:
+        """`durable_publish`, when given, takes the acks instead of the runner's `emit` and returns only once they
+        are acknowledged or on disk (the agent's spooling publisher, flushed): the consumer commits a command's
+        offset right after, so an ack still in a memory queue would be lost with the process."""
         self.node = node
+        self._durable_publish = durable_publish
         self.bootstrap = bootstrap
         self.settings = settings or ActuatorSettings()
         self.security = security
@@ -93,8 +98,10 @@ class ActuatorComponent:
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
                                        Hooks(s.hooks(), s.hook_timeout_s))
 
+        deliver = self._durable_publish or emit
+
         def publish(events: list[Event]) -> None:
-            emit(events)
+            deliver(events)
             self.counts.update(type(e).SCHEMA for e in events)
 
         self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security)

@@ -40,6 +40,8 @@ from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.errors import UserError
 from clocktower.schemas.event import Event
 
+ACK_FLUSH_S = 5.0
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("agent", help="run the node agent (GPU health, eBPF flows, links, clock probes)")
@@ -129,7 +131,8 @@ class _Actuation:
     """What --actuate adds: the actuator component and the local watchdog, sharing one routing backend (two
     KernelRouting objects on one state file would disagree about what was moved)."""
 
-    def __init__(self, node: str, bootstrap: str, netns: str | None = None) -> None:
+    def __init__(self, node: str, bootstrap: str, netns: str | None = None,
+                 durable_publish: Callable[[list[Event]], None] | None = None) -> None:
         self.settings = ActuatorSettings()
         self.emit: Callable[[list[Event]], None] = lambda events: None   # the runner's, once it exists
         self.routing: LinkRouting | None = None
@@ -138,7 +141,8 @@ class _Actuation:
             self.routing = kernel_routing(self.settings, netns)
         except (PermissionError, OSError) as exc:   # the component reports itself off with this reason
             self.routing_error = exc
-        self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings)
+        self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings,
+                                           durable_publish=durable_publish)
         self.watchdog = None if self.routing is None else LinkWatchdog(
             node, self.routing, {}, lambda ack: self.emit([ack]), delay_s=self.settings.watchdog_ms / 1e3)
 
@@ -158,15 +162,28 @@ class _Actuation:
             self.watchdog.stop()
 
 
+def _acks_to(publisher: SpoolingPublisher | None) -> Callable[[list[Event]], None] | None:
+    """Acks straight to the spooling publisher, returning once they are acknowledged or fsynced in its spool
+    (bounded by ACK_FLUSH_S): the actuator commits the command's offset right after."""
+    if publisher is None:
+        return None
+
+    def publish(events: list[Event]) -> None:
+        publisher.publish(events)
+        publisher.flush(ACK_FLUSH_S)
+
+    return publish
+
+
 def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None,
-               netns: str | None = None) -> _Actuation | None:
+               netns: str | None = None, publisher: SpoolingPublisher | None = None) -> _Actuation | None:
     """The actuator and watchdog when --actuate is given (the component's check says whether it can run here)."""
     if not args.actuate:
         return None
     if bootstrap is None:
         raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
                         "(drop --stdout)")
-    return _Actuation(node, bootstrap, netns)
+    return _Actuation(node, bootstrap, netns, _acks_to(publisher))
 
 
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
@@ -200,7 +217,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    actuation = _actuation(args, settings.node, bootstrap, settings.netns)
+    actuation = _actuation(args, settings.node, bootstrap, settings.netns, publisher)
     actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
                          refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)

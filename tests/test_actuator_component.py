@@ -186,3 +186,25 @@ def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path,
     routing = agent_cli.kernel_routing(ActuatorSettings(state_dir=tmp_path))
     assert isinstance(routing, KernelRouting) and routing.state_path == tmp_path / "routes.json"
     routing.close()
+
+
+def test_the_agent_hands_acks_to_the_spool_and_waits_before_the_offset_is_committed() -> None:
+    """Acks go straight to the spooling publisher and are flushed (acknowledged or fsynced in the spool) before
+    publish returns, so the offset committed after it never outruns a queued, losable ack."""
+    from clocktower import agent_cli
+
+    calls: list[tuple[str, object]] = []
+
+    class Publisher:
+        def publish(self, events: list) -> None:
+            calls.append(("publish", len(events)))
+
+        def flush(self, timeout: float) -> int:
+            calls.append(("flush", timeout))
+            return 0
+
+    assert agent_cli._acks_to(None) is None
+    publish = agent_cli._acks_to(Publisher())  # type: ignore[arg-type]
+    assert publish is not None
+    publish([object(), object()])  # type: ignore[list-item]
+    assert calls == [("publish", 2), ("flush", agent_cli.ACK_FLUSH_S)]
