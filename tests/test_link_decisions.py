@@ -192,15 +192,84 @@ def test_more_than_n_flaps_an_hour_quarantine_the_link_and_no_restore_follows() 
     q = [r for r in incidents(fourth) if r.kind == "link_quarantine"]
     assert len(q) == 1 and (q[0].severity, q[0].state) == ("critical", "open")
     assert "clocktower control release node-1 eth0" in q[0].detail and "4 flaps" in q[0].detail
-    assert [a for a, _ in commands(fourth)] == ["quarantine"]
+    assert [a for a, _ in commands(fourth)] == ["quarantine", "failover"]   # the down's own failover: idempotent
     qcmd = next(c for c in fourth if isinstance(c, CommandIntent))
     assert qcmd.params == {"from": "eth0", "to": "eth1"} and q[0].command_ids == [command_id_of(qcmd)]
     assert "quarantined" in incidents(fourth)[-1].detail and incidents(fourth)[-1].state == "resolve"
-    later = _flap_once(node, T0 + 5 * MINUTE, 9)               # still quarantined: no failover, no restore
-    assert commands(later) == [] and "quarantined" in incidents(later)[0].detail
+    later = _flap_once(node, T0 + 5 * MINUTE, 9)               # still quarantined: a failover (idempotent), no restore
+    assert commands(later) == [("failover", {"from": "eth0", "to": "eth1"})]
+    assert "no restore until released" in incidents(later)[0].detail and "quarantined" in incidents(later)[-1].detail
     # An hour on, the count is back under the limit: the mark clears and the link is failed over and restored again
     again = _flap_once(node, T0 + 70 * MINUTE, 11)
     assert [a for a, _ in commands(again)] == ["failover", "restore"]
+
+
+def _quarantined(node: Node) -> None:
+    """4 downs an hour with quarantine_flaps=3: the 4th quarantines eth0 (traffic held on eth1)."""
+    node(rep(T0, True, 1))
+    for k in range(4):
+        _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+
+
+def test_a_hard_down_while_quarantined_still_fails_over_and_is_not_restored() -> None:
+    """Before: while the mark held (up to an hour), a released link that went down hard got no failover and the
+    incident said traffic stayed on eth1 while it was on the dead primary. A failover is idempotent on the
+    node (already on eth1 if still quarantined), so the detector orders it; only the restore stays held."""
+    node = Node(quarantine_flaps=3)
+    _quarantined(node)
+    t = T0 + 6 * MINUTE
+    out = node(rep(t, False, 10))
+    for i in range(1, 21):                                    # a 20 s hard down
+        out += node(rep(t + i * S, False, 10))
+    assert commands(out) == [("failover", {"from": "eth0", "to": "eth1"})]
+    (row,) = incidents(out)
+    assert (row.kind, row.state) == ("link_down", "open") and "no restore until released" in row.detail
+    back = node(rep(t + 21 * S, True, 11)) + node(rep(t + 40 * S, True, 11))
+    assert commands(back) == [] and [r.state for r in incidents(back)] == ["resolve"]
+    assert "quarantined" in incidents(back)[0].detail
+
+
+def _failed_over(node: Node, t: int) -> None:
+    node(rep(t, True, 1))
+    node(rep(t + S, False, 2))
+    node(rep(t + 2 * S, False, 2))                            # watchdog: failover
+    node(rep(t + 3 * S, True, 3))                             # up: restore due at t + 13 s
+
+
+def test_a_link_reporting_only_on_change_is_restored_by_the_partitions_time() -> None:
+    """Before: a restore was decided only on the link's own report; with reports only on change
+    (CLOCKTOWER_AGENT_LINK_REPORT_S=0) a failed-over link was never restored."""
+    node = Node()
+    _failed_over(node, T0)
+    assert node.tick(T0 + 13 * S - 1) == []                   # other links move the time: 1 ns short of T_stable
+    out = node.tick(T0 + 13 * S)
+    assert commands(out) == [("restore", {"from": "eth1", "to": "eth0"})]
+    assert [r.state for r in incidents(out)] == ["resolve"] and incidents(out)[0].command_ids[-1] == \
+        command_id_of(next(c for c in out if isinstance(c, CommandIntent)))
+    assert node.tick(T0 + 60 * S) == [] and node(rep(T0 + 61 * S, True, 3)) == []   # once
+
+
+def test_the_restore_timer_and_the_links_next_report_give_the_same_ids() -> None:
+    by_timer, by_report, late = Node(), Node(), Node()
+    for n in (by_timer, by_report, late):
+        _failed_over(n, T0)
+    timer = by_timer(rep(T0 + 30 * S, True, 1, iface="eth2", backup=""))   # another link: the partition's time
+    report = by_report(rep(T0 + 13 * S, True, 3))
+    slow = late(rep(T0 + 30 * S, True, 3))                    # a long report interval: restored as of T_stable
+    assert timer == report == slow and commands(report) == [("restore", {"from": "eth1", "to": "eth0"})]
+    assert next(c for c in report if isinstance(c, CommandIntent)).ts_ns == T0 + 13 * S
+
+
+def test_a_carrier_change_cancels_the_restore_timer() -> None:
+    node = Node()
+    _failed_over(node, T0)
+    node(rep(T0 + 5 * S, True, 5))                            # down and up again between reports: restart T_stable
+    assert node.tick(T0 + 14 * S) == []
+    assert commands(node.tick(T0 + 15 * S)) == [("restore", {"from": "eth1", "to": "eth0"})]
+    down = Node()
+    _failed_over(down, T0)
+    down(rep(T0 + 5 * S, False, 4))                           # down again: no restore, however long
+    assert commands(down.tick(T0 + 60 * S)) == []
 
 
 def test_a_limit_above_64_counts_every_down() -> None:
@@ -243,34 +312,47 @@ reports = st.lists(st.tuples(st.sampled_from(GAPS), st.booleans(), st.integers(0
 
 
 class Oracle:
-    """What the commands for one link may be, from its reports alone."""
+    """What the commands for one link may be, from its reports and the incident rows alone."""
 
     def __init__(self, t: int) -> None:
-        self.state = "primary"            # where traffic is after the commands so far
-        self.last_change = t
+        self.state = "primary"            # where traffic is after the commands so far ("held": quarantined there)
+        self.quarantined = False          # the detector's mark: from a quarantine until a report finds the hourly
+        self.open: set[str] = set()       # count under the limit and no incident open
+        self.up, self.last_change = True, t
         self.downs: list[int] = []        # times of down transitions
-        self.under_since_quarantine = True   # the hourly count has been under the limit since the last quarantine
 
-    def report(self, t: int, was_up: bool, up: bool, changed: int) -> None:
+    def outputs(self, out: list) -> None:
+        """The outputs of a tick, or of a report before `report` applies it (a restore is as of T_stable)."""
+        for e in out:
+            if isinstance(e, Incident) and e.kind != "link_quarantine":
+                (self.open.add if e.state == "open" else self.open.discard if e.state == "resolve" else len)(
+                    e.incident_id)
+            elif isinstance(e, CommandIntent):
+                self.command(e)
+
+    def report(self, t: int, up: bool, changed: int) -> None:
         if changed:
             self.last_change = t
-        self.downs += [t] * ((changed + was_up) // 2)
-        if sum(1 for d in self.downs if d > t - 3600 * S) < QUARANTINE:
-            self.under_since_quarantine = True
+        self.downs += [t] * ((changed + self.up) // 2)
+        self.up = up
+        if self.quarantined and not self.open and sum(1 for d in self.downs if d > t - 3600 * S) < QUARANTINE:
+            self.quarantined, self.state = False, "held"
 
-    def command(self, t: int, up: bool, c: CommandIntent) -> None:
+    def command(self, c: CommandIntent) -> None:
         assert c.params.get("from") and c.params.get("to"), "a command with an empty port"
         if c.action == "failover":
-            assert self.state == "primary" or (self.state == "held" and self.under_since_quarantine), \
-                "two failovers without a restore between them, or a failover while quarantined"
+            if self.quarantined:          # idempotent on the node: traffic is held on the backup already
+                return
+            assert self.state in ("primary", "held"), "two failovers without a restore between them"
             self.state = "backup"
         elif c.action == "restore":
-            assert self.state == "backup", "a restore while quarantined, or without a failover"
-            assert up and t - self.last_change >= STABLE, "a restore before T_stable of stable carrier"
+            assert not self.quarantined, "a restore while quarantined"
+            assert self.state == "backup", "a restore without a failover"
+            assert self.up and c.ts_ns == self.last_change + STABLE, "a restore not at T_stable of stable carrier"
             self.state = "primary"
         elif c.action == "quarantine":
-            assert self.state != "held" or self.under_since_quarantine, "quarantined twice"
-            self.state, self.under_since_quarantine = "held", False
+            assert not self.quarantined, "quarantined twice"
+            self.quarantined, self.state = True, "held"
 
 
 @settings(max_examples=400, deadline=None)
@@ -278,10 +360,10 @@ class Oracle:
 def test_commands_for_a_link_never_oscillate(steps: list[tuple[int, bool, int, bool]], watchdog: int,
                                              backup: bool) -> None:
     """Random carrier sequences (gaps, state, extra changes between reports, the node's other links moving the
-    partition's time): failover and restore strictly alternate except where a quarantine holds the traffic
-    (then neither, until the hourly count is back under the limit); at most one failover and one restore per
-    incident; no restore within T_stable of a change; never a command with an empty port; every command is
-    named by its incident."""
+    partition's time): no restore while quarantined (until the hourly count is back under the limit), failover
+    and restore strictly alternate outside quarantine; at most one failover and one restore per incident; a
+    restore exactly T_stable after the newest change of a link up since; never a command with an empty port;
+    every command is named by its incident."""
     node = Node(watchdog_ns=watchdog, stable_ns=STABLE, quarantine_flaps=QUARANTINE)
     port = "eth1" if backup else ""
     t, up, count = T0, True, 1
@@ -290,19 +372,15 @@ def test_commands_for_a_link_never_oscillate(steps: list[tuple[int, bool, int, b
     for gap, new_up, extra, tick in steps:
         if tick:                                               # another link of the node moves the time first
             ticked = node.tick(t + gap - 1)
-            for c in ticked:
-                if isinstance(c, CommandIntent):
-                    oracle.command(t + gap - 1, up, c)
+            oracle.outputs(ticked)
             out += ticked
         t += gap
         changed = (new_up != up) + 2 * extra
         count += changed
         emitted = node(rep(t, new_up, count, backup=port))
-        oracle.report(t, up, new_up, changed)
+        oracle.outputs(emitted)
+        oracle.report(t, new_up, changed)
         up = new_up
-        for c in emitted:
-            if isinstance(c, CommandIntent):
-                oracle.command(t, up, c)
         out += emitted
     cmds = [c for c in out if isinstance(c, CommandIntent)]
     assert backup or cmds == []

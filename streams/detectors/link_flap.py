@@ -15,11 +15,17 @@ node without it, and decides every restore). Time is the event time of the node'
   failover; if the link already has an incident open (a `link_down`), that one gets an update instead.
 - **Restore.** An incident whose link has been up with no carrier change for `stable_ns` resolves, with a
   `restore` {"from": backup, "to": link} if it failed over. At most one failover and one restore per incident.
+  Like the watchdog, the deadline (newest change + `stable_ns`) is a timer entry that `tick` fires, so a link
+  whose agent reports only on change (CLOCKTOWER_AGENT_LINK_REPORT_S=0) or seldom is restored on time; a
+  carrier change moves it. Whichever fires it (tick or the link's next report), the restore is as of the
+  deadline, so the ids are the same.
 - **Quarantine.** More than `quarantine_flaps` downs in a sliding hour gives a `quarantine` {"from": link,
   "to": backup} and a critical `link_quarantine` incident asking a human to run `clocktower control release
-  NODE LINK` once the link is fixed. While the link is marked, the detector orders neither failover nor
-  restore (the actuator holds traffic on the backup until released; a release restores). The mark clears when
-  the hourly count is back under the limit and no incident is open (hysteresis: set above N, cleared below N).
+  NODE LINK` once the link is fixed. While the link is marked, the detector orders no restore (the actuator
+  holds traffic on the backup until released; a release restores), but a link that goes down still gets its
+  failover: the detector never learns of a release, so a released link must not be left on a dead primary,
+  and on a still quarantined node the failover is a no-op ("already on eth1"). The mark clears when the
+  hourly count is back under the limit and no incident is open (hysteresis: set above N, cleared below N).
   The `link_quarantine` incident stays open: only the operator's release ends the quarantine.
 - **No backup.** A link whose report names no `backup` never gets a command (no empty target): its incident
   says "no backup port configured for LINK: no failover".
@@ -28,13 +34,15 @@ Every incident row lists the ids of the commands its incident caused so far (`co
 
 Keyed by node (the records' own key); one state entry per link, ["node", "link"], which expires `ttl_ns` of
 event time after the link's newest report (default 24 h; an open incident then is never resolved, and is
-counted in `expired_open`), plus a short-lived watchdog timer entry ["node", "link", "watchdog"] while the
-link is down (a fired timer also counts in the store's `expired`). A redelivered report is not applied
-again and re-emits what it emitted (delivery_log.py); those are counted in `redelivered`. Limits: the
+counted in `expired_open`), plus short-lived timer entries: ["node", "link", "watchdog"] while the link is
+down, ["node", "link", "restore"] while an incident's link is up (a fired timer also counts in the store's
+`expired`). A redelivered report is not applied again and re-emits what it emitted (delivery_log.py); those
+are counted in `redelivered`. Limits: the
 watchdog compares the node's down time with the partition's event time, i.e. with the other nodes' clocks
-(a node whose clock runs behind fails over late by its offset, unless its own next report comes first); a
-failover fired by `tick` is not in the link's delivery log, so a worker killed between writing its state and
-publishing that failover loses it (the agent's own watchdog has acted already).
+(a node whose clock runs behind fails over late by its offset, unless its own next report comes first; the
+restore timer likewise); a failover or restore fired by `tick` is not in the link's delivery log, so a worker
+killed between writing its state and publishing it loses it (for a failover the agent's own watchdog has acted
+already; a lost restore leaves the link on its backup until the next incident or a release).
 """
 
 from __future__ import annotations
@@ -90,11 +98,13 @@ class Port:
 
 @dataclass
 class Timer:
-    """The watchdog deadline of a link that went down at `down_since` (its expiry in the store)."""
+    """A deadline in the store (its expiry): the watchdog of a link down since `since`, or the restore of a link
+    whose carrier has not changed since `since` (its newest change, up)."""
 
     node: str
     link: str
-    down_since: int
+    since: int
+    kind: str = "watchdog"     # or "restore"
 
 
 class LinkFlapDetector(ReplayingDetector):
@@ -129,7 +139,7 @@ class LinkFlapDetector(ReplayingDetector):
 
     def encode_state(self, value: Any) -> bytes:
         if isinstance(value, Timer):
-            return orjson.dumps({"timer": [value.node, value.link, value.down_since]})
+            return orjson.dumps({"timer": [value.node, value.link, value.since, value.kind]})
         return encode_entry(value)
 
     def decode_state(self, data: bytes) -> Any:
@@ -160,7 +170,9 @@ class LinkFlapDetector(ReplayingDetector):
         return list(out)
 
     def tick(self, state: Any, now_ns: int) -> list[Output]:
-        """Expire old entries; fire the watchdog of every link whose deadline the partition's time passed."""
+        """Expire old entries; fire the watchdog or restore of every link whose deadline the partition's time
+        passed (so neither waits for the link's own next report, which an agent reporting only on change may
+        never send)."""
         out: list[Output] = []
         expired = []
         for key, value in state.expire(now_ns):
@@ -173,18 +185,33 @@ class LinkFlapDetector(ReplayingDetector):
     def _fire(self, state: Any, timer: Timer) -> Emitted:
         key = compound_key(timer.node, timer.link)
         port: Port | None = state.get(key)
-        if port is None or port.up or port.down_since != timer.down_since:
+        if port is None:
             return []
-        out = self._watchdog(timer.node, timer.link, port)
+        if timer.kind == "restore":
+            if not self._restore_due(port) or port.last_change_ns != timer.since:
+                return []
+            out = self._resolve(timer.node, timer.link, port)
+        elif port.up or port.down_since != timer.since:
+            return []
+        else:
+            out = self._watchdog(timer.node, timer.link, port)
         if out:
             state.put(key, port, port.log.newest + self.state_ttl_ns)
         return out
 
+    def _restore_due(self, port: Port, now_ns: int | None = None) -> bool:
+        """An open incident whose link is up and (at `now_ns`, if given) stable for `stable_ns`."""
+        stable = now_ns is None or now_ns - port.last_change_ns >= self.stable_ns
+        return port.incident_id is not None and port.up and stable
+
     def _apply(self, state: Any, port: Port, ev: LinkState) -> Emitted:
         node, link, ts = ev.node, ev.interface, ev.ts_ns
         out: Emitted = []
+        had_incident = port.incident_id is not None
         if port.down_since is not None and ts - port.down_since >= self.watchdog_ns:
             out += self._watchdog(node, link, port)      # it was down that long before this report
+        if self._restore_due(port, ts):
+            out += self._resolve(node, link, port)       # it was up and stable that long before this report
         was_up = port.up
         # Count changes the counter saw even between two reports; a state change
         # with a reset counter (agent restart) still counts as one.
@@ -202,15 +229,27 @@ class LinkFlapDetector(ReplayingDetector):
         # [ts, downs] entries of the last hour; N+1 of them (each at least one down) tell "more than N" and "under N"
         port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-(self.quarantine_flaps + 1):]
         out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
-        if port.incident_id is not None and port.up and ts - port.last_change_ns >= self.stable_ns:
-            out += self._resolve(node, link, port, ts)
+        if self._restore_due(port, ts):
+            out += self._resolve(node, link, port)       # stable_ns 0
         if port.recent_changes >= self.min_transitions and not port.flapped:
             out += self._flap(node, link, port, ts)
         if port.hourly_downs > self.quarantine_flaps and not port.quarantined:
             out += self._quarantine(node, link, port, ts)
         elif port.quarantined and port.incident_id is None and port.hourly_downs < self.quarantine_flaps:
             port.quarantined = False
+        self._track_restore(state, node, link, port, had_incident)
         return out
+
+    def _track_restore(self, state: Any, node: str, link: str, port: Port, had_incident: bool) -> None:
+        """Keep the restore timer at the newest change + `stable_ns` while an open incident's link is up; a carrier
+        change moves it (a down, or the incident's end, removes it)."""
+        key = compound_key(node, link, "restore")
+        if self._restore_due(port):
+            timer = state.get(key)
+            if not isinstance(timer, Timer) or timer.since != port.last_change_ns:
+                state.put(key, Timer(node, link, port.last_change_ns, "restore"), port.last_change_ns + self.stable_ns)
+        elif had_incident:
+            state.delete(key)
 
     def _track_down(self, state: Any, node: str, link: str, port: Port, ts: int, went_down: bool) -> Emitted:
         timer_key = compound_key(node, link, "watchdog")
@@ -257,17 +296,20 @@ class LinkFlapDetector(ReplayingDetector):
         """The incident's failover, once: ([intent] or [], a note for the incident's detail)."""
         if port.failed_over_to:
             return [], ""
-        if port.quarantined:
-            return [], f"; quarantined: traffic stays on {port.backup or 'the backup'} until released"
         if not port.backup:
             return [], f"; no backup port configured for {link}: no failover"
         intent = CommandIntent(node, "failover", link, ts, port.incident_id or "", {"from": link, "to": port.backup})
         port.failed_over_to = port.backup
         port.command_ids.append(command_id_of(intent))
-        return [intent], ""
+        # Quarantined (or released since: the mark clears only with the hourly count), a failover is still
+        # ordered: the actuator allows it and it is idempotent ("already on eth1"); only the restore waits.
+        note = f"; quarantined: on {port.backup}, no restore until released" if port.quarantined else ""
+        return [intent], note
 
-    def _resolve(self, node: str, link: str, port: Port, ts: int) -> Emitted:
-        detail = f"stable for {(ts - port.last_change_ns) / 1e9:.1f} s"
+    def _resolve(self, node: str, link: str, port: Port) -> Emitted:
+        """As of `stable_ns` after the newest change, whichever report or tick finds it, so the ids are the same."""
+        ts = port.last_change_ns + self.stable_ns
+        detail = f"stable for {self.stable_ns / 1e9:.1f} s"
         cmds: Emitted = []
         if port.quarantined:
             detail += f"; quarantined: no restore, traffic stays on {port.backup or 'the backup'} until released"
