@@ -64,8 +64,9 @@ class CommandConsumer:
 
     def __init__(self, bootstrap: str, actuator: Actuator, publish: Publish, *, security: KafkaSecurity | None = None,
                  topic: str = TOPIC, metadata_refresh_s: float = METADATA_REFRESH_S,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns, idle_backoff_s: float = 0.025) -> None:
         self.node = actuator.node
+        self.idle_backoff_s = idle_backoff_s   # what an idle actuator adds to a command's latency, at most
         self.actuator = actuator
         self.publish = publish
         self.topic = topic
@@ -124,7 +125,7 @@ class CommandConsumer:
         while not stop.is_set() and not self._assign_own():
             self._backoff(stop)
         if not stop.is_set():
-            consume_loop(self.consumer, self, stop)
+            consume_loop(self.consumer, self, stop, backoff_s=self.idle_backoff_s)
 
     def _failed(self, exc: Exception, ran_s: float) -> None:
         if ran_s >= RETRY_S[1]:

@@ -104,7 +104,8 @@ class ActuatorComponent:
             deliver(events)
             self.counts.update(type(e).SCHEMA for e in events)
 
-        self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security)
+        self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security,
+                                        idle_backoff_s=s.idle_fetch_backoff_ms / 1e3)
         self._thread = threading.Thread(target=self.consumer.run, args=(self._stop,), name=f"actuator-{self.node}",
                                         daemon=True)
         self._thread.start()

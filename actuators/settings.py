@@ -57,6 +57,9 @@ class ActuatorSettings(BaseSettings):
     spare_hook: Argv = Field(default=(), description=(
         "run for `spare` commands on the spare node (e.g. hook_examples/slurm-resume.sh or k8s-uncordon.sh)"))
     hook_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="a hook still running then is killed")
+    idle_fetch_backoff_ms: float = Field(default=25.0, ge=0, le=10_000, description=(
+        "the command consumer's wait after a fetch that brought nothing: a command waits at most this long (plus a "
+        "fetch) to be read; 25 ms is about 40 fetches a second of one partition"))
     watchdog_ms: float = Field(default=50.0, ge=0, le=60_000, description=(
         "T_watchdog: a primary link without carrier this long is failed over by the agent itself (0: at once)"))
 

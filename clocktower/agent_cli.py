@@ -220,6 +220,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     actuation = _actuation(args, settings.node, bootstrap, settings.netns, publisher)
     actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
+                         flush_interval_s=settings.flush_ms / 1e3,
                          refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)
     if actuation is not None:
         actuation.emit = runner.emit

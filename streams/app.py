@@ -34,6 +34,7 @@ from clocktower.streams.topology import Topology, record_handlers
 
 log = logging.getLogger(__name__)
 settings = StreamsSettings()
+signer = signer_from(settings)   # first: without a key the worker stops here, before touching the network
 install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
 instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
 security = KafkaSecurity()
@@ -71,7 +72,7 @@ def _table(p: Processor) -> faust.Table:
     return tables[p.name]
 
 
-topology = Topology(processors, CommandIssuer(signer_from(settings)), budget, _table)
+topology = Topology(processors, CommandIssuer(signer), budget, _table)
 handlers = record_handlers(topology, identity_check(NodeSigning()),
                            settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
 CHANGELOG_BUFFER = 10_000

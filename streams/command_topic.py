@@ -18,7 +18,8 @@ def command_partitions(bootstrap: str, login: dict[str, str], timeout_s: float =
     try:
         # every topic, not this one by name: a named metadata request makes a broker with auto-create on create it,
         # with its default partition count
-        meta = AdminClient({"bootstrap.servers": bootstrap, **login}).list_topics(timeout=timeout_s)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": log, **login})   # librdkafka's lines: logging
+        meta = admin.list_topics(timeout=timeout_s)
         topic = meta.topics.get(spec.name)
         if topic is not None and topic.error is None and topic.partitions:
             if len(topic.partitions) != spec.partitions:

@@ -65,6 +65,9 @@ class AgentSettings(BaseSettings):
     tc_interfaces: tuple[str, ...] = ()
     kernel_source: str | None = Field(default=None, description="kernel headers for BCC (BCC_KERNEL_SOURCE)")
     link_interfaces: tuple[str, ...] | None = None
+    flush_ms: float = Field(default=100.0, gt=0, le=60_000, description=(
+        "how long the agent gathers events before handing them to Kafka: a link's carrier loss reaches the "
+        "pipeline this much later, at most (the local watchdog does not wait for it)"))
     link_report_s: float = Field(default=1.0, ge=0, le=3600, description=(
         "re-send every link's state this often (0: changes only); detectors need reports to see stability"))
     link_backups: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict, description=(
