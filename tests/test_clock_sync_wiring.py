@@ -10,13 +10,14 @@ from clocktower.producers.simulator.config import SimConfig
 from clocktower.producers.simulator.fleet import FleetSimulator
 from clocktower.schemas.analytics import ClockEstimate, FlowLatency
 from clocktower.streams.processors import Processors
+from tests.control_keys import TEST_SIGNER
 
 S = 1_000_000_000
 
 
 def _run(seconds: int) -> tuple[FleetSimulator, list[ClockEstimate], list[FlowLatency]]:
     sim = FleetSimulator(SimConfig(nodes=4, duration_s=seconds))    # faults on: a congested link included
-    processors = Processors(b"k" * 32)
+    processors = Processors(TEST_SIGNER)
     estimates: list[ClockEstimate] = []
     flows: list[FlowLatency] = []
     for step in range(1, 4 * seconds + 1):
@@ -66,7 +67,7 @@ def test_one_node_with_a_clock_an_hour_ahead_does_not_stop_the_others() -> None:
     from clocktower.schemas.telemetry import ClockProbe
 
     sim = FleetSimulator(SimConfig(nodes=4, duration_s=10, faults=False))
-    processors = Processors(b"k" * 32)
+    processors = Processors(TEST_SIGNER)
     steps_with_estimates = []
     for step in range(1, 41):
         events = sim.advance(sim.start_ns + step * S // 4)

@@ -14,6 +14,7 @@ from clocktower.schemas.control import Action, ControlCommand
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import ClockProbe, LinkState
 from clocktower.schemas.topics import MAX_RECORD_BYTES, topic_for
+from tests.control_keys import TEST_SIGNER
 
 NOW = 1_780_000_000 * 10**9
 HOUR = 3600 * 10**9
@@ -172,9 +173,9 @@ def test_streams_handler_decodes_with_its_configured_skew() -> None:
 
     k, v, h = encode_batch([_link(ts_ns=time.time_ns() + HOUR)])
     before = failures()
-    RecordHandler(Processors(b"k" * 32)).handle("telemetry.links", 0, 1, k, v, h)   # default: 1 day
+    RecordHandler(Processors(TEST_SIGNER)).handle("telemetry.links", 0, 1, k, v, h)   # default: 1 day
     assert failures() == before
-    assert RecordHandler(Processors(b"k" * 32), max_future_skew_ns=60 * 10**9).handle(
+    assert RecordHandler(Processors(TEST_SIGNER), max_future_skew_ns=60 * 10**9).handle(
         "telemetry.links", 0, 2, k, v, h) == []
     assert failures() == before + 1
 

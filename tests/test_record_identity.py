@@ -115,7 +115,7 @@ def test_the_streams_check_identity_on_what_nodes_publish_not_on_what_they_read_
     from clocktower.streams.topology import Topology, record_handlers
 
     check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
-    topology = Topology(build(ProcessorContext()), CommandIssuer(b"k" * 32), RemediationBudget(), lambda p: None)
+    topology = Topology(build(ProcessorContext()), CommandIssuer(TEST_SIGNER), RemediationBudget(), lambda p: None)
     handlers = record_handlers(topology, check, 10**9)
     assert handlers["telemetry.gpu"].identity is check and handlers["telemetry.clock"].identity is check
     assert handlers["analytics.clock_edges"].identity is None
