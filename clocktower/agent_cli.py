@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 import orjson
+from pyroute2 import config as pyroute2_config
 from rich.console import Console
 
 from clocktower.actuators.component import ActuatorComponent
@@ -41,6 +42,9 @@ from clocktower.runtime.errors import UserError
 from clocktower.schemas.event import Event
 
 ACK_FLUSH_S = 5.0
+# pyroute2 forks helpers for namespaces (CLOCKTOWER_AGENT_NETNS) and stops them with SIGTERM; a helper keeping the
+# agent's SIGTERM handler (set a stop flag) would not exit, and the agent would wait on it forever.
+pyroute2_config.disable_mp_signal = True
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

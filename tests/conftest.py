@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from clickhouse_connect.driver.client import Client
+from pyroute2 import config as pyroute2_config
 
 from clocktower.config import Settings
 from clocktower.ports import free_port
 from clocktower.runtime.clickhouse_client import http_client
+from clocktower.shutdown_signals import STOP_SIGNALS
 from clocktower.stack import Stack
+
+# pyroute2 forks helpers (netns.create, sockets in a namespace) and stops them with SIGTERM. A forked helper keeps
+# the parent's Python handlers, and a test that ran the CLI in-process leaves SIGTERM raising KeyboardInterrupt
+# (clocktower/shutdown_signals.py): the helper then unwound into pytest's own loop instead of exiting, and a
+# second copy of the test session ran on (seen in a fresh-clone CI run). Helpers reset SIGINT/SIGTERM instead.
+pyroute2_config.disable_mp_signal = True
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A test that runs `clocktower demo`/`up` in-process installs stop handlers: put the previous ones back."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 @dataclass
