@@ -30,6 +30,7 @@ from clocktower.actuators.link_watchdog import LinkWatchdog
 from clocktower.actuators.settings import ActuatorSettings
 from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
+from clocktower.durable_acks import delivered_publisher
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
 from clocktower.producers.agent.factory import build_sources
 from clocktower.producers.agent.link_source import LinkSource
@@ -167,16 +168,9 @@ class _Actuation:
 
 
 def _acks_to(publisher: SpoolingPublisher | None) -> Callable[[list[Event]], None] | None:
-    """Acks straight to the spooling publisher, returning once they are acknowledged or fsynced in its spool
-    (bounded by ACK_FLUSH_S): the actuator commits the command's offset right after."""
-    if publisher is None:
-        return None
-
-    def publish(events: list[Event]) -> None:
-        publisher.publish(events)
-        publisher.flush(ACK_FLUSH_S)
-
-    return publish
+    """Acks straight to the spooling publisher, returning once the broker acknowledged them (clocktower/
+    durable_acks.py): the actuator commits the command's offset right after."""
+    return None if publisher is None else delivered_publisher(publisher, ACK_FLUSH_S)
 
 
 def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None,

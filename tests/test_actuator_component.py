@@ -188,23 +188,33 @@ def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path,
     routing.close()
 
 
-def test_the_agent_hands_acks_to_the_spool_and_waits_before_the_offset_is_committed() -> None:
-    """Acks go straight to the spooling publisher and are flushed (acknowledged or fsynced in the spool) before
-    publish returns, so the offset committed after it never outruns a queued, losable ack."""
-    from clocktower import agent_cli
+def test_the_agent_returns_from_an_ack_only_once_the_broker_acknowledged_it() -> None:
+    """The actuator commits a command's offset right after handing its acks over: publish must return only once
+    those records (not the agent's other traffic) are acknowledged, and raise when they are not."""
+    import threading
 
-    calls: list[tuple[str, object]] = []
+    from clocktower import agent_cli
+    from clocktower.durable_acks import AckNotDelivered, delivered_publisher
+    from clocktower.schemas.control import ControlAck
 
     class Publisher:
-        def publish(self, events: list) -> None:
-            calls.append(("publish", len(events)))
+        def __init__(self, answer: str) -> None:
+            self.answer, self.topics = answer, []
 
-        def flush(self, timeout: float) -> int:
-            calls.append(("flush", timeout))
-            return 0
+        def publish_raw(self, topic, key, value, headers, on_delivery) -> None:  # noqa: ANN001
+            self.topics.append(topic)
+            if self.answer == "ack":
+                threading.Timer(0.05, on_delivery, (None, None)).start()   # from the publisher's own thread
+            elif self.answer == "error":
+                on_delivery("MSG_SIZE_TOO_LARGE", None)
 
+    acks = [ControlAck(node=NODE, ts_ns=1_780_000_000 * 10**9, command_id=f"c{i}", status="applied")
+            for i in range(3)]
     assert agent_cli._acks_to(None) is None
-    publish = agent_cli._acks_to(Publisher())  # type: ignore[arg-type]
-    assert publish is not None
-    publish([object(), object()])  # type: ignore[list-item]
-    assert calls == [("publish", 2), ("flush", agent_cli.ACK_FLUSH_S)]
+    ok = Publisher("ack")
+    delivered_publisher(ok, 2.0)(acks)   # type: ignore[arg-type]
+    assert ok.topics == ["control.acks"]
+    with pytest.raises(AckNotDelivered, match="not acknowledged within 0.2 s"):
+        delivered_publisher(Publisher("never"), 0.2)(acks)   # type: ignore[arg-type]
+    with pytest.raises(AckNotDelivered, match="refused"):
+        delivered_publisher(Publisher("error"), 2.0)(acks)   # type: ignore[arg-type]

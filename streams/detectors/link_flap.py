@@ -24,7 +24,9 @@ node without it, and decides every restore). Time is the event time of the node'
   NODE LINK` once the link is fixed. While the link is marked, the detector orders no restore (the actuator
   holds traffic on the backup until released; a release restores), but a link that goes down still gets its
   failover: the detector never learns of a release, so a released link must not be left on a dead primary,
-  and on a still quarantined node the failover is a no-op ("already on eth1"). The mark clears when the
+  and on a still quarantined node the failover is a no-op ("already on eth1"). The detector does not see an
+  operator's release: a link released and down again before its mark clears is failed over but not restored here
+  (a second release restores it). The mark clears when the
   hourly count is back under the limit and no incident is open (hysteresis: set above N, cleared below N).
   The `link_quarantine` incident stays open: only the operator's release ends the quarantine.
 - **No backup.** A link whose report names no `backup` never gets a command (no empty target): its incident
