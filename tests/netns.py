@@ -58,20 +58,29 @@ def joined_namespaces(prefix: str, addresses: tuple[str, str]
 
 
 @contextmanager
-def namespace_with_veth(ns: str, a: str, b: str) -> Iterator[str]:
-    """One namespace `ns` holding both ends `a` and `b` of a veth pair, both set up."""
+def new_namespace(ns: str) -> Iterator[str]:
+    """An empty namespace `ns`, removed afterwards (the test is skipped, saying why, where none can be made)."""
     _need_root()
-    from pyroute2 import IPRoute, netns
+    from pyroute2 import netns
 
     try:
         netns.create(ns)
     except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
         pytest.skip(f"network namespaces unsupported here: {e}")
     try:
+        yield ns
+    finally:
+        netns.remove(ns)
+
+
+@contextmanager
+def namespace_with_veth(ns: str, a: str, b: str) -> Iterator[str]:
+    """One namespace `ns` holding both ends `a` and `b` of a veth pair, both set up."""
+    from pyroute2 import IPRoute
+
+    with new_namespace(ns):
         with IPRoute(netns=ns, flags=0) as ip:
             ip.link("add", ifname=a, kind="veth", peer=b)
             for name in (b, a):
                 ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
         yield ns
-    finally:
-        netns.remove(ns)

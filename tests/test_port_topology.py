@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from clocktower.producers.agent.port_topology import (
     route_backups,
 )
 from clocktower.schemas.telemetry import LinkState
+from tests.netns import new_namespace
 from tests.test_agent_links import FULL, make_port
 
 # -- fake sysfs -----------------------------------------------------------------------------------------
@@ -272,15 +272,8 @@ def test_ib_without_topology_reports_empty_fields(tmp_path: Path) -> None:
 def routed_netns() -> Iterator[str]:
     """One namespace with four veth pairs: 10.8/24 via x0 (metric 10) and x1 (metric 20); 10.9/24 multipath over
     y0 (weight 1) and y1 (weight 4). Peer ends and IPv6 link-local routes are there too, and must not count."""
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) on Linux")
-    from pyroute2 import IPRoute, netns
-    ns = f"cttopo{os.getpid() % 100000}"
-    try:
-        netns.create(ns)
-    except Exception as e:  # noqa: BLE001 - any failure here means: no netns support
-        pytest.skip(f"network namespaces unsupported here: {e}")
-    try:
+    from pyroute2 import IPRoute
+    with new_namespace(f"cttopo{os.getpid() % 100000}") as ns:
         with IPRoute(netns=ns, flags=0) as ip:
             idx = {}
             for i, name in enumerate(("x0", "x1", "y0", "y1")):
@@ -294,8 +287,6 @@ def routed_netns() -> Iterator[str]:
             ip.route("add", dst="10.9.0.0/24", multipath=[{"gateway": "10.3.0.2", "oif": idx["y0"], "hops": 0},
                                                           {"gateway": "10.4.0.2", "oif": idx["y1"], "hops": 3}])
         yield ns
-    finally:
-        netns.remove(ns)
 
 
 def test_route_discovery_in_netns(routed_netns: str) -> None:
