@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -194,12 +194,7 @@ class KernelRouting:
     def fail_over(self, link: str, backup: str) -> str:
         if link == backup:
             raise RoutingError(f"{link} cannot be its own backup")
-        with self._lock:
-            try:
-                return self._fail_over(link, backup)
-            except _StaleIndex:
-                self._indexes.clear()
-                return self._fail_over(link, backup)
+        return self._once_more_if_stale(self._fail_over, link, backup)
 
     def _fail_over(self, link: str, backup: str) -> str:
         index, backup_index = self._index(link), self._index(backup)
@@ -231,12 +226,17 @@ class KernelRouting:
         return f"moved {moved} route(s) of {link} to {backup} ({how}){note}"
 
     def restore(self, link: str, backup: str) -> str:
+        return self._once_more_if_stale(self._restore, link, backup)
+
+    def _once_more_if_stale(self, op: Callable[[str, str], str], link: str, backup: str) -> str:
+        """`op` under the lock; again once with fresh interface indexes if a cached one was gone (a re-created
+        port keeps its name but gets a new index)."""
         with self._lock:
             try:
-                return self._restore(link, backup)
+                return op(link, backup)
             except _StaleIndex:
                 self._indexes.clear()
-                return self._restore(link, backup)
+                return op(link, backup)
 
     def _restore(self, link: str, backup: str) -> str:
         index = self._index(link)
