@@ -18,9 +18,12 @@ class BadKeyFile(ValueError):
 def new_key_pair() -> tuple[bytes, bytes]:
     """(private PEM, public PEM) of a fresh key pair."""
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return private, public_pem(key)
+    return private_pem(key), public_pem(key)
+
+
+def private_pem(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
 
 
 def public_pem(key: Ed25519PrivateKey) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from clocktower.control import keys
 from clocktower.control.keys import public_pem
 from clocktower.control.signing import CommandSigner, CommandVerifier
 
@@ -14,6 +15,4 @@ TEST_PUBLIC_PEM = public_pem(_KEY)
 
 
 def private_pem() -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    return _KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption())
+    return keys.private_pem(_KEY)
