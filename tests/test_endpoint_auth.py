@@ -175,6 +175,7 @@ def test_connections_mid_request_beyond_the_limit_wait_then_get_503(fake) -> Non
             conn.sendall(head)
             busy.append(conn)
         _wait_for_threads(before + 3)
+        _wait_for_authenticated(endpoint, 3)  # a thread alone may not have read its headers yet: reclaimable
         extra = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(2)]
         for conn in extra:
             conn.settimeout(10)
@@ -208,6 +209,14 @@ def test_idle_connections_give_way_to_new_ones(fake) -> None:  # noqa: ANN001
         keep_alive.close()
         for conn in silent:
             conn.close()
+
+
+def _wait_for_authenticated(endpoint: ClickHouseHttpEndpoint, n: int) -> None:
+    assert endpoint._server is not None
+    deadline = time.monotonic() + 5
+    while endpoint._server.slots.authenticated() < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert endpoint._server.slots.authenticated() == n
 
 
 def _wait_for_reclaimable(endpoint: ClickHouseHttpEndpoint, counts: tuple[int, int, int]) -> None:

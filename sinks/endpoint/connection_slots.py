@@ -87,6 +87,11 @@ class ConnectionSlots:
             self._authenticated.add(conn)
             return True
 
+    def authenticated(self) -> int:
+        """How many open connections have begun an authenticated request: never reclaimed to make room."""
+        with self._cond:
+            return len(self._authenticated)
+
     def reclaimable(self) -> tuple[int, int, int]:
         """How many connections could be closed now: sent nothing, unauthenticated mid-headers, idle."""
         with self._cond:
