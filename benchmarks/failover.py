@@ -61,7 +61,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +171,9 @@ def _wait_moved(bed: FailoverBed, host: str, timeout_s: float) -> int | None:
     return None
 
 
-def _command_times(bootstrap: str, ids: set[str]) -> dict[str, int]:
-    """command_id -> its control.commands record's timestamp (ns; set by the stream workers' producer)."""
+def _record_times(bootstrap: str, topic: str, pick: Callable[[Any], str | None]) -> dict[str, int]:
+    """`pick(event)` (a key, or None to skip) -> its record's timestamp (ns; set by the producer that sent it),
+    for every record of `topic` (read until 3 s pass without one)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from clocktower.schemas.codec import DecodeError, decode_batch
@@ -181,24 +182,30 @@ def _command_times(bootstrap: str, ids: set[str]) -> dict[str, int]:
                   "enable.auto.commit": False})
     out: dict[str, int] = {}
     try:
-        parts = c.list_topics("control.commands", timeout=10).topics["control.commands"].partitions
-        c.assign([TopicPartition("control.commands", p, 0) for p in parts])
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
         idle_until = time.monotonic() + 3.0
-        while time.monotonic() < idle_until and not ids <= set(out):
+        while time.monotonic() < idle_until:
             msg = c.poll(0.2)
             if msg is None or msg.error():
                 continue
             idle_until = time.monotonic() + 3.0
             try:
-                batch = decode_batch("control.commands", msg.key(), msg.value(), msg.headers())
+                batch = decode_batch(topic, msg.key(), msg.value(), msg.headers())
             except DecodeError:
                 continue
-            for cmd in batch.events:
-                if cmd.command_id in ids:
-                    out[cmd.command_id] = msg.timestamp()[1] * 1_000_000
+            for event in batch.events:
+                key = pick(event)
+                if key is not None:
+                    out.setdefault(key, msg.timestamp()[1] * 1_000_000)
     finally:
         c.close()
     return out
+
+
+def _after(downs: list[int], ts: int) -> int | None:
+    """The newest down at or before `ts`."""
+    return max((d for d in downs if d <= ts), default=None)
 
 
 def measure_pipeline(bed: FailoverBed, stream: TcpStream, flaps: int, work_dir: Path,
@@ -220,8 +227,7 @@ def measure_pipeline(bed: FailoverBed, stream: TcpStream, flaps: int, work_dir: 
         nodes = "(" + ",".join(f"'{bed.node(h)}'" for h in HOSTS) + ")"
         with bed.real_agents(pipeline.settings.bootstrap, work_dir / "agents",
                              control_public_key_path(pipeline.settings.data_dir),
-                             watchdog_ms=AGENT_WATCHDOG_OFF_MS, report_s=0.2,
-                             env={"CLOCKTOWER_AGENT_FLUSH_MS": "10"}) as agents:   # 100 ms by default
+                             watchdog_ms=AGENT_WATCHDOG_OFF_MS, report_s=0.2) as agents:
             seen = _wait_rows(client, f"SELECT DISTINCT node FROM link_states WHERE node IN {nodes} AND up",
                               lambda rows: len(rows) == len(HOSTS), 60)
             if len(seen) < len(HOSTS):
@@ -260,15 +266,21 @@ def measure_pipeline(bed: FailoverBed, stream: TcpStream, flaps: int, work_dir: 
         acks = _wait_rows(client, f"SELECT command_id, status, ts_ns FROM control_acks WHERE node IN {nodes} "
                                   "AND origin = 'command'", lambda rows: ids <= {r[0] for r in rows}, 30)
         # where the time goes: down -> the command's record (agent, broker, stream workers) -> the ack (actuator)
-        sent = _command_times(pipeline.settings.bootstrap,     # host a's (whose route move is timed above)
-                              {r[0] for r in cmds if r[1] == "failover" and r[2] == bed.node("a")})
+        failovers = {r[0] for r in cmds if r[1] == "failover" and r[2] == bed.node("a")}
+        sent = _record_times(pipeline.settings.bootstrap, "control.commands",   # host a's (whose move is timed)
+                             lambda c: c.command_id if c.command_id in failovers else None)
+        reported = _record_times(pipeline.settings.bootstrap, "telemetry.links",  # host a's down reports
+                                 lambda e: str(e.ts_ns) if e.node == bed.node("a") and e.interface == PRIMARY
+                                 and not e.up else None)
+        report_at = {_after(downs, ts): ts for ts in sorted(reported.values(), reverse=True)}  # first per down
         acked_at = {r[0]: r[2] for r in acks}
-        to_command, to_ack = [], []
-        for cid, ts in sent.items():
-            down = max((d for d in downs if d <= ts), default=None)
+        to_report, to_command, to_ack = [], [], []
+        for cid, ts in sorted(sent.items(), key=lambda kv: kv[1]):
+            down = _after(downs, ts)
             if down is not None and cid in acked_at:
                 to_command.append((ts - down) / 1e6)
                 to_ack.append((acked_at[cid] - ts) / 1e6)
+                to_report.append((report_at[down] - down) / 1e6 if down in report_at else float("nan"))
         local = client.query(f"SELECT count() FROM control_acks WHERE node IN {nodes} "
                              "AND origin = 'watchdog'").result_rows[0][0]
     finally:
@@ -282,6 +294,11 @@ def measure_pipeline(bed: FailoverBed, stream: TcpStream, flaps: int, work_dir: 
         "pipeline_down_to_command_ms_p50": round(percentile(to_command, 50), 1) if to_command else None,
         "pipeline_command_to_ack_ms_p50": round(percentile(to_ack, 50), 1) if to_ack else None,
         "pipeline_command_to_ack_ms_max": round(max(to_ack), 1) if to_ack else None,
+        # per flap, in order: down -> host a's down report's record, -> the failover's record, -> its ack
+        "pipeline_down_to_report_ms_all": [round(v, 1) for v in to_report],
+        "pipeline_down_to_command_ms_all": [round(v, 1) for v in to_command],
+        "pipeline_command_to_ack_ms_all": [round(v, 1) for v in to_ack],
+        "pipeline_route_moved_ms_all": [round(v, 1) for v in moved_ms],
         "pipeline_restore_after_up_ms_p50": round(statistics.median(restore_ms), 2) if restore_ms else None,
         "pipeline_stable_s": stable_s,
         "pipeline_commands": len(ids),

@@ -41,8 +41,12 @@ from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.errors import UserError
 from clocktower.schemas.event import Event
+from clocktower.schemas.telemetry import LinkState
 
 ACK_FLUSH_S = 5.0
+# The agent's runner already gathers events for CLOCKTOWER_AGENT_FLUSH_MS, so librdkafka's own linger (20 ms in
+# KafkaPublisher) would only delay a carrier loss that the runner sends at once (_urgent).
+AGENT_LINGER_MS = 0
 # pyroute2 forks helpers for namespaces (CLOCKTOWER_AGENT_NETNS) and stops them with SIGTERM; a helper keeping the
 # agent's SIGTERM handler (set a stop flag) would not exit, and the agent would wait on it forever.
 pyroute2_config.disable_mp_signal = True
@@ -108,7 +112,8 @@ def _bootstrap(args: argparse.Namespace) -> str:
 def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
     try:
         return SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
-                                 max_spool_bytes=int(settings.spool_max_mb * 2**20))
+                                 max_spool_bytes=int(settings.spool_max_mb * 2**20),
+                                 extra_config={"linger.ms": AGENT_LINGER_MS})
     except SpoolInUse as exc:
         raise UserError(f"{exc} (--spool-dir)") from None
 
@@ -167,6 +172,11 @@ class _Actuation:
             self.watchdog.stop()
 
 
+def _urgent(event: Event) -> bool:
+    """A link reported down goes to Kafka at once, not with the next batch: the pipeline's failover waits for it."""
+    return isinstance(event, LinkState) and not event.up
+
+
 def _acks_to(publisher: SpoolingPublisher | None) -> Callable[[list[Event]], None] | None:
     """Acks straight to the spooling publisher, returning once the broker acknowledged them (clocktower/
     durable_acks.py): the actuator commits the command's offset right after."""
@@ -219,7 +229,8 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
                          flush_interval_s=settings.flush_ms / 1e3,
-                         refused=None if publisher is None else lambda: publisher.refused, actuators=actuators)
+                         refused=None if publisher is None else lambda: publisher.refused, actuators=actuators,
+                         urgent=_urgent)
     if actuation is not None:
         actuation.emit = runner.emit
         actuation.watch(sources)

@@ -96,6 +96,45 @@ def test_runner_drops_oldest_when_the_sink_stalls_and_counts_it() -> None:
     assert got[-1].carrier_changes == 499                    # the newest survive
 
 
+class OneShotSource:
+    """Emits the events it is given, when told to, from the caller's thread."""
+
+    name = "one-shot"
+    counts: Counter[str] = Counter()
+
+    def check(self) -> Availability:
+        return Availability(True, "always")
+
+    def start(self, emit: Emit) -> None:
+        self.emit = emit
+
+    def stop(self) -> None:
+        pass
+
+
+def test_an_urgent_event_is_handed_to_the_sink_at_once_not_at_the_flush_interval() -> None:
+    got: list[tuple[float, list[Event]]] = []
+    src = OneShotSource()
+    runner = AgentRunner([src], lambda events: got.append((time.monotonic(), events)), flush_interval_s=5.0,
+                         urgent=lambda e: isinstance(e, LinkState) and not e.up)
+    runner.start()
+    assert runner.wait_started(5)
+    try:
+        src.emit([_link(1)])                                    # not urgent: waits for the 5 s interval
+        time.sleep(0.05)
+        sent = time.monotonic()
+        src.emit([_link(2).model_copy(update={"up": False})])   # urgent: ends the gathering
+        deadline = time.monotonic() + 2
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert got, "the urgent event waited for the flush interval"
+        at, events = got[0]
+        assert [e.carrier_changes for e in events] == [1, 2]    # what was gathered goes with it, in order
+        assert at - sent < 1.0
+    finally:
+        runner.stop()
+
+
 def test_sink_errors_are_counted_not_fatal() -> None:
     calls = Counter()
 

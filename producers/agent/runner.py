@@ -6,7 +6,8 @@ has not started within `start_timeout_s` is given up (failed, and stopped if it 
 start-up is bounded. `wait_started()` tells when every source is running, off or failed.
 
 Sources call `emit` from their own threads; events go through a bounded in-memory queue to a single
-delivery thread that calls the sink every `flush_interval_s` (or sooner when a batch is large). So a
+delivery thread that calls the sink every `flush_interval_s` (or sooner when a batch is large, or at once when
+it holds an `urgent` event: the agent's link states, which the pipeline's failover waits for). So a
 slow sink (a broker away, a spool being written) never stalls a source, and the sink is only ever called
 from one thread. If the queue is full the oldest batches are dropped and counted, never silently; so are
 batches still queued when a stuck sink outlives `stop()`. Events the sink refuses (`refused`: the publisher's
@@ -61,7 +62,7 @@ class AgentRunner:
                  max_batch_events: int = 5000, max_queued_batches: int = 10_000,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  refused: Callable[[], Mapping[str, int]] | None = None,
-                 actuators: Sequence[Source] = ()) -> None:
+                 actuators: Sequence[Source] = (), urgent: Callable[[Event], bool] | None = None) -> None:
         self.sources = list(sources)
         self.actuators = list(actuators)
         self._components = [*self.sources, *self.actuators]
@@ -71,6 +72,7 @@ class AgentRunner:
         self.sink = sink
         self._sink_refused = refused     # the sink's running count of refused events per schema
         self.flush_interval_s = flush_interval_s
+        self.urgent = urgent             # events that end the gathering at once (a link's carrier loss)
         self.max_batch_events = max_batch_events
         self.start_timeout_s = start_timeout_s
         self.status: dict[str, SourceStatus] = {s.name: SourceStatus(s.name) for s in self.sources}
@@ -207,8 +209,11 @@ class AgentRunner:
                 if timeout <= 0:
                     break
                 try:
-                    batch += self._queue.get(timeout=timeout)
+                    got = self._queue.get(timeout=timeout)
                 except queue.Empty:
+                    break
+                batch += got
+                if self.urgent is not None and any(self.urgent(e) for e in got):
                     break
             if batch:
                 self._send(batch)
