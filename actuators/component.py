@@ -120,6 +120,11 @@ class ActuatorComponent:
         if self._actuator is not None:
             self._actuator.close()
 
+    def quarantined(self, link: str) -> bool | None:
+        """Whether `link` is held on its backup until released; None until the actuator has started."""
+        actuator = self._actuator
+        return None if actuator is None else actuator.quarantine.get(link) is not None
+
     def stats(self) -> dict[str, object]:
         """The consumer's counts and liveness (`alive`, `loop_restarts`, `last_error`); `alive` is also false when
         its thread has ended, whatever the consumer last said."""

@@ -162,10 +162,19 @@ class _Actuation:
         return self.routing
 
     def watch(self, sources: list) -> None:   # noqa: ANN001 - agent sources
-        """Feed the watchdog from the link source (on its own thread: no queue between carrier loss and failover)."""
+        """Feed the watchdog from the link source (on its own thread: no queue between carrier loss and failover),
+        and stamp the link source's reports with what this node did (`view`)."""
         for src in sources:
-            if self.watchdog is not None and isinstance(src, LinkSource):
-                src.listeners = (*src.listeners, self.watchdog.observe)
+            if isinstance(src, LinkSource):
+                src.actuator_view = self.view
+                if self.watchdog is not None:
+                    src.listeners = (*src.listeners, self.watchdog.observe)
+
+    def view(self, link: str) -> tuple[bool | None, bool | None]:
+        """(on_backup, quarantined) of `link`: the routing backend's (the watchdog's moves and the commands') and
+        the actuator's quarantine marks; None where this node cannot know (no routing, the actuator not started)."""
+        on_backup = None if self.routing is None else self.routing.on_backup(link)
+        return on_backup, self.component.quarantined(link)
 
     def stop(self) -> None:
         if self.watchdog is not None:

@@ -167,6 +167,11 @@ class LinkState(Event):
     port with a netdev (RoCE `mlx5_0/1` over `eth0`, found in sysfs) has `link` "eth0"; "" means the interface
     itself. `backup` is the port that carries this one's traffic when it fails (per-node configuration, or
     discovered from the routes); "" means it has none, and no failover can be asked for.
+
+    `on_backup` and `quarantined` are what the node's own actuator knows when the report is made: whether this
+    port's traffic is on its backup now (moved by the agent's watchdog or by a command) and whether it is held
+    there until an operator's release. Null where the agent runs no actuator. The pipeline reads them to restore
+    a link the agent's watchdog moved by itself and to see a release.
     """
 
     SCHEMA = "link_state"
@@ -194,6 +199,10 @@ class LinkState(Event):
     link_error_recovery: UInt64 | None = 0
     link: str = Field(default="", max_length=256, description="the physical port reported on (\"\" = interface)")
     backup: str = Field(default="", max_length=256, description="this port's backup port (\"\" = none)")
+    on_backup: Bool | None = Field(default=None, description="traffic on the backup now, per the node's actuator; "
+                                   "null = no actuator")
+    quarantined: Bool | None = Field(default=None, description="held on the backup until released, per the node's "
+                                     "actuator; null = no actuator")
 
     @model_validator(mode="after")
     def _ib_counters_given(self) -> LinkState:

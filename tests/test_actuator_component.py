@@ -137,9 +137,11 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
         settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "state")
         act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings)
         runner = AgentRunner([], sink, actuators=[act])
+        assert act.quarantined("eth0") is None                 # not started: nothing known
         runner.start()
         assert runner.wait_started(10) and runner.status["actuator"].state == "running", runner.report()
-        cmd = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "failover", "eth0", time.time_ns(), "inc-1",
+        assert act.quarantined("eth0") is False
+        cmd = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "quarantine", "eth0", time.time_ns(), "inc-1",
                                                              {"from": "eth0", "to": "eth1"}))
         p = Producer({"bootstrap.servers": broker.bootstrap})
         key, value, headers = encode_batch([cmd])
@@ -154,7 +156,7 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
     finally:
         broker.stop()
     assert [(a.command_id, a.status) for a in delivered if isinstance(a, ControlAck)] == [(cmd.command_id, "applied")]
-    assert routing.on_backup("eth0")
+    assert routing.on_backup("eth0") and act.quarantined("eth0") is True   # what the link reports now carry
     report = runner.report()
     assert report["actuators"]["actuator"]["events"] == {"control_ack": 1}
     assert report["delivered"] == {"control_ack": 1}

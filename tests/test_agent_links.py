@@ -70,6 +70,20 @@ def test_link_messages_are_deduplicated_and_filtered() -> None:
     assert only._on_message(_msg(3, "eth1"), 10**18) is not None
 
 
+def test_reports_carry_the_actuators_view_and_survive_it_failing() -> None:
+    view = {"eth0": (True, False)}
+    src = LinkSource("n1", netns="unused", actuator_view=lambda link: view[link])
+    first = src._on_message(_msg(2, "eth0"), 10**18)
+    assert first is not None and (first.on_backup, first.quarantined) == (True, False)
+    view["eth0"] = (False, True)
+    down = src._on_message(_msg(2, "eth0", carrier=0, operstate="DOWN", changes=2), 10**18 + 1)
+    assert down is not None and (down.on_backup, down.quarantined) == (False, True)
+    other = src._on_message(_msg(3, "eth9"), 10**18 + 2)         # the view raises KeyError: still reported
+    assert other is not None and (other.on_backup, other.quarantined) == (None, None)
+    plain = LinkSource("n1", netns="unused")._on_message(_msg(2, "eth0"), 10**18)
+    assert plain is not None and (plain.on_backup, plain.quarantined) == (None, None)
+
+
 def test_link_up_rule() -> None:
     assert link_up("up", True, True)
     assert link_up("unknown", True, True)            # dummy/tun style drivers

@@ -167,6 +167,57 @@ def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticin
         assert any(r[2] == "resolve" for r in incidents if r[0] == node), (node, incidents)
 
 
+@pytest.fixture
+def slow_watchdog_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bed: FailoverBed) -> Iterator[Pipeline]:
+    """The pipeline's T_watchdog (2 s) far above the agents' (20 ms): a short down is the agent's alone."""
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_STABLE_S", str(STABLE_S))
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS", "2000")
+    p = start_pipeline(tmp_path / "ct")
+    try:
+        yield p
+    finally:
+        p.stack.stop()
+
+
+def test_a_down_only_the_agents_watchdog_acted_on_is_restored_by_the_pipeline(
+        bed: FailoverBed, slow_watchdog_pipeline: Pipeline, tmp_path: Path) -> None:
+    """Before: a down shorter than the pipeline's T_watchdog but longer than the agent's was failed over by the
+    agent and never restored (the pipeline saw no failover of its own). The agents now report `on_backup`, and
+    the pipeline restores such a link after T_stable."""
+    p = slow_watchdog_pipeline
+    in_nodes = "(" + ",".join(f"'{bed.node(h)}'" for h in HOSTS) + ")"
+    with (bed.real_agents(p.settings.bootstrap, tmp_path / "agents", control_public_key_path(p.settings.data_dir),
+                          watchdog_ms=20, report_s=0.2) as agents,
+          bed.stream() as stream):
+        seen = _poll(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {in_nodes} AND interface = 'pri' "
+                        "AND up AND on_backup = false", lambda rows: len(rows) == 2, 60)
+        assert len(seen) == 2, f"the agents' reports (with their actuator's view) did not reach ClickHouse: {seen}"
+        stream.wait_bytes(200_000)
+        bed.hard_down()
+        moved = _wait_route(bed, BACKUP, 5)                 # the agents' watchdogs, 20 ms after the down
+        assert moved is not None, [bed.route_to_peer(h) for h in HOSTS]
+        time.sleep(0.3)
+        _up_and_wait(bed)                                    # down ~0.3 s: far below the pipeline's 2 s
+        up_at = time.monotonic()
+        back = _wait_route(bed, PRIMARY, 30)
+        assert back is not None, f"left on the backup: {[bed.route_to_peer(h) for h in HOSTS]}"
+        assert time.monotonic() - up_at >= STABLE_S - 0.5, "restored before T_stable"
+        stream.wait_bytes(stream.received + 100_000)
+        assert all(a.alive() for a in agents.values()), "an agent died"
+    result = stream.result
+    assert result is not None and result.ok, (result, "lost/reordered bytes or a socket error")
+    cmds = _poll(p, f"SELECT node, action FROM control_commands FINAL WHERE node IN {in_nodes}",
+                 lambda rows: len(rows) >= 2, 30)
+    assert sorted(cmds) == sorted((bed.node(h), "restore") for h in HOSTS), cmds   # no failover from here
+    rows = p.client.query(f"SELECT node, incident_id, kind, state, detail FROM incidents FINAL "
+                          f"WHERE node IN {in_nodes} ORDER BY node, state").result_rows
+    for host in HOSTS:   # one incident per host: opened saying what the agent did (a flap update may follow), resolved
+        mine = [r for r in rows if r[0] == bed.node(host)]
+        assert len({r[1] for r in mine}) == 1 and {r[3] for r in mine} >= {"open", "resolve"}, mine
+        opened = next(r for r in mine if r[3] == "open")
+        assert opened[2] == "link_down" and "the node's watchdog moved pri's traffic to bkp" in opened[4], mine
+
+
 def test_the_agent_netns_setting_reaches_the_link_source_topology_and_routing(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """CLOCKTOWER_AGENT_NETNS (what the proof above runs the agents with) is passed to all three; a name that

@@ -13,6 +13,7 @@ from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.telemetry import LinkState
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.processor import compound_key
 from clocktower.streams.processor_context import context_from_settings
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -27,12 +28,14 @@ MINUTE = 60 * S
 
 
 def rep(ts: int, up: bool, changes: int, iface: str = "eth0", backup: str = "eth1", link: str = "",
-        node: str = "node-1", kind: str = "ethernet") -> LinkState:
+        node: str = "node-1", kind: str = "ethernet", on_backup: bool | None = None,
+        quarantined: bool | None = None) -> LinkState:
     ib = {"ib_state": "ACTIVE" if up else "DOWN", "port_xmit_data": 0, "port_rcv_data": 0, "port_xmit_packets": 0,
           "port_rcv_packets": 0, "port_rcv_errors": 0, "port_xmit_discards": 0, "symbol_error": 0,
           "link_downed": changes, "link_error_recovery": 0} if kind == "infiniband" else {}
     return LinkState(node=node, ts_ns=ts, interface=iface, kind=kind, up=up, carrier_changes=changes,
-                     speed_mbps=0, operstate="up" if up else "down", carrier=up, link=link, backup=backup, **ib)
+                     speed_mbps=0, operstate="up" if up else "down", carrier=up, link=link, backup=backup,
+                     on_backup=on_backup, quarantined=quarantined, **ib)
 
 
 class Node:
@@ -227,6 +230,108 @@ def test_a_hard_down_while_quarantined_still_fails_over_and_is_not_restored() ->
     back = node(rep(t + 21 * S, True, 11)) + node(rep(t + 40 * S, True, 11))
     assert commands(back) == [] and [r.state for r in incidents(back)] == ["resolve"]
     assert "quarantined" in incidents(back)[0].detail
+
+
+def test_a_blip_the_nodes_watchdog_failed_over_is_restored_after_t_stable() -> None:
+    """Before: with the agent's T_watchdog (50 ms) shorter than the pipeline's (here 200 ms), a 100 ms down was
+    failed over by the agent and never seen long enough here: no incident, no restore, traffic left on eth1."""
+    node = Node(watchdog_ns=200 * MS)
+    t = T0 + S
+    assert node(rep(T0, True, 1, on_backup=False)) == []
+    assert node(rep(t, False, 2, on_backup=False)) == []                # the agent's watchdog moves it 50 ms on
+    out = node(rep(t + 100 * MS, True, 3, on_backup=True))             # back up, reported on eth1
+    (row,) = incidents(out)
+    assert (row.kind, row.state) == ("link_down", "open") and commands(out) == []   # no second failover
+    assert "the node's watchdog moved eth0's traffic to eth1" in row.detail
+    assert node(rep(t + 5 * S, True, 3, on_backup=True)) == []
+    done = node.tick(t + 100 * MS + 10 * S)                             # T_stable after the up, by time alone
+    assert commands(done) == [("restore", {"from": "eth1", "to": "eth0"})]
+    (end,) = incidents(done)
+    assert end.incident_id == row.incident_id and end.state == "resolve"
+    # Reports made before the node applied the restore still say eth1: no second incident within the grace ...
+    assert node(rep(t + 12 * S, True, 3, on_backup=True)) == []
+    assert node(rep(t + 13 * S, True, 3, on_backup=False)) == []
+    # ... but a node still on eth1 T_stable after it (the restore was lost or failed) is restored again, at once
+    # (the link has been stable all along), and then after twice as long, ...
+    restored = end.ts_ns
+    assert node(rep(restored + 9 * S, True, 3, on_backup=True)) == []
+    again = node(rep(restored + 10 * S, True, 3, on_backup=True))
+    assert [r.state for r in incidents(again)] == ["open", "resolve"]
+    assert "ordering it again" in incidents(again)[0].detail
+    assert commands(again) == [("restore", {"from": "eth1", "to": "eth0"})]
+    assert incidents(again)[1].ts_ns == restored + 10 * S              # never before its incident opened
+    restored = incidents(again)[1].ts_ns
+    assert node(rep(restored + 19 * S, True, 3, on_backup=True)) == []
+    third = node(rep(restored + 20 * S, True, 3, on_backup=True))
+    assert commands(third) == [("restore", {"from": "eth1", "to": "eth0"})]
+    # ... until the node reports it back: the wait starts short again.
+    assert node(rep(restored + 21 * S, True, 3, on_backup=False)) == []
+    assert node.store.get(compound_key("node-1", "eth0")).restore_retries == 0
+
+
+def test_reports_without_an_actuators_view_change_nothing() -> None:
+    node = Node(watchdog_ns=200 * MS)
+    node(rep(T0, True, 1))
+    node(rep(T0 + S, False, 2))
+    assert node(rep(T0 + S + 100 * MS, True, 3)) == []
+    assert node.tick(T0 + 30 * S) == []
+
+
+def test_a_release_seen_in_the_nodes_reports_ends_the_quarantine() -> None:
+    """Before: the detector never learned of `clocktower control release`: its mark held restores for up to an
+    hour after it, and the link_quarantine incident stayed open for ever."""
+    node = Node(quarantine_flaps=3)
+    node(rep(T0, True, 1))
+    out = []
+    for k in range(4):
+        out += _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+    (q,) = [r for r in incidents(out) if r.kind == "link_quarantine"]
+    t = T0 + 5 * MINUTE
+    assert node(rep(t, True, 9, on_backup=True, quarantined=True)) == []
+    released = node(rep(t + S, True, 9, on_backup=False, quarantined=False))   # the actuator restored it
+    assert [(r.incident_id, r.state) for r in incidents(released)] == [(q.incident_id, "resolve")]
+    # A new down within the hour fails over and is restored after T_stable, not held as while quarantined,
+    # and one down is far from the limit again (the count restarted).
+    back = _flap_once(node, t + MINUTE, 9)
+    assert [a for a, _ in commands(back)] == ["failover", "restore"]
+    assert not [r for r in incidents(back) if r.kind == "link_quarantine"]
+
+
+def test_the_release_resolves_the_quarantine_incident_once_and_only_after_the_grace() -> None:
+    node = Node(quarantine_flaps=3)
+    node(rep(T0, True, 1))
+    for k in range(3):
+        _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+    t = T0 + 4 * MINUTE
+    (q,) = [r for r in incidents(node(rep(t, False, 8))) if r.kind == "link_quarantine"]
+    # A report made before the node applied the quarantine says "not quarantined": that is no release.
+    early = node(rep(t + S, True, 9, on_backup=True, quarantined=False))
+    assert not [r for r in incidents(early) if r.kind == "link_quarantine"]
+    held = node(rep(t + 2 * MINUTE, True, 9, on_backup=True, quarantined=True))
+    assert commands(held) == [] and [(r.kind, r.state) for r in incidents(held)] == [("link_down", "resolve")]
+    out = node(rep(t + 3 * MINUTE, True, 9, on_backup=False, quarantined=False))
+    (end,) = incidents(out)
+    assert (end.incident_id, end.kind, end.state, end.opened_ns) == (q.incident_id, "link_quarantine", "resolve",
+                                                                      q.ts_ns)
+    assert node(rep(t + 4 * MINUTE, True, 9, on_backup=False, quarantined=False)) == []
+
+
+def test_a_link_the_node_holds_quarantined_stays_held_here_after_the_hour() -> None:
+    """The hourly count alone no longer clears the mark while the node says the link is still held: a restore
+    ordered then would only be refused."""
+    node = Node(quarantine_flaps=3)
+    node(rep(T0, True, 1))
+    for k in range(4):
+        _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+    t = T0 + 70 * MINUTE
+    later = []
+    for i, (up, count) in enumerate([(True, 9), (False, 10), (True, 11), (True, 11)]):
+        later += node(rep(t + i * 12 * S, up, count, on_backup=True, quarantined=True))
+    assert [a for a, _ in commands(later)] == ["failover"]
+    # Reports without the node's view (an agent restarted without --actuate) let the hourly rule clear it again.
+    for i, (up, count) in enumerate([(False, 12), (True, 13), (True, 13)]):
+        later += node(rep(t + (4 + i) * 12 * S, up, count))
+    assert [a for a, _ in commands(later)] == ["failover", "failover", "restore"]
 
 
 def _failed_over(node: Node, t: int) -> None:

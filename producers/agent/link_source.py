@@ -50,6 +50,7 @@ linkwatch run can be reported, and stamped, up to ~1 s late. The veth test bed c
 
 `link` is always "" here (a netdev is its physical port's own name); `backup` is the port's backup from
 `topology` (port_topology.TopologyCache: configured or seen in the routes; "" = none), re-read per batch.
+`on_backup` and `quarantined` come from `actuator_view` (the agent's actuator, with --actuate; else null).
 
 `interfaces=None` selects every link but loopback (IFF_LOOPBACK); otherwise exactly the named ones (by
 current name, so a link renamed out of the selection is reported as deleted). `netns` watches inside a
@@ -132,7 +133,8 @@ class LinkSource:
     def __init__(self, node: str, interfaces: Sequence[str] | None = None, netns: str | None = None,
                  sysfs_net: Path = SYSFS_NET, report_interval_s: float | None = 1.0,
                  listeners: Sequence[Callable[[LinkState], None]] = (),
-                 topology: Callable[[], PortTopology] | None = None) -> None:
+                 topology: Callable[[], PortTopology] | None = None,
+                 actuator_view: Callable[[str], tuple[bool | None, bool | None]] | None = None) -> None:
         self.node = node
         self.topology = topology        # fills `backup` (a netdev's `link` is "": see port_topology.py)
         # Every link's last known state is re-sent this often (from memory, no netlink request): the
@@ -149,6 +151,9 @@ class LinkSource:
         # counted (`listener_errors`), never stops the source or the emit.
         self.listeners = tuple(listeners)
         self.listener_errors = 0
+        # (on_backup, quarantined) of a netdev as the agent's actuator knows it (clocktower agent --actuate),
+        # stamped on every report, so the pipeline sees what the watchdog or an operator's release did.
+        self.actuator_view = actuator_view
         self._topology = PortTopology()     # refreshed per batch from `topology` (never waits: TopologyCache)
         self._seen: dict[int, _Seen] = {}      # by ifindex; only touched on the source's thread
         self._emit: Emit | None = None
@@ -376,13 +381,25 @@ class LinkSource:
         return LinkState(node=self.node, ts_ns=ts_ns, interface=seen.ifname, kind="ethernet", up=up,
                          backup=self._topology.backup_of(seen.ifname),
                          carrier_changes=seen.carrier_changes, speed_mbps=speed, operstate=seen.operstate,
-                         carrier=seen.carrier)
+                         carrier=seen.carrier, **self._view(seen.ifname))
 
     def _deleted(self, index: int, ts_ns: int) -> LinkState:
         seen = self._seen.pop(index)
         return LinkState(node=self.node, ts_ns=ts_ns, interface=seen.ifname, kind="ethernet", up=False,
                          backup=self._topology.backup_of(seen.ifname),
-                         carrier_changes=seen.carrier_changes, speed_mbps=0, operstate="deleted", carrier=False)
+                         carrier_changes=seen.carrier_changes, speed_mbps=0, operstate="deleted", carrier=False,
+                         **self._view(seen.ifname))
+
+    def _view(self, ifname: str) -> dict[str, bool | None]:
+        """The actuator's view of `ifname` (both null without one, or if asking it fails: never stops a report)."""
+        if self.actuator_view is None:
+            return {}
+        try:
+            on_backup, quarantined = self.actuator_view(ifname)
+        except Exception:  # noqa: BLE001 - a report without the view is still a report
+            log.exception("reading the actuator's view of %s failed", ifname)
+            return {}
+        return {"on_backup": on_backup, "quarantined": quarantined}
 
     def _send(self, events: list[LinkState]) -> None:
         if not events or self._emit is None:

@@ -24,11 +24,20 @@ node without it, and decides every restore). Time is the event time of the node'
   NODE LINK` once the link is fixed. While the link is marked, the detector orders no restore (the actuator
   holds traffic on the backup until released; a release restores), but a link that goes down still gets its
   failover: the detector never learns of a release, so a released link must not be left on a dead primary,
-  and on a still quarantined node the failover is a no-op ("already on eth1"). The detector does not see an
-  operator's release: a link released and down again before its mark clears is failed over but not restored here
-  (a second release restores it). The mark clears when the
-  hourly count is back under the limit and no incident is open (hysteresis: set above N, cleared below N).
-  The `link_quarantine` incident stays open: only the operator's release ends the quarantine.
+  and on a still quarantined node the failover is a no-op ("already on eth1"). A release is seen in the node's
+  reports (below). Without an actuator's view the mark clears when the hourly count is back under the limit and
+  no incident is open (hysteresis: set above N, cleared below N), and the `link_quarantine` incident stays open;
+  while the node reports the link quarantined, the mark stays.
+- **What the node did by itself.** A report carries what the node's actuator knows (`on_backup`, `quarantined`;
+  null without an actuator, and then nothing here changes). A link on its backup that this detector did not fail
+  over (the agent's own watchdog did: its T_watchdog is shorter than this one's, or the down was too short to
+  be seen here) gets a `link_down` incident that says so, and is restored after `stable_ns` like any other. A
+  quarantined link reported not quarantined was released by an operator: the mark and the hourly count clear,
+  and the `link_quarantine` incident resolves. Reports sent before this detector's own restore or quarantine
+  was applied still tell the old state, so each view is trusted only from `NODE_VIEW_GRACE_NS` after that
+  command. A link still reported on its backup `max(grace, stable_ns)` after our restore gets it again (a
+  retry: the restore was lost or failed), with that wait doubling per retry up to 64 times, until the node
+  reports the link back on its primary.
 - **No backup.** A link whose report names no `backup` never gets a command (no empty target): its incident
   says "no backup port configured for LINK: no failover".
 
@@ -69,6 +78,11 @@ if TYPE_CHECKING:
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
 HOUR_NS = 3600 * 10**9
 MAX_CHANGES_PER_REPORT = 1000   # a counter jump larger than this (a reset misread) counts as this many
+# A node's report of its actuator's state is trusted from this long after our own restore or quarantine: reports
+# made before the node applied it (the command's trip through Kafka, or an actuator that was briefly away) say
+# the old state. Event time, the node's own clock for both.
+NODE_VIEW_GRACE_NS = 5 * 10**9
+MAX_RETRY_DOUBLINGS = 6         # a restore the node keeps not applying is ordered again at most every ~11 min
 
 
 @dataclass
@@ -87,6 +101,10 @@ class Port:
     failed_over_to: str = ""             # the backup this incident failed over to ("" = not failed over)
     command_ids: list[str] = field(default_factory=list)    # this incident's commands
     quarantined: bool = False
+    quarantine_id: str = ""              # the open link_quarantine incident ("" = none, or not ours to resolve)
+    quarantined_ns: int = 0              # when the mark was set
+    restored_ns: int = 0                 # when our newest restore was ordered
+    restore_retries: int = 0             # restores ordered again since the node last reported the link back on it
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
     @property
@@ -231,13 +249,15 @@ class LinkFlapDetector(ReplayingDetector):
         # [ts, downs] entries of the last hour; N+1 of them (each at least one down) tell "more than N" and "under N"
         port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-(self.quarantine_flaps + 1):]
         out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
+        out += self._node_view(node, link, port, ev)
         if self._restore_due(port, ts):
             out += self._resolve(node, link, port)       # stable_ns 0
         if port.recent_changes >= self.min_transitions and not port.flapped:
             out += self._flap(node, link, port, ts)
         if port.hourly_downs > self.quarantine_flaps and not port.quarantined:
             out += self._quarantine(node, link, port, ts)
-        elif port.quarantined and port.incident_id is None and port.hourly_downs < self.quarantine_flaps:
+        elif (port.quarantined and port.incident_id is None and port.hourly_downs < self.quarantine_flaps
+              and ev.quarantined is None):
             port.quarantined = False
         self._track_restore(state, node, link, port, had_incident)
         return out
@@ -267,6 +287,45 @@ class LinkFlapDetector(ReplayingDetector):
             return self._watchdog(node, link, port)
         state.put(timer_key, Timer(node, link, ts), ts + self.watchdog_ns)
         return []
+
+    def _node_view(self, node: str, link: str, port: Port, ev: LinkState) -> Emitted:
+        """Catch up with what the node's actuator did that this detector did not order (see the module doc)."""
+        ts, out = ev.ts_ns, []
+        trusted = ts >= port.quarantined_ns + NODE_VIEW_GRACE_NS
+        if ev.quarantined is False and port.quarantined and trusted:
+            out += self._released(node, link, port, ts)
+        elif ev.quarantined and not port.quarantined:
+            port.quarantined, port.quarantined_ns = True, ts      # held by the node: no restore from here
+        if ev.on_backup is False:
+            port.restore_retries = 0
+        retry_after = max(NODE_VIEW_GRACE_NS, self.stable_ns) << min(port.restore_retries, MAX_RETRY_DOUBLINGS)
+        if (ev.on_backup and port.backup and not port.failed_over_to and not port.quarantined
+                and (not port.restored_ns or ts >= port.restored_ns + retry_after)):
+            detail = (f"the node's watchdog moved {link}'s traffic to {port.backup}; restore after "
+                      f"{self.stable_ns / 1e9:g} s of stable carrier")
+            if port.restored_ns:
+                port.restore_retries += 1
+                detail = (f"still on {port.backup} {(ts - port.restored_ns) / 1e9:.0f} s after the restore "
+                          f"was ordered: ordering it again")
+            state = "update"
+            if port.incident_id is None:
+                self._open(node, link, port, "link_down", ts)
+                state = "open"
+            port.failed_over_to = port.backup
+            out.append(self._row(node, link, port, state, "critical", detail, ts))
+        return out
+
+    def _released(self, node: str, link: str, port: Port, ts: int) -> Emitted:
+        """An operator released the link (`clocktower control release`): the hourly count starts again."""
+        port.quarantined, port.downs = False, []
+        out: Emitted = []
+        if port.quarantine_id:
+            out.append(Incident(node=node, ts_ns=ts, incident_id=port.quarantine_id, kind="link_quarantine",
+                                state="resolve", severity="info", target=bounded_name(f"{node}/{link}"),
+                                opened_ns=port.quarantined_ns, command_ids=[],
+                                detail="released: the node no longer holds the link on its backup"))
+        port.quarantine_id = ""
+        return out
 
     # --- decisions --------------------------------------------------------------------------------------
 
@@ -310,7 +369,7 @@ class LinkFlapDetector(ReplayingDetector):
 
     def _resolve(self, node: str, link: str, port: Port) -> Emitted:
         """As of `stable_ns` after the newest change, whichever report or tick finds it, so the ids are the same."""
-        ts = port.last_change_ns + self.stable_ns
+        ts = max(port.last_change_ns + self.stable_ns, port.opened_ns)   # long stable: as of the incident
         detail = f"stable for {self.stable_ns / 1e9:.1f} s"
         cmds: Emitted = []
         if port.quarantined:
@@ -320,6 +379,7 @@ class LinkFlapDetector(ReplayingDetector):
                                    {"from": port.failed_over_to, "to": link})
             port.command_ids.append(command_id_of(intent))
             cmds.append(intent)
+            port.restored_ns = ts
         out: Emitted = [self._row(node, link, port, "resolve", "info", detail, ts), *cmds]
         port.incident_id, port.incident_kind, port.flapped, port.failed_over_to = None, "", False, ""
         port.command_ids = []
@@ -327,8 +387,8 @@ class LinkFlapDetector(ReplayingDetector):
         return out
 
     def _quarantine(self, node: str, link: str, port: Port, ts: int) -> Emitted:
-        port.quarantined = True
         qid = stable_id("link_quarantine", node, link, ts)
+        port.quarantined, port.quarantine_id, port.quarantined_ns = True, qid, ts
         detail = (f"{port.hourly_downs} flaps within the last hour (more than {self.quarantine_flaps}): ")
         cmds: Emitted = []
         if port.backup:
