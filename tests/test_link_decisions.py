@@ -365,6 +365,23 @@ def test_the_restore_timer_and_the_links_next_report_give_the_same_ids() -> None
     assert next(c for c in report if isinstance(c, CommandIntent)).ts_ns == T0 + 13 * S
 
 
+def test_a_restore_fired_by_time_is_sent_again_when_the_worker_dies_before_publishing_it() -> None:
+    """Before: what a timer fired was in no delivery log; a worker killed after writing its state (timer gone)
+    but before publishing lost the restore. It is now logged under the batch's report, which is replayed."""
+    backing: dict[bytes, bytes] = {}
+    first = Node()
+    first.store = StateStore(first.det, backing)
+    _failed_over(first, T0)
+    trigger = rep(T0 + 30 * S, True, 1, iface="eth2", backup="")    # another link moves the partition's time
+    fired = first(trigger)
+    assert commands(fired) == [("restore", {"from": "eth1", "to": "eth0"})]
+    restarted = Node()                                              # the table recovered, the offset not committed
+    restarted.store = StateStore(restarted.det, backing)
+    assert restarted(trigger) == fired                              # the same rows and command ids, again
+    assert restarted.det.redelivered == 1
+    assert restarted(rep(T0 + 31 * S, True, 1, iface="eth2", backup="")) == []   # and nothing more after it
+
+
 def test_a_carrier_change_cancels_the_restore_timer() -> None:
     node = Node()
     _failed_over(node, T0)

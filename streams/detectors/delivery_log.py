@@ -55,6 +55,17 @@ class DeliveryLog:
             self.emitted.append((ts_ns, list(outputs)))
             del self.emitted[:-EMITTED]
 
+    def also_emitted(self, ts_ns: int, outputs: Emitted) -> None:
+        """Add `outputs` to what the event at `ts_ns` emitted: what its batch's timers fired (published with it,
+        so a replay of that event must send them again too)."""
+        for ts, out in self.emitted:
+            if ts == ts_ns:
+                out.extend(outputs)
+                return
+        self.emitted.append((ts_ns, list(outputs)))
+        self.emitted.sort(key=lambda entry: entry[0])
+        del self.emitted[:-EMITTED]
+
     def outputs_of(self, ts_ns: int) -> Emitted:
         """What the event at `ts_ns` emitted, if it is still remembered; [] otherwise."""
         return next((list(out) for ts, out in self.emitted if ts == ts_ns), [])

@@ -51,9 +51,11 @@ down, ["node", "link", "restore"] while an incident's link is up (a fired timer 
 are counted in `redelivered`. Limits: the
 watchdog compares the node's down time with the partition's event time, i.e. with the other nodes' clocks
 (a node whose clock runs behind fails over late by its offset, unless its own next report comes first; the
-restore timer likewise); a failover or restore fired by `tick` is not in the link's delivery log, so a worker
-killed between writing its state and publishing it loses it (for a failover the agent's own watchdog has acted
-already; a lost restore leaves the link on its backup until the next incident or a release).
+restore timer likewise). What `tick` fires is logged under the batch's newest applied report (of any link of
+the partition), which a worker killed before its commit replays, so it is sent again; in the one case with no
+report applied in the batch (all redelivered, or aliases) it is not logged, and a worker killed between writing
+its state and publishing loses it (a lost restore is ordered again once the node reports the link still on its
+backup; a lost failover was the agent's watchdog's to do first).
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class LinkFlapDetector(ReplayingDetector):
         self.watchdog_ns = watchdog_ns
         self.quarantine_flaps = quarantine_flaps
         self.aliases = 0      # reports of an RDMA port about its netdev's link: not counted
+        self._applied: tuple[str, int] | None = None   # the batch's newest applied report: (key, ts_ns)
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> LinkFlapDetector:
@@ -187,20 +190,34 @@ class LinkFlapDetector(ReplayingDetector):
             out = self._apply(state, port, event)
         port.log.applied(event.ts_ns, out)
         state.put(key, port, port.log.newest + self.state_ttl_ns)
+        self._applied = (key, event.ts_ns)
         return list(out)
 
     def tick(self, state: Any, now_ns: int) -> list[Output]:
         """Expire old entries; fire the watchdog or restore of every link whose deadline the partition's time
         passed (so neither waits for the link's own next report, which an agent reporting only on change may
         never send)."""
-        out: list[Output] = []
+        out: Emitted = []
         expired = []
         for key, value in state.expire(now_ns):
             if isinstance(value, Timer):
                 out += self._fire(state, value)
             else:
                 expired.append((key, value))
-        return out + self.on_expired(expired)
+        self._log_fired(state, out)
+        return [*out, *self.on_expired(expired)]
+
+    def _log_fired(self, state: Any, fired: Emitted) -> None:
+        """Log what the timers fired under the batch's newest applied report, which is published with them: a
+        worker killed before its commit replays that report, and the replay re-emits these as well."""
+        applied, self._applied = self._applied, None
+        if not fired or applied is None:
+            return                      # fired by time alone (no report applied in this batch): not replayable
+        key, ts_ns = applied
+        port: Port | None = state.get(key)
+        if port is not None:
+            port.log.also_emitted(ts_ns, fired)
+            state.put(key, port, port.log.newest + self.state_ttl_ns)
 
     def _fire(self, state: Any, timer: Timer) -> Emitted:
         key = compound_key(timer.node, timer.link)
