@@ -5,7 +5,9 @@ recorded twice: "started" before it is applied, and its outcome (applied/failed)
 recorded is a replay; an id only started was interrupted by a crash mid-apply, and is applied again (every action
 is idempotent). An entry is kept until its command's expiry plus `margin_ns`: after that the command is refused as
 expired anyway, whatever this memory says (the margin covers a clock stepped back). Expired entries are dropped
-when the file is opened (compaction, which also repairs a line torn by a crash).
+when the file is opened (compaction, which also repairs a line torn by a crash) and, in a long-running actuator,
+whenever the lines appended since the last compaction outnumber `COMPACT_AFTER_LINES` and twice the ids it kept, so
+neither the file nor the memory grows without bound.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from clocktower.actuators.journal import Journal
 FILE_NAME = "seen-commands.jsonl"
 DEFAULT_MARGIN_NS = 600 * 10**9   # kept 10 min past expiry: a clock stepped back by less still refuses the replay
 STARTED = "started"
+COMPACT_AFTER_LINES = 1000        # appends (two per command) before expired entries are dropped while running
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class SeenCommands:
         self._journal = Journal(state_dir / FILE_NAME)
         self._lock = threading.Lock()
         self._seen: dict[str, Seen] = {}
+        self._appended = 0                 # lines appended since the last compaction
+        self._kept = 0                     # ids the last compaction kept
+        self.compactions = 0
         for e in self._journal.load():
             try:
                 cid, status = str(e["id"]), str(e["status"])
@@ -61,6 +67,8 @@ class SeenCommands:
         keep_after = self.clock() - self.margin_ns
         self._seen = {cid: s for cid, s in self._seen.items() if s.expires_ns > keep_after}
         self._journal.rewrite(self._entry(cid, s) for cid, s in self._seen.items())
+        self._appended, self._kept = 0, len(self._seen)
+        self.compactions += 1
 
     @staticmethod
     def _entry(cid: str, s: Seen) -> dict[str, object]:
@@ -95,6 +103,9 @@ class SeenCommands:
             seen = Seen(prev.first_ns, prev.expires_ns, status)
             self._journal.append(self._entry(command_id, seen))
             self._seen[command_id] = seen
+            self._appended += 2                              # its "started" line and this one
+            if self._appended > max(COMPACT_AFTER_LINES, 2 * self._kept):
+                self._compact()
 
     def close(self) -> None:
         with self._lock:

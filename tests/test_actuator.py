@@ -172,6 +172,27 @@ def test_ids_are_kept_past_expiry_then_compacted(tmp_path: Path) -> None:
     assert len(SeenCommands(tmp_path / "state", clock=clock)) == 0
 
 
+def test_a_long_running_memory_drops_expired_ids_without_a_restart(tmp_path: Path) -> None:
+    """Before: expired ids were dropped only when the file was opened; an actuator running for months kept them all."""
+    from clocktower.actuators.seen_commands import COMPACT_AFTER_LINES
+
+    clock = Clock()
+    seen = SeenCommands(tmp_path / "state", clock=clock)
+    path = tmp_path / "state" / "seen-commands.jsonl"
+    n = 3 * COMPACT_AFTER_LINES
+    live = 60 + 600            # one command a second, each kept its 60 s lifetime plus the 10 min margin
+    for i in range(n):
+        clock.now += S
+        assert seen.claim(f"cmd-{i}", clock.now + 60 * S) is None
+        seen.finish(f"cmd-{i}", "applied")
+    assert seen.compactions >= 4                               # on open, and again and again while running
+    assert len(seen) <= 2 * live + 1                           # bounded by the window, not by the run's length
+    assert len(path.read_bytes().splitlines()) <= 2 * (2 * live + 1)
+    assert seen.get("cmd-0") is None and seen.get(f"cmd-{n - live + 5}") is not None
+    assert seen.claim(f"cmd-{n - 1}", clock.now + 60 * S) is not None   # a live id is still a replay
+    seen.close()
+
+
 def test_an_empty_backup_is_refused(act: Actuator, routing: RecordingRouting) -> None:
     ack = act.handle(_cmd(target="mlx5_0/1", params={"from": "mlx5_0/1", "to": ""}))
     assert ack.status == "refused" and "no backup port" in ack.detail
