@@ -38,7 +38,7 @@ from clocktower.schemas.control import ControlAck, ControlCommand
 log = logging.getLogger(__name__)
 DETAIL_LIMIT = 4000
 LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
-HOOK_ACTIONS = ("drain", "spare")
+HOOK_ACTIONS = ("drain", "spare", "undrain")
 
 
 class Refused(Exception):

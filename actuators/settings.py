@@ -53,7 +53,7 @@ class ActuatorSettings(BaseSettings):
         "the handled command ids (replays are refused after a restart) and the quarantined links"))
     drain_hook: Argv = Field(default=(), description="run for `drain` commands (e.g. hook_examples/slurm-drain.sh)")
     undrain_hook: Argv = Field(default=(), description=(
-        "the drain hook's inverse (e.g. slurm-resume.sh), for the operator; no command runs it yet"))
+        "run for `undrain` commands, which `clocktower control undrain NODE` sends (e.g. slurm-resume.sh)"))
     spare_hook: Argv = Field(default=(), description=(
         "run for `spare` commands on the spare node (e.g. hook_examples/slurm-resume.sh or k8s-uncordon.sh)"))
     hook_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="a hook still running then is killed")
@@ -83,4 +83,5 @@ class ActuatorSettings(BaseSettings):
 
     def hooks(self) -> dict[str, tuple[str, ...]]:
         """action -> hook argv, for the configured ones."""
-        return {a: h for a, h in (("drain", self.drain_hook), ("spare", self.spare_hook)) if h}
+        return {a: h for a, h in (("drain", self.drain_hook), ("spare", self.spare_hook),
+                                  ("undrain", self.undrain_hook)) if h}

@@ -5,6 +5,8 @@
 - `release NODE IFACE` lifts a link's quarantine: it signs a `release` command with the streams' private key (the
   operator's CLI is the only other holder), sends it to NODE's partition of control.commands, and waits for the
   node's ack. The actuator then restores the link's routes.
+- `undrain NODE` returns a drained node to service: the same way, an `undrain` command whose actuator runs the
+  operator's undrain hook (CLOCKTOWER_ACTUATOR_UNDRAIN_HOOK: Slurm `resume`, `kubectl uncordon`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.partitioning import partition_of
 from clocktower.schemas.topics import BY_MODEL
 
-RELEASE_TTL_NS = 120 * 10**9
+RELEASE_TTL_NS = 120 * 10**9     # an operator's command is valid this long (release and undrain)
 
 
 def add_parser(sub: argparse._SubParsersAction, common: object) -> None:
@@ -45,6 +47,11 @@ def add_parser(sub: argparse._SubParsersAction, common: object) -> None:
     r.add_argument("iface")
     r.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the node's ack (0: do not wait)")
     common(r)   # type: ignore[operator]
+    u = csub.add_parser("undrain", help="return a drained node to service: its actuator runs the undrain hook")
+    u.add_argument("node")
+    u.add_argument("--wait", type=float, default=45.0,
+                   help="seconds to wait for the node's ack (0: do not wait; the hook may take its timeout)")
+    common(u)   # type: ignore[operator]
 
 
 def cmd_control(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -55,22 +62,28 @@ def cmd_control(args: argparse.Namespace, settings: Settings, console: Console) 
         console.print(f"wrote {escape(str(args.dir))}/control.key (0600: the streams' signing key, keep it there) "
                       "and control.pub (copy it to every node's actuator)", highlight=False)
         return 0
-    return _release(args, settings, console)
-
-
-def _release(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    if args.control_command == "undrain":
+        if not args.node:
+            raise UserError("undrain needs a node")
+        return _operator_command(args, settings, console, "undrain", args.node, {})
     if not args.node or not args.iface:
         raise UserError("release needs a node and an interface")
+    return _operator_command(args, settings, console, "release", args.iface, {"to": args.iface})
+
+
+def _operator_command(args: argparse.Namespace, settings: Settings, console: Console, action: str, target: str,
+                      params: dict[str, str]) -> int:
+    """Sign `action` for args.node with the streams' key, send it to the node's partition, wait for its ack."""
     issuer = CommandIssuer(signer_from(settings), ttl_ns=RELEASE_TTL_NS)
-    cmd = issuer.issue(CommandIntent(args.node, "release", args.iface, time.time_ns(),
-                                     f"operator-release-{uuid.uuid4().hex[:12]}", {"to": args.iface}))
+    cmd = issuer.issue(CommandIntent(args.node, action, target, time.time_ns(),  # type: ignore[arg-type]
+                                     f"operator-{action}-{uuid.uuid4().hex[:12]}", params))
     bootstrap = running_bootstrap(settings)
     login = KafkaSecurity().librdkafka()
     acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
     try:
         _send(bootstrap, login, cmd)
-        console.print(f"sent release of {escape(args.node)}/{escape(args.iface)}: command {escape(cmd.command_id)}",
-                      highlight=False)
+        what = escape(args.node) if target == args.node else f"{escape(args.node)}/{escape(target)}"
+        console.print(f"sent {action} of {what}: command {escape(cmd.command_id)}", highlight=False)
         if acks is None:
             return 0
         ack = _wait_ack(acks, cmd, args.wait)

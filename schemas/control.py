@@ -10,7 +10,7 @@ from clocktower.schemas.column_types import Name, Text, TimestampNs, UInt64
 from clocktower.schemas.event import Event
 
 Action = Literal["failover", "restore", "quarantine", "release", "qos", "rate_limit", "pause", "resume", "drain",
-                 "spare"]
+                 "spare", "undrain"]
 
 
 class ControlCommand(Event):

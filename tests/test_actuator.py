@@ -280,7 +280,7 @@ def _script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("action", ["drain", "spare"])
+@pytest.mark.parametrize("action", ["drain", "spare", "undrain"])
 def test_drain_and_spare_run_the_hook_with_the_command_fields(action: str, tmp_path: Path) -> None:
     out = tmp_path / "args"
     hook = _script(tmp_path, f'printf "%s\\n" "$@" > {out}; echo "id=$CLOCKTOWER_COMMAND_ID"; echo done\n')

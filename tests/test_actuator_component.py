@@ -220,3 +220,63 @@ def test_the_agent_returns_from_an_ack_only_once_the_broker_acknowledged_it() ->
         delivered_publisher(Publisher("never"), 0.2)(acks)   # type: ignore[arg-type]
     with pytest.raises(AckNotDelivered, match="refused"):
         delivered_publisher(Publisher("error"), 2.0)(acks)   # type: ignore[arg-type]
+
+
+def test_the_operators_release_and_undrain_reach_the_node_and_wait_for_its_ack(tmp_path: Path) -> None:
+    """`clocktower control release NODE IFACE` and `clocktower control undrain NODE` as an operator runs them: signed
+    with the streams' key, sent to the node's partition, carried out by its actuator (the quarantine lifted and the
+    routes restored; the undrain hook run), and the CLI prints the node's ack."""
+    from clocktower.producers.kafka_publisher import KafkaPublisher
+    from tests.control_keys import private_pem
+    from tests.test_cli import _env, clocktower
+
+    broker = StandaloneBroker(tmp_path / "kafka")
+    broker.start()
+    key = tmp_path / "control.key"
+    key.write_bytes(private_pem())
+    key.chmod(0o600)
+    marker = tmp_path / "undrained"
+    hook = tmp_path / "undrain.sh"
+    hook.write_text(f'#!/bin/sh\nprintf "%s " "$@" > {marker}\necho resumed\n')
+    hook.chmod(0o755)
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for fut in admin.create_topics([NewTopic("control.commands", num_partitions=4, replication_factor=1),
+                                        NewTopic("control.acks", num_partitions=1, replication_factor=1)]).values():
+            fut.result(15)
+        publisher = KafkaPublisher(broker.bootstrap, node_key=b"")
+
+        def sink(events: list[Event]) -> None:
+            publisher.publish(events)
+            publisher.producer.flush(10)
+        routing = SimulatedRouting()
+        settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "state",
+                                    undrain_hook=(str(hook),))
+        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings)
+        runner = AgentRunner([], sink, actuators=[act], flush_interval_s=0.02)
+        runner.start()
+        assert runner.wait_started(10) and runner.status["actuator"].state == "running", runner.report()
+        quarantine = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "quarantine", "eth0", time.time_ns(),
+                                                                    "inc-q", {"from": "eth0", "to": "eth1"}))
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        k, v, h = encode_batch([quarantine])
+        p.produce("control.commands", key=k, value=v, headers=h, partition=partition_of(NODE, 4))
+        assert p.flush(15) == 0
+        deadline = time.monotonic() + 30
+        while act.quarantined("eth0") is not True and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert act.quarantined("eth0") and routing.on_backup("eth0")
+        env = _env(CLOCKTOWER_KAFKA_BOOTSTRAP=broker.bootstrap, CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE=str(key))
+        released = clocktower("control", "release", NODE, "eth0", "--wait", "30", env=env)
+        assert released.returncode == 0, released.stderr
+        assert f"{NODE}: applied" in released.stdout and "released eth0" in released.stdout, released.stdout
+        assert act.quarantined("eth0") is False and not routing.on_backup("eth0")
+        undrained = clocktower("control", "undrain", NODE, "--wait", "30", env=env)
+        assert undrained.returncode == 0, undrained.stderr
+        assert f"{NODE}: applied" in undrained.stdout and "resumed" in undrained.stdout, undrained.stdout
+        assert marker.read_text().split() == ["undrain", NODE, NODE, "{}"]
+        no_ack = clocktower("control", "undrain", "node-nobody", "--wait", "2", env=env)
+        assert no_ack.returncode == 2 and "no ack from node-nobody within 2 s" in no_ack.stderr, no_ack.stderr
+        runner.stop()
+    finally:
+        broker.stop()
