@@ -84,9 +84,11 @@ def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStr
         lambda: bed.carrier_down("a"), lambda: bed.carrier_up("a"))
     failover_ms: list[float] = []
     restore_ms: list[float] = []
+    downs: list[int] = []
     misses = 0
     for _ in range(flaps):
         down_ns = time.time_ns()
+        downs.append(down_ns)
         down()
         on_backup = bed.monitor.flow_start("b", BACKUP, after_ns=down_ns, timeout_s=5.0)
         if on_backup is None:
@@ -107,6 +109,17 @@ def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStr
             restore_ms.append((on_primary - restore_ns) / 1e6)
         time.sleep(0.1)                         # the watchdogs see the link up: the next down is a new episode
     failed_acks = [a.detail for agent in agents.values() for a in agent.acks if a.status != "applied"]
+    # host a's watchdog, per flap: down -> the agent saw it -> its failover began, and the fail_over call
+    # (the watchdog's ack id ends with the agent's stamp of the netlink event: when its recv returned)
+    seen_ms, react_ms, apply_ms = [], [], []
+    for ack in agents["a"].acks:
+        began = ack.ts_ns - ack.apply_ns
+        seen = int(ack.command_id.rsplit(":", 1)[1])
+        down = max((d for d in downs if d <= began), default=None)
+        if down is not None:
+            seen_ms.append(round((seen - down) / 1e6, 1))
+            react_ms.append(round((began - seen) / 1e6, 1))
+            apply_ms.append(round(ack.apply_ns / 1e6, 1))
     return {
         "local_failover_ms_p50": round(percentile(failover_ms, 50), 2) if failover_ms else None,
         "local_failover_ms_p99": round(percentile(failover_ms, 99), 2) if failover_ms else None,
@@ -117,6 +130,9 @@ def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStr
         "watchdog_failed_acks": failed_acks,
         "moves_not_seen": misses,
         "local_failover_ms_all": [round(v, 1) for v in failover_ms],
+        "local_down_to_event_ms_all": seen_ms,      # the down call and the kernel's netlink event
+        "local_event_to_failover_ms_all": react_ms,  # the agent: parse, watchdog, into fail_over
+        "local_apply_ms_all": apply_ms,             # the whole fail_over call (routes first, then a dump and a save)
     }
 
 

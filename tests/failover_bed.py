@@ -34,11 +34,15 @@ those routes a locked `rto_min` metric (`ip route ... rto_min 5ms lock`: TCP's m
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import errno
 import gc
 import json
 import os
+import selectors
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -104,62 +108,83 @@ def _sysctl(path: str, value: str) -> None:
 
 
 class PathMonitor:
-    """Per-port rx byte counters of both hosts, polled every `period_s`; changes kept with their time."""
+    """What each host's ports receive, timed by the kernel: an AF_PACKET socket per (host, port) with
+    SO_TIMESTAMPNS, read by one thread. A packet's time is when the kernel received it (the wall clock, as
+    time.time_ns()), so how late the reader runs does not move it; nothing polls. Per port the received bytes
+    are kept as (kernel time, running total) per packet (the newest `KEEP` packets)."""
 
-    def __init__(self, namespaces: dict[str, str], period_s: float = 0.0005) -> None:
-        self.period_s = period_s
-        # kept open for the monitor's life: the file shows the namespace it was opened in
-        self._files = {host: in_netns(ns, lambda: open("/proc/thread-self/net/dev", "rb", buffering=0))  # noqa: SIM115
-                       for host, ns in namespaces.items()}
-        self._changes: dict[tuple[str, str], list[tuple[int, int]]] = {}   # (host, link) -> [(ts_ns, rx)]
+    KEEP = 200_000
+
+    def __init__(self, namespaces: dict[str, str], links: tuple[str, ...]) -> None:
+        self._changes: dict[tuple[str, str], list[tuple[int, int]]] = {}   # (host, link) -> [(ts_ns, total)]
+        self._socks: dict[int, tuple[str, str, socket.socket]] = {}
+        for host, ns in namespaces.items():
+            for link in links:
+                sock = in_netns(ns, lambda link=link: _packet_socket(link))
+                self._socks[sock.fileno()] = (host, link, sock)
+                self._changes[host, link] = []
         self._cond = threading.Condition()
-        self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="bed-path-monitor", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        self._stop.set()
+        self._wake_w.send(b"x")
         self._thread.join(5.0)
-        for f in self._files.values():
-            f.close()
-
-    def _read(self, host: str) -> dict[str, int]:
-        f = self._files[host]
-        f.seek(0)
-        out = {}
-        for line in f.read().decode().splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            out[name.strip()] = int(rest.split()[0])
-        return out
+        for _, _, sock in self._socks.values():
+            sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            now = time.time_ns()
-            snapshot = {host: self._read(host) for host in self._files}
-            with self._cond:
-                for host, counters in snapshot.items():
-                    for link, rx in counters.items():
-                        series = self._changes.setdefault((host, link), [])
-                        if not series or series[-1][1] != rx:
-                            series.append((now, rx))
-                self._cond.notify_all()
-            time.sleep(self.period_s)
-
-    def rx_bytes(self, host: str, link: str) -> int:
-        with self._cond:
-            series = self._changes.get((host, link))
-            return series[-1][1] if series else 0
+        sel = selectors.DefaultSelector()
+        for fd in self._socks:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        totals = dict.fromkeys(self._changes, 0)
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj is self._wake_r:
+                        return
+                    host, link, sock = self._socks[key.fd]
+                    got = []
+                    while True:
+                        try:
+                            data, anc, _, addr = sock.recvmsg(RECV_SIZE + 256, 64, socket.MSG_DONTWAIT)
+                        except BlockingIOError:
+                            break
+                        except OSError as e:      # ENETDOWN, once, when the port goes down: it keeps working
+                            if e.errno != errno.ENETDOWN:
+                                raise
+                            continue
+                        if addr[2] == PACKET_OUTGOING:
+                            continue
+                        ts = next((_timespec_ns(d) for lvl, kind, d in anc
+                                   if lvl == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS), time.time_ns())
+                        totals[host, link] += len(data)
+                        got.append((ts, totals[host, link]))
+                    if got:
+                        with self._cond:
+                            series = self._changes[host, link]
+                            series += got
+                            if len(series) > 2 * self.KEEP:
+                                del series[:-self.KEEP]
+                            self._cond.notify_all()
+        finally:
+            sel.close()
 
     def flow_start(self, host: str, link: str, after_ns: int, timeout_s: float = 5.0,
                    min_bytes: int = DATA_BYTES) -> int | None:
-        """When `link` of `host` first received `min_bytes` more than it had at `after_ns` (ns since the epoch;
-        the poll that saw it, so late by at most one period), or None after `timeout_s`."""
+        """When (the kernel's receive time, ns since the epoch) `link` of `host` had received `min_bytes` more
+        than it had at `after_ns`, or None after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
-                series = self._changes.get((host, link), [])
-                base = next((rx for ts, rx in reversed(series) if ts <= after_ns), 0)
-                hit = next((ts for ts, rx in series if ts > after_ns and rx - base >= min_bytes), None)
+                series = self._changes[host, link]
+                i = bisect.bisect_right(series, (after_ns, float("inf")))
+                base = series[i - 1][1] if i else 0
+                hit = next((ts for ts, total in series[i:] if total - base >= min_bytes), None)
                 if hit is not None:
                     return hit
                 left = deadline - time.monotonic()
@@ -167,11 +192,25 @@ class PathMonitor:
                     return None
                 self._cond.wait(min(left, 0.05))
 
-    def last_flow(self, host: str, link: str) -> int:
-        """When `link` of `host` last received anything (0: never)."""
-        with self._cond:
-            series = self._changes.get((host, link))
-            return series[-1][0] if series and len(series) > 1 else 0
+
+PACKET_OUTGOING = 4
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+ETH_P_ALL = 0x0003
+
+
+def _packet_socket(ifname: str) -> socket.socket:
+    """A raw packet socket on `ifname` (of the calling thread's namespace) that stamps what it receives."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)     # root: past rmem_max, no drops in bursts
+    sock.bind((ifname, ETH_P_ALL))
+    return sock
+
+
+def _timespec_ns(data: bytes) -> int:
+    sec, nsec = struct.unpack("=qq", data[:16])
+    return sec * 1_000_000_000 + nsec
 
 
 @dataclass
@@ -468,6 +507,7 @@ class FailoverBed:
         self.ns = {host: f"{prefix}-{host}-{tag}" for host in HOSTS}
         self._tmp = {(host, link): f"c{prefix[:3]}{tag}{host}{link[0]}" for host in HOSTS for link in (PRIMARY, BACKUP)}
         self._ipr: dict[str, Any] = {}
+        self._indexes: dict[tuple[str, str], int] = {}
         self.monitor: PathMonitor
 
     # -- building and removing -----------------------------------------------------------------
@@ -493,6 +533,7 @@ class FailoverBed:
             for link in (PRIMARY, BACKUP):
                 index = ipr.link_lookup(ifname=self._tmp[host, link])[0]
                 ipr.link("set", index=index, ifname=link)
+                self._indexes[host, link] = index
                 ipr.addr("add", index=index, address=ADDR[host, link], prefixlen=24)
                 ipr.link("set", index=index, state="up")
         for host in HOSTS:
@@ -502,7 +543,7 @@ class FailoverBed:
                                   prefsrc=SERVICE[host], proto=4,
                                   **({"metrics": {"rto_min": self.rto_min_ms, "lock": RTO_MIN_LOCK}}
                                      if self.rto_min_ms else {}))
-        self.monitor = PathMonitor(self.ns)
+        self.monitor = PathMonitor(self.ns, (PRIMARY, BACKUP))
 
     def remove(self) -> None:
         from pyroute2 import IPRoute, netns
@@ -540,8 +581,12 @@ class FailoverBed:
         return self._ipr[host]
 
     def set_admin(self, host: str, link: str, up: bool) -> None:
+        """One netlink request (the index is looked up once: a down is timed from just before this call)."""
         ipr = self._ipr[host]
-        ipr.link("set", index=ipr.link_lookup(ifname=link)[0], state="up" if up else "down")
+        index = self._indexes.get((host, link))
+        if index is None:
+            index = self._indexes[host, link] = ipr.link_lookup(ifname=link)[0]
+        ipr.link("set", index=index, state="up" if up else "down")
 
     def carrier_down(self, host: str, link: str = PRIMARY) -> None:
         """`host`'s end of `link` loses carrier (the far end goes admin down); `host`'s routes stay."""
