@@ -258,9 +258,10 @@ class KernelRouting:
         return f"restored {len(todo)} route(s) of {link} from {rec.backup or backup}{note}"
 
     def on_backup(self, link: str) -> bool:
-        with self._lock:
-            rec = self._links.get(link)
-            return bool(rec and rec.on_backup)
+        # Without the lock: a failover holds it through its dump and fsynced save (5-25 ms), and the link source
+        # reads this while building every report. A record is replaced whole, never changed in place.
+        rec = self._links.get(link)
+        return bool(rec and rec.on_backup)
 
     # -- kernel --------------------------------------------------------------------------------
 
