@@ -244,3 +244,47 @@ def test_a_partition_awaiting_an_offset_reset_does_not_end_the_back_off() -> Non
             await client.close()
 
     assert asyncio.run(check()) == [False, True]
+
+
+def test_an_idle_clock_broadcast_does_not_fetch_and_still_reads_new_estimates(services: Pipeline) -> None:
+    """Before: the stream worker's clock broadcast kept its partitions assigned, so librdkafka's broker thread
+    fetched non-stop (about half a core in the worker and 40 % in the broker, benchmarks/idle_cpu.py: an idle
+    stack at ~108 % of a core). Now it assigns only when a watermark moved."""
+    from confluent_kafka import Producer
+
+    from clocktower.schemas.analytics import ClockEstimate
+    from clocktower.schemas.codec import encode_batch
+    from clocktower.streams.clock_broadcast import TOPIC, ClockBroadcast
+
+    count = _FetchCount()
+    broadcast = ClockBroadcast(services.settings.bootstrap, {"statistics.interval.ms": 100, "stats_cb": count.stats})
+    producer = Producer({"bootstrap.servers": services.settings.bootstrap})
+    now = time.time_ns()
+
+    def estimate(node: str, offset_ns: int) -> None:
+        event = ClockEstimate(node=node, ts_ns=now, reference="n0", offset_ns=offset_ns, drift_ppb=0.0,
+                              error_bound_ns=10)
+        key, value, headers = encode_batch([event])
+        producer.produce(TOPIC, key=key, value=value, headers=headers)
+        assert producer.flush(10) == 0
+
+    estimate("n1", 1000)                                   # a backlog from before the worker started
+    broadcast.start()
+    try:
+        deadline = time.monotonic() + 20
+        while broadcast.estimates < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broadcast.estimates == 1, "the backlog was not read"
+        time.sleep(1.0)
+        start, before = time.monotonic(), count.fetches
+        time.sleep(WINDOW_S)
+        rate = (count.fetches - before) / (time.monotonic() - start)
+        assert rate < MAX_FETCHES_PER_S, f"an idle clock broadcast sent {rate:.0f} fetches/s"
+        sent = time.monotonic()
+        estimate("n2", 2000)
+        while broadcast.estimates < 2 and time.monotonic() - sent < 5:
+            time.sleep(0.01)
+        assert broadcast.estimates == 2, "a new estimate was not read within 5 s"
+        assert broadcast.errors == 0
+    finally:
+        broadcast.stop()
