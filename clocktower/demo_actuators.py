@@ -119,7 +119,7 @@ def skip_earlier_commands(bootstrap: str, node: str, timeout: float = 10.0) -> N
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_of(node), "enable.auto.commit": False,
                          "logger": logging.getLogger("rdkafka")})
     try:
-        meta = consumer.list_topics(TOPIC, timeout=timeout).topics.get(TOPIC)
+        meta = consumer.list_topics(timeout=timeout).topics.get(TOPIC)   # all: naming one creates it here
         if meta is None or meta.error is not None or not meta.partitions:
             return   # no topic yet: nothing earlier to skip
         partition = partition_of(node, len(meta.partitions))
