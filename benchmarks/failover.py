@@ -138,7 +138,8 @@ def measure_local(bed: FailoverBed, agents: dict[str, HostAgent], stream: TcpStr
 
 PIPELINE_ENV = {
     "CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS": "0",          # the stream workers fail over on the down report
-    "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS": "20",    # an idle worker reads a new record within 20 ms (250 default)
+    "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS": "20",    # an idle worker reads a new record within 20 ms (250 under
+                                                         # `up` for the embedded broker; 0 against a Kafka broker)
     "CLOCKTOWER_STREAMS_LINK_QUARANTINE_FLAPS": "10000",  # --flaps downs in minutes: no quarantine here
 }
 AGENT_WATCHDOG_OFF_MS = 60_000.0                          # the actuator setting's maximum: beyond every down

@@ -21,7 +21,8 @@ import aiokafka.consumer.consumer as aiokafka_consumer
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.structs import TopicPartition
 
-# Bounded so end-to-end latency stays low: an idle worker fetches about 4 times a second per broker.
+# Bounded so end-to-end latency stays low: an idle worker fetches about 4 times a second per broker. Used with the
+# embedded broker (streams/settings.py EMBEDDED_IDLE_FETCH_BACKOFF_MS); a Kafka broker holds an empty fetch itself.
 IDLE_FETCH_BACKOFF_S = 0.25
 
 

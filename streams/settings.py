@@ -10,6 +10,11 @@ from pydantic_settings import NoDecode
 from clocktower.runtime.setting_text import json_or_text
 from clocktower.runtime.settings import RuntimeSettings
 
+# What `clocktower up` and `demo` give their stream workers for the embedded broker, which answers empty fetches at
+# once (an idle worker would spin; 250 ms keeps the idle stack under 5 % of a core: benchmarks/idle_cpu.py).
+EMBEDDED_IDLE_FETCH_BACKOFF_MS = 250
+IDLE_FETCH_BACKOFF_VAR = "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS"
+
 
 class StreamsSettings(RuntimeSettings):
     streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
@@ -25,9 +30,10 @@ class StreamsSettings(RuntimeSettings):
                                       "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
                                       "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")
     streams_idle_fetch_backoff_ms: int = Field(
-        default=250, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
-        "next fetch to that broker (the embedded broker answers empty fetches at once, so an idle worker would spin); "
-        "the most an idle worker adds to a record's latency. 0 disables it.")
+        default=0, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
+        "next fetch to that broker: the most an idle worker adds to a record's latency. 0 (the default): none, since a "
+        "Kafka broker holds an empty fetch until a record comes. The embedded broker answers empty fetches at once, so "
+        "`clocktower up` and `demo` set EMBEDDED_IDLE_FETCH_BACKOFF_MS (250) for their workers unless this is set.")
     streams_segment_ttl_s: float = Field(
         default=10.0, gt=0, description="event time a half-joined flow segment waits for its other half before it "
         "expires (counted in clocktower_streams_state_expired_total)")
