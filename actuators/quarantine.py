@@ -53,8 +53,9 @@ class Quarantine:
                 "quarantined": quarantined}
 
     def get(self, link: str) -> QuarantineMark | None:
-        with self._lock:
-            return self._marks.get(link)
+        # Without the lock: mark/unmark hold it across an fsynced append, and the agent's link source asks for
+        # every report it builds (before its watchdog sees the report). A dict read is atomic; marks are replaced.
+        return self._marks.get(link)
 
     def links(self) -> list[str]:
         with self._lock:

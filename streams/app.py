@@ -35,7 +35,7 @@ from clocktower.streams.topology import Topology, record_handlers
 log = logging.getLogger(__name__)
 settings = StreamsSettings()
 signer = signer_from(settings)   # first: without a key the worker stops here, before touching the network
-install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # the broker answers empty fetches at once
+install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # 0 but under `up` (the embedded broker)
 instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
 security = KafkaSecurity()
 

@@ -14,9 +14,9 @@ those routes a locked `rto_min` metric (`ip route ... rto_min 5ms lock`: TCP's m
 - `carrier_down(host)` sets the *other* end of the primary admin down: `host`'s end loses carrier, its routes
   stay. `hard_down()` sets both ends admin down: both lose carrier and the kernel deletes both hosts' routes
   via the primary (what a restore must re-add). `hard_up()`/`carrier_up(host)` undo them.
-- `monitor` polls every interface's rx byte counter in both namespaces every ~0.5 ms (/proc/net/dev opened
-  from a thread that entered the namespace: /proc/thread-self/net is per network namespace, /sys is not):
-  `flow_start(host, link, after_ns)` is when data bytes first arrived on that port after a moment.
+- `monitor` reads what each host's ports receive through AF_PACKET sockets (made in the host's namespace) with
+  the kernel's receive timestamps: `flow_start(host, link, after_ns)` is when data bytes first arrived on that
+  port after a moment.
 - `stream()` is a long-lived TCP stream from a's service address to b's, sending a counter pattern; the
   receiver checks that every byte arrives once and in order.
 - `agents(state_dir)` runs, per host, what a node agent would, in a process of its own: a real

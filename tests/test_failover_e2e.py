@@ -43,16 +43,20 @@ def bed() -> Iterator[FailoverBed]:
         yield b
 
 
-@pytest.fixture
-def fast_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bed: FailoverBed) -> Iterator[Pipeline]:
+def _pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watchdog_ms: int) -> Iterator[Pipeline]:
     # the stream workers inherit the environment (Stack's children copy os.environ)
     monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_STABLE_S", str(STABLE_S))
-    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS", "50")
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS", str(watchdog_ms))
     p = start_pipeline(tmp_path / "ct")
     try:
         yield p
     finally:
         p.stack.stop()
+
+
+@pytest.fixture
+def fast_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bed: FailoverBed) -> Iterator[Pipeline]:
+    yield from _pipeline(tmp_path, monkeypatch, 50)
 
 
 def _poll(pipeline: Pipeline, sql: str, done, timeout_s: float) -> list:  # noqa: ANN001
@@ -90,6 +94,24 @@ def _up_and_wait(bed: FailoverBed) -> None:
         bed.wait_carrier(host, PRIMARY, True)
 
 
+def _wait_reported_up(p: Pipeline, in_nodes: str, condition: str = "") -> None:
+    """Both hosts' reports of their primary up are in ClickHouse."""
+    seen = _poll(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {in_nodes} AND interface = 'pri' "
+                    f"AND up {condition}", lambda rows: len(rows) == 2, 60)
+    assert len(seen) == 2, f"link reports ({condition or 'up'}) did not reach ClickHouse: {seen}"
+
+
+def _up_then_restored_after_t_stable(bed: FailoverBed, stream, agents: dict, what: str) -> None:  # noqa: ANN001
+    """The primary comes back; both hosts route over it again, not before T_stable, and the stream flows."""
+    _up_and_wait(bed)
+    up_at = time.monotonic()
+    back = _wait_route(bed, PRIMARY, 30)
+    assert back is not None, f"{what}: {[bed.route_to_peer(h) for h in HOSTS]}"
+    assert time.monotonic() - up_at >= STABLE_S - 0.5, "restored before T_stable"
+    stream.wait_bytes(stream.received + 100_000)
+    assert all(a.alive() for a in agents.values()), "an agent died"
+
+
 def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticing(
         bed: FailoverBed, fast_pipeline: Pipeline, tmp_path: Path) -> None:
     p = fast_pipeline
@@ -98,10 +120,7 @@ def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticin
     with (bed.real_agents(p.settings.bootstrap, tmp_path / "agents", control_public_key_path(p.settings.data_dir),
                           watchdog_ms=50, report_s=0.2) as agents,
           bed.stream() as stream):
-        # the detector acts on a link it has seen up: wait for both hosts' reports in ClickHouse
-        seen = _poll(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {in_nodes} AND interface = 'pri' "
-                        "AND up", lambda rows: len(rows) == 2, 60)
-        assert len(seen) == 2, f"link reports did not reach ClickHouse: {seen}"
+        _wait_reported_up(p, in_nodes)     # the detector acts on a link it has seen up
         stream.wait_bytes(200_000)
 
         # 1. flaps: the watchdogs move the traffic to the backup at the first down, and it stays there
@@ -130,13 +149,7 @@ def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticin
         time.sleep(HARD_DOWN_S)
         stream.wait_bytes(stream.received + 100_000)          # still flowing, on the backup
         assert _on(bed, BACKUP)
-        _up_and_wait(bed)
-        up_at = time.monotonic()
-        back = _wait_route(bed, PRIMARY, 30)
-        assert back is not None, f"not restored after the hard down: {[bed.route_to_peer(h) for h in HOSTS]}"
-        assert time.monotonic() - up_at >= STABLE_S - 0.5, "restored before T_stable"
-        stream.wait_bytes(stream.received + 100_000)
-        assert all(a.alive() for a in agents.values()), "an agent died"
+        _up_then_restored_after_t_stable(bed, stream, agents, "not restored after the hard down")
     result = stream.result
     assert result is not None and result.ok, (result, "lost/reordered bytes or a socket error")
     assert result.received == result.sent > 1_000_000
@@ -170,13 +183,7 @@ def test_flaps_and_a_hard_down_fail_over_and_back_without_the_tcp_stream_noticin
 @pytest.fixture
 def slow_watchdog_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bed: FailoverBed) -> Iterator[Pipeline]:
     """The pipeline's T_watchdog (2 s) far above the agents' (20 ms): a short down is the agent's alone."""
-    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_STABLE_S", str(STABLE_S))
-    monkeypatch.setenv("CLOCKTOWER_STREAMS_LINK_WATCHDOG_MS", "2000")
-    p = start_pipeline(tmp_path / "ct")
-    try:
-        yield p
-    finally:
-        p.stack.stop()
+    yield from _pipeline(tmp_path, monkeypatch, 2000)
 
 
 def test_a_down_only_the_agents_watchdog_acted_on_is_restored_by_the_pipeline(
@@ -189,21 +196,13 @@ def test_a_down_only_the_agents_watchdog_acted_on_is_restored_by_the_pipeline(
     with (bed.real_agents(p.settings.bootstrap, tmp_path / "agents", control_public_key_path(p.settings.data_dir),
                           watchdog_ms=20, report_s=0.2) as agents,
           bed.stream() as stream):
-        seen = _poll(p, f"SELECT DISTINCT node FROM link_states WHERE node IN {in_nodes} AND interface = 'pri' "
-                        "AND up AND on_backup = false", lambda rows: len(rows) == 2, 60)
-        assert len(seen) == 2, f"the agents' reports (with their actuator's view) did not reach ClickHouse: {seen}"
+        _wait_reported_up(p, in_nodes, "AND on_backup = false")    # with their actuator's view
         stream.wait_bytes(200_000)
         bed.hard_down()
         moved = _wait_route(bed, BACKUP, 5)                 # the agents' watchdogs, 20 ms after the down
         assert moved is not None, [bed.route_to_peer(h) for h in HOSTS]
         time.sleep(0.3)
-        _up_and_wait(bed)                                    # down ~0.3 s: far below the pipeline's 2 s
-        up_at = time.monotonic()
-        back = _wait_route(bed, PRIMARY, 30)
-        assert back is not None, f"left on the backup: {[bed.route_to_peer(h) for h in HOSTS]}"
-        assert time.monotonic() - up_at >= STABLE_S - 0.5, "restored before T_stable"
-        stream.wait_bytes(stream.received + 100_000)
-        assert all(a.alive() for a in agents.values()), "an agent died"
+        _up_then_restored_after_t_stable(bed, stream, agents, "left on the backup")   # down ~0.3 s: below 2 s
     result = stream.result
     assert result is not None and result.ok, (result, "lost/reordered bytes or a socket error")
     cmds = _poll(p, f"SELECT node, action FROM control_commands FINAL WHERE node IN {in_nodes}",

@@ -512,3 +512,37 @@ def test_commands_for_a_link_never_oscillate(steps: list[tuple[int, bool, int, b
             per_incident.setdefault(c.incident_id, []).append(c.action)
     assert all(a in (["failover"], ["failover", "restore"]) for a in per_incident.values()), per_incident
     assert {i for r in incidents(out) for i in r.command_ids} == {command_id_of(c) for c in cmds}
+
+
+def test_a_quarantine_the_node_never_held_is_not_taken_for_a_release() -> None:
+    """Before: any report saying "not quarantined" 5 s after the quarantine counted as a release, so a lagging worker
+    replaying the node's older reports, or a quarantine the node never applied, resolved the incident as released."""
+    node = Node(quarantine_flaps=3)
+    node(rep(T0, True, 1))
+    for k in range(3):
+        _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
+    t = T0 + 4 * MINUTE
+    (q,) = [r for r in incidents(node(rep(t, False, 8))) if r.kind == "link_quarantine"]
+    lagging = []
+    for i in range(1, 30):                                     # 29 s of reports made before the node applied it
+        lagging += node(rep(t + i * S, True, 9, on_backup=False, quarantined=False))
+    assert not [r for r in incidents(lagging) if r.kind == "link_quarantine"]
+    assert [a for a, _ in commands(lagging)] == ["failover"]  # the down's own; still marked: no restore
+    held = node(rep(t + 31 * S, True, 9, on_backup=True, quarantined=True))
+    assert not [r for r in incidents(held) if r.kind == "link_quarantine"]
+    released = node(rep(t + 40 * S, True, 9, on_backup=False, quarantined=False))
+    assert [(r.incident_id, r.state) for r in incidents(released) if r.kind == "link_quarantine"] == [
+        (q.incident_id, "resolve")]
+
+
+def test_a_late_report_orders_its_restore_once_not_twice() -> None:
+    """Before: the restore's order time was taken as its deadline, so the report that ordered it 15 s late (an agent
+    away) also looked like a node still on its backup 15 s after the restore: a second restore at once."""
+    node = Node()
+    node(rep(T0, True, 1, on_backup=False))
+    node(rep(T0 + S, False, 2, on_backup=False))
+    node(rep(T0 + 2 * S, True, 3, on_backup=True))            # the node's watchdog moved it; restore due at +12 s
+    late = node(rep(T0 + 27 * S, True, 3, on_backup=True))     # the next report comes 25 s later
+    assert commands(late) == [("restore", {"from": "eth1", "to": "eth0"})]
+    assert not any("ordering it again" in r.detail for r in incidents(late))
+    assert node(rep(T0 + 30 * S, True, 3, on_backup=True)) == []   # within T_stable of the order: no retry yet

@@ -23,16 +23,18 @@ node without it, and decides every restore). Time is the event time of the node'
   "to": backup} and a critical `link_quarantine` incident asking a human to run `clocktower control release
   NODE LINK` once the link is fixed. While the link is marked, the detector orders no restore (the actuator
   holds traffic on the backup until released; a release restores), but a link that goes down still gets its
-  failover: the detector never learns of a release, so a released link must not be left on a dead primary,
-  and on a still quarantined node the failover is a no-op ("already on eth1"). A release is seen in the node's
-  reports (below). Without an actuator's view the mark clears when the hourly count is back under the limit and
-  no incident is open (hysteresis: set above N, cleared below N), and the `link_quarantine` incident stays open;
-  while the node reports the link quarantined, the mark stays.
+  failover: a release may not have been seen yet, so a released link must not be left on a dead primary, and on
+  a still quarantined node the failover is a no-op ("already on eth1"). A release is seen in the node's reports
+  (below): the node reported the quarantine held, then not. Otherwise (no actuator's view, or a node that never
+  held it: no backup, the command refused or expired) the mark clears when the hourly count is back under the
+  limit and no incident is open (hysteresis: set above N, cleared below N), and the `link_quarantine` incident
+  stays open; while the node reports the link quarantined, the mark stays.
 - **What the node did by itself.** A report carries what the node's actuator knows (`on_backup`, `quarantined`;
   null without an actuator, and then nothing here changes). A link on its backup that this detector did not fail
   over (the agent's own watchdog did: its T_watchdog is shorter than this one's, or the down was too short to
   be seen here) gets a `link_down` incident that says so, and is restored after `stable_ns` like any other. A
-  quarantined link reported not quarantined was released by an operator: the mark and the hourly count clear,
+  quarantined link the node reported held and now reports not quarantined was released by an operator:
+  the mark and the hourly count clear,
   and the `link_quarantine` incident resolves. Reports sent before this detector's own restore or quarantine
   was applied still tell the old state, so each view is trusted only from `NODE_VIEW_GRACE_NS` after that
   command. A link still reported on its backup `max(grace, stable_ns)` after our restore gets it again (a
@@ -105,6 +107,7 @@ class Port:
     quarantined: bool = False
     quarantine_id: str = ""              # the open link_quarantine incident ("" = none, or not ours to resolve)
     quarantined_ns: int = 0              # when the mark was set
+    node_held: bool = False              # the node has reported this quarantine held (only then can it be released)
     restored_ns: int = 0                 # when our newest restore was ordered
     restore_retries: int = 0             # restores ordered again since the node last reported the link back on it
     log: DeliveryLog = field(default_factory=DeliveryLog)
@@ -201,7 +204,7 @@ class LinkFlapDetector(ReplayingDetector):
         expired = []
         for key, value in state.expire(now_ns):
             if isinstance(value, Timer):
-                out += self._fire(state, value)
+                out += self._fire(state, value, now_ns)
             else:
                 expired.append((key, value))
         self._log_fired(state, out)
@@ -219,7 +222,7 @@ class LinkFlapDetector(ReplayingDetector):
             port.log.also_emitted(ts_ns, fired)
             state.put(key, port, port.log.newest + self.state_ttl_ns)
 
-    def _fire(self, state: Any, timer: Timer) -> Emitted:
+    def _fire(self, state: Any, timer: Timer, now_ns: int) -> Emitted:
         key = compound_key(timer.node, timer.link)
         port: Port | None = state.get(key)
         if port is None:
@@ -227,7 +230,7 @@ class LinkFlapDetector(ReplayingDetector):
         if timer.kind == "restore":
             if not self._restore_due(port) or port.last_change_ns != timer.since:
                 return []
-            out = self._resolve(timer.node, timer.link, port)
+            out = self._resolve(timer.node, timer.link, port, now_ns)
         elif port.up or port.down_since != timer.since:
             return []
         else:
@@ -248,7 +251,7 @@ class LinkFlapDetector(ReplayingDetector):
         if port.down_since is not None and ts - port.down_since >= self.watchdog_ns:
             out += self._watchdog(node, link, port)      # it was down that long before this report
         if self._restore_due(port, ts):
-            out += self._resolve(node, link, port)       # it was up and stable that long before this report
+            out += self._resolve(node, link, port, ts)   # it was up and stable that long before this report
         was_up = port.up
         # Count changes the counter saw even between two reports; a state change
         # with a reset counter (agent restart) still counts as one.
@@ -268,14 +271,14 @@ class LinkFlapDetector(ReplayingDetector):
         out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
         out += self._node_view(node, link, port, ev)
         if self._restore_due(port, ts):
-            out += self._resolve(node, link, port)       # stable_ns 0
+            out += self._resolve(node, link, port, ts)   # stable_ns 0
         if port.recent_changes >= self.min_transitions and not port.flapped:
             out += self._flap(node, link, port, ts)
         if port.hourly_downs > self.quarantine_flaps and not port.quarantined:
             out += self._quarantine(node, link, port, ts)
         elif (port.quarantined and port.incident_id is None and port.hourly_downs < self.quarantine_flaps
-              and ev.quarantined is None):
-            port.quarantined = False
+              and not ev.quarantined):
+            port.quarantined = port.node_held = False
         self._track_restore(state, node, link, port, had_incident)
         return out
 
@@ -309,10 +312,12 @@ class LinkFlapDetector(ReplayingDetector):
         """Catch up with what the node's actuator did that this detector did not order (see the module doc)."""
         ts, out = ev.ts_ns, []
         trusted = ts >= port.quarantined_ns + NODE_VIEW_GRACE_NS
-        if ev.quarantined is False and port.quarantined and trusted:
+        if ev.quarantined is False and port.quarantined and port.node_held and trusted:
             out += self._released(node, link, port, ts)
         elif ev.quarantined and not port.quarantined:
             port.quarantined, port.quarantined_ns = True, ts      # held by the node: no restore from here
+        if ev.quarantined and port.quarantined:
+            port.node_held = True
         if ev.on_backup is False:
             port.restore_retries = 0
         retry_after = max(NODE_VIEW_GRACE_NS, self.stable_ns) << min(port.restore_retries, MAX_RETRY_DOUBLINGS)
@@ -334,7 +339,7 @@ class LinkFlapDetector(ReplayingDetector):
 
     def _released(self, node: str, link: str, port: Port, ts: int) -> Emitted:
         """An operator released the link (`clocktower control release`): the hourly count starts again."""
-        port.quarantined, port.downs = False, []
+        port.quarantined, port.downs, port.node_held = False, [], False
         out: Emitted = []
         if port.quarantine_id:
             out.append(Incident(node=node, ts_ns=ts, incident_id=port.quarantine_id, kind="link_quarantine",
@@ -379,12 +384,12 @@ class LinkFlapDetector(ReplayingDetector):
         intent = CommandIntent(node, "failover", link, ts, port.incident_id or "", {"from": link, "to": port.backup})
         port.failed_over_to = port.backup
         port.command_ids.append(command_id_of(intent))
-        # Quarantined (or released since: the mark clears only with the hourly count), a failover is still
+        # Quarantined (or released before we saw it), a failover is still
         # ordered: the actuator allows it and it is idempotent ("already on eth1"); only the restore waits.
         note = f"; quarantined: on {port.backup}, no restore until released" if port.quarantined else ""
         return [intent], note
 
-    def _resolve(self, node: str, link: str, port: Port) -> Emitted:
+    def _resolve(self, node: str, link: str, port: Port, now_ns: int) -> Emitted:
         """As of `stable_ns` after the newest change, whichever report or tick finds it, so the ids are the same."""
         ts = max(port.last_change_ns + self.stable_ns, port.opened_ns)   # long stable: as of the incident
         detail = f"stable for {self.stable_ns / 1e9:.1f} s"
@@ -396,7 +401,7 @@ class LinkFlapDetector(ReplayingDetector):
                                    {"from": port.failed_over_to, "to": link})
             port.command_ids.append(command_id_of(intent))
             cmds.append(intent)
-            port.restored_ns = ts
+            port.restored_ns = max(ts, now_ns)   # when it was ordered (a late report orders it late): retries wait
         out: Emitted = [self._row(node, link, port, "resolve", "info", detail, ts), *cmds]
         port.incident_id, port.incident_kind, port.flapped, port.failed_over_to = None, "", False, ""
         port.command_ids = []
@@ -405,7 +410,7 @@ class LinkFlapDetector(ReplayingDetector):
 
     def _quarantine(self, node: str, link: str, port: Port, ts: int) -> Emitted:
         qid = stable_id("link_quarantine", node, link, ts)
-        port.quarantined, port.quarantine_id, port.quarantined_ns = True, qid, ts
+        port.quarantined, port.quarantine_id, port.quarantined_ns, port.node_held = True, qid, ts, False
         detail = (f"{port.hourly_downs} flaps within the last hour (more than {self.quarantine_flaps}): ")
         cmds: Emitted = []
         if port.backup:
