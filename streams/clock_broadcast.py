@@ -42,6 +42,7 @@ class ClockBroadcast:
         self.lookback_records = lookback_records
         self.idle_backoff_s = idle_backoff_s
         self._conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": "clocktower-clock-broadcast",
+                                      "auto.offset.reset": "earliest",   # an offset past retention: the oldest kept
                                       "enable.auto.commit": False, "fetch.wait.max.ms": 100, **security}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -85,6 +86,8 @@ class ClockBroadcast:
             low, high = marks
             if high < next_offset:
                 next_offsets[p] = next_offset = max(low, high - self.lookback_records)
+            elif next_offset < low:                 # retention dropped what was not read yet
+                next_offsets[p] = next_offset = low
             if high > next_offset:
                 behind[p] = high
         return behind
@@ -102,7 +105,11 @@ class ClockBroadcast:
                 for msg in [first, *consumer.consume(500, timeout=0)]:
                     if msg.error():
                         continue
-                    self._take(msg.key(), msg.value(), msg.headers() or [])
+                    try:
+                        self._take(msg.key(), msg.value(), msg.headers() or [])
+                    except Exception:  # noqa: BLE001 - one bad record must not hold the view back: count, move on
+                        self.errors += 1
+                        log.exception("clock broadcast: skipping a record it could not apply")
                     next_offsets[msg.partition()] = max(next_offsets[msg.partition()], msg.offset() + 1)
                 pending = {p: high for p, high in pending.items() if next_offsets[p] < high}
             for tp in consumer.position([TopicPartition(TOPIC, p) for p in behind]):   # past transaction markers
