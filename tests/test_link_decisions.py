@@ -297,13 +297,19 @@ def test_a_release_seen_in_the_nodes_reports_ends_the_quarantine() -> None:
     assert not [r for r in incidents(back) if r.kind == "link_quarantine"]
 
 
-def test_the_release_resolves_the_quarantine_incident_once_and_only_after_the_grace() -> None:
-    node = Node(quarantine_flaps=3)
+def _down_that_quarantines(node: Node) -> tuple[int, Incident]:
+    """3 flaps, then at t the 4th down quarantines eth0 (quarantine_flaps=3): (t, its link_quarantine incident)."""
     node(rep(T0, True, 1))
     for k in range(3):
         _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
     t = T0 + 4 * MINUTE
     (q,) = [r for r in incidents(node(rep(t, False, 8))) if r.kind == "link_quarantine"]
+    return t, q
+
+
+def test_the_release_resolves_the_quarantine_incident_once_and_only_after_the_grace() -> None:
+    node = Node(quarantine_flaps=3)
+    t, q = _down_that_quarantines(node)
     # A report made before the node applied the quarantine says "not quarantined": that is no release.
     early = node(rep(t + S, True, 9, on_backup=True, quarantined=False))
     assert not [r for r in incidents(early) if r.kind == "link_quarantine"]
@@ -518,11 +524,7 @@ def test_a_quarantine_the_node_never_held_is_not_taken_for_a_release() -> None:
     """Before: any report saying "not quarantined" 5 s after the quarantine counted as a release, so a lagging worker
     replaying the node's older reports, or a quarantine the node never applied, resolved the incident as released."""
     node = Node(quarantine_flaps=3)
-    node(rep(T0, True, 1))
-    for k in range(3):
-        _flap_once(node, T0 + (k + 1) * MINUTE, 1 + 2 * k)
-    t = T0 + 4 * MINUTE
-    (q,) = [r for r in incidents(node(rep(t, False, 8))) if r.kind == "link_quarantine"]
+    t, q = _down_that_quarantines(node)
     lagging = []
     for i in range(1, 30):                                     # 29 s of reports made before the node applied it
         lagging += node(rep(t + i * S, True, 9, on_backup=False, quarantined=False))
