@@ -22,6 +22,7 @@ from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.emit import use_command_partitions
+from clocktower.streams.group_join import install as install_group_join_guard
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.processor import Processor
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 settings = StreamsSettings()
 signer = signer_from(settings)   # first: without a key the worker stops here, before touching the network
 install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # 0 but under `up` (the embedded broker)
+install_group_join_guard()   # an empty assignment rejoins; a dead group coordinator ends the worker for a restart
 instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
 security = KafkaSecurity()
 

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from clocktower.drain import wait_drained
+from clocktower.drain import SINK, STREAMS, wait_drained
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
 from clocktower.runtime.credentials import control_key_path, control_public_key_path
 from clocktower.runtime.private_file import create_private_file
 from clocktower.schemas.topics import BY_NAME
 from clocktower.streams.registry import APP_ID
+from clocktower.topic_admin import READERS, consumer_lag
 from tests.conftest import Pipeline, start_pipeline
 from tests.control_keys import TEST_PUBLIC_PEM, private_pem
 
@@ -81,10 +82,18 @@ def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[
         assert publisher.flush() == 0
         if kill_at_s is not None:
             assert "restarted" in killed, "the run ended before the killed worker was restarted"
-        assert wait_drained(p.settings.bootstrap, 180, check=p.stack.supervise), "the pipeline never drained"
+        assert wait_drained(p.settings.bootstrap, 180, check=p.stack.supervise), _stuck(p)
         return _results(p), sim
     finally:
         p.stack.stop()
+
+
+def _stuck(p: Pipeline) -> str:
+    """Why a run never drained: the partitions with lag, and the end of each worker's log (CI keeps no files)."""
+    stuck = [r for r in consumer_lag(p.settings.bootstrap, {g: READERS[g] for g in (SINK, STREAMS)}) if r["lag"]]
+    logs = "\n".join(f"--- {name} ---\n{c.log_tail(40)}" for name, c in p.stack.children.items()
+                     if name.startswith(("streams", "sink")))
+    return f"the pipeline never drained; lagging: {stuck}\n{logs}"
 
 
 NOT_ORIGIN = "EXCEPT (_topic, _partition, _offset)"   # where a row was read from differs between runs

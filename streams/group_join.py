@@ -1,0 +1,73 @@
+"""Keep a stream worker in its consumer group, or end it so it is restarted: never alive but idle.
+
+Seen under load against the embedded broker (noida-db), with 3 workers joining at once: the broker
+answered a follower's SyncGroup with no error and an empty assignment (b''). aiokafka cannot decode
+that, its coordination task dies, and the worker stays up holding no partitions: the group looks
+stable, and nothing is consumed or committed again (the pipeline never drains).
+
+`install()` changes two things in aiokafka, for every consumer started afterwards (Faust's included):
+- an empty assignment asks for a rejoin, as a SyncGroup refused for a rebalance does;
+- should the coordination task die for any other reason, `on_coordination_failure` is called, by
+  default ending the process with EXIT_COORDINATION_FAILED so its supervisor restarts it. That loses
+  nothing: offsets are committed only for handled records and tables have changelogs, the same as a
+  worker killed with SIGKILL (tests/test_scale_out.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+import aiokafka.consumer.group_coordinator as group_coordinator
+
+log = logging.getLogger(__name__)
+
+EXIT_COORDINATION_FAILED = 70   # EX_SOFTWARE
+
+
+def exit_for_restart(exc: BaseException) -> None:
+    """End the worker at once: a supervisor (`clocktower up`, systemd) restarts it with its partitions."""
+    log.critical("consumer group coordination failed (%r): exiting with %d so the worker is restarted",
+                 exc, EXIT_COORDINATION_FAILED)
+    sys.stderr.flush()
+    os._exit(EXIT_COORDINATION_FAILED)
+
+
+on_coordination_failure: Callable[[BaseException], None] = exit_for_restart
+
+
+class RejoinOnEmptyAssignment(group_coordinator.CoordinatorGroupRebalance):
+    """aiokafka's rebalance, but an empty SyncGroup assignment means: join again."""
+
+    async def _send_sync_group_request(self, request):  # noqa: ANN001, ANN202 - aiokafka's types
+        assignment = await super()._send_sync_group_request(request)
+        if assignment is not None and len(assignment) == 0:
+            log.warning("group %s: the broker sent member %s an empty assignment for generation %s; rejoining",
+                        self.group_id, self._coordinator.member_id, self._coordinator.generation)
+            self._coordinator.request_rejoin()
+            return None   # perform_group_join() returns None: _do_rejoin_group backs off, then joins again
+        return assignment
+
+
+_original_routine = group_coordinator.GroupCoordinator._coordination_routine
+
+
+async def _guarded_routine(self: group_coordinator.GroupCoordinator) -> None:
+    try:
+        await _original_routine(self)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        on_coordination_failure(exc)
+        raise
+
+
+def install(on_failure: Callable[[BaseException], None] = exit_for_restart) -> None:
+    """Patch aiokafka's group coordination as the module docstring says."""
+    global on_coordination_failure
+    on_coordination_failure = on_failure
+    group_coordinator.CoordinatorGroupRebalance = RejoinOnEmptyAssignment
+    group_coordinator.GroupCoordinator._coordination_routine = _guarded_routine
