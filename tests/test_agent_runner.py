@@ -8,13 +8,15 @@ import threading
 import time
 from collections import Counter
 
+from clocktower import agent_cli
 from clocktower.ports import free_port
+from clocktower.producers.agent.config import AgentSettings
 from clocktower.producers.agent.factory import UnavailableSource
 from clocktower.producers.agent.runner import AgentRunner
 from clocktower.producers.agent.source import Availability, Emit
 from clocktower.producers.spool import Spool
 from clocktower.schemas.event import Event
-from clocktower.schemas.telemetry import LinkState
+from clocktower.schemas.telemetry import ClockProbe, LinkState
 from tests.test_cli import _env, assert_one_error_line, clocktower
 
 T0 = time.time_ns()
@@ -116,7 +118,7 @@ def test_an_urgent_event_is_handed_to_the_sink_at_once_not_at_the_flush_interval
     got: list[tuple[float, list[Event]]] = []
     src = OneShotSource()
     runner = AgentRunner([src], lambda events: got.append((time.monotonic(), events)), flush_interval_s=5.0,
-                         urgent=lambda e: isinstance(e, LinkState) and not e.up)
+                         urgent=agent_cli._urgent)   # what `clocktower agent` gives its runner
     runner.start()
     assert runner.wait_started(5)
     try:
@@ -336,3 +338,18 @@ def test_agent_kafka_port_is_the_broker_on_this_host(tmp_path) -> None:  # noqa:
     assert_one_error_line(clocktower("agent", "--kafka", "127.0.0.1:9092", "--kafka-port", "9093", "--duration",
                                      "1"), "--kafka", "--kafka-port")
     assert_one_error_line(clocktower("agent", "--kafka-port", "0", "--duration", "1"), "kafka_port")
+
+
+def test_the_agent_sends_only_a_link_going_down_at_once() -> None:
+    down = _link(2).model_copy(update={"up": False})
+    assert agent_cli._urgent(down) and not agent_cli._urgent(_link(1))
+    assert not agent_cli._urgent(ClockProbe(node="n", ts_ns=T0, pair_id=1, idx=0, sender="m", receiver="n",
+                                            tx_ns=T0, rx_ns=T0))
+
+
+def test_the_agents_publisher_does_not_linger(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """The runner batches already; librdkafka's linger would only delay the urgent down it sends at once."""
+    seen: dict = {}
+    monkeypatch.setattr(agent_cli, "SpoolingPublisher", lambda *a, **kw: seen.update(kw))
+    agent_cli._publisher("127.0.0.1:9", AgentSettings(spool_dir=tmp_path))
+    assert seen["extra_config"]["linger.ms"] == agent_cli.AGENT_LINGER_MS == 0

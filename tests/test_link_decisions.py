@@ -548,3 +548,21 @@ def test_a_late_report_orders_its_restore_once_not_twice() -> None:
     assert commands(late) == [("restore", {"from": "eth1", "to": "eth0"})]
     assert not any("ordering it again" in r.detail for r in incidents(late))
     assert node(rep(T0 + 30 * S, True, 3, on_backup=True)) == []   # within T_stable of the order: no retry yet
+
+
+def test_a_restore_the_node_never_applies_is_ordered_again_at_most_every_64_t_stable() -> None:
+    """The wait between orders doubles from T_stable (10 s) and stops doubling at 2**MAX_RETRY_DOUBLINGS times it."""
+    node = Node(watchdog_ns=200 * MS)
+    t = T0 + S
+    node(rep(T0, True, 1, on_backup=False))
+    node(rep(t, False, 2, on_backup=False))
+    node(rep(t + 100 * MS, True, 3, on_backup=True))
+    (first,) = incidents(node.tick(t + 100 * MS + 10 * S))
+    ordered = [first.ts_ns]
+    for second in range(1, 2200):                      # the node reports every second, still on eth1
+        out = node(rep(first.ts_ns + second * S, True, 3, on_backup=True))
+        if commands(out):
+            assert commands(out) == [("restore", {"from": "eth1", "to": "eth0"})]
+            ordered.append(incidents(out)[-1].ts_ns)
+    gaps = [(b - a) // S for a, b in zip(ordered, ordered[1:], strict=False)]
+    assert gaps == [10, 20, 40, 80, 160, 320, 640, 640]
