@@ -117,12 +117,19 @@ class PathMonitor:
 
     def __init__(self, namespaces: dict[str, str], links: tuple[str, ...]) -> None:
         self._changes: dict[tuple[str, str], list[tuple[int, int]]] = {}   # (host, link) -> [(ts_ns, total)]
+        self._dropped: dict[tuple[str, str], tuple[int, int]] = {}        # the newest entry trimmed away
         self._socks: dict[int, tuple[str, str, socket.socket]] = {}
-        for host, ns in namespaces.items():
-            for link in links:
-                sock = in_netns(ns, lambda link=link: _packet_socket(link))
-                self._socks[sock.fileno()] = (host, link, sock)
-                self._changes[host, link] = []
+        self._error: BaseException | None = None                          # what ended the reader, if it failed
+        try:
+            for host, ns in namespaces.items():
+                for link in links:
+                    sock = in_netns(ns, lambda link=link: _packet_socket(link))
+                    self._socks[sock.fileno()] = (host, link, sock)
+                    self._changes[host, link] = []
+        except BaseException:
+            for _, _, sock in self._socks.values():
+                sock.close()
+            raise
         self._cond = threading.Condition()
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="bed-path-monitor", daemon=True)
@@ -137,6 +144,15 @@ class PathMonitor:
         self._wake_w.close()
 
     def _run(self) -> None:
+        try:
+            self._read()
+        except BaseException as exc:   # not silently: flow_start raises it to the measuring caller
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            raise
+
+    def _read(self) -> None:
         sel = selectors.DefaultSelector()
         for fd in self._socks:
             sel.register(fd, selectors.EVENT_READ)
@@ -169,6 +185,7 @@ class PathMonitor:
                             series = self._changes[host, link]
                             series += got
                             if len(series) > 2 * self.KEEP:
+                                self._dropped[host, link] = series[-self.KEEP - 1]
                                 del series[:-self.KEEP]
                             self._cond.notify_all()
         finally:
@@ -181,9 +198,11 @@ class PathMonitor:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
+                if self._error is not None:
+                    raise RuntimeError("the path monitor's reader failed") from self._error
                 series = self._changes[host, link]
                 i = bisect.bisect_right(series, (after_ns, float("inf")))
-                base = series[i - 1][1] if i else 0
+                base = series[i - 1][1] if i else self._base_before_kept(host, link, after_ns)
                 hit = next((ts for ts, total in series[i:] if total - base >= min_bytes), None)
                 if hit is not None:
                     return hit
@@ -191,6 +210,16 @@ class PathMonitor:
                 if left <= 0:
                     return None
                 self._cond.wait(min(left, 0.05))
+
+    def _base_before_kept(self, host: str, link: str, after_ns: int) -> int:
+        """The running total at `after_ns`, which is older than every kept entry: 0 if nothing was trimmed,
+        else the newest trimmed entry's total if that is no newer than `after_ns`; older than that is unknown."""
+        dropped = self._dropped.get((host, link))
+        if dropped is None:
+            return 0
+        if dropped[0] <= after_ns:
+            return dropped[1]
+        raise ValueError(f"{host}/{link}: {after_ns} is older than the {self.KEEP} packets kept")
 
 
 PACKET_OUTGOING = 4
