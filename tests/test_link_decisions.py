@@ -12,6 +12,7 @@ from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.telemetry import LinkState
+from clocktower.streams.detectors import fired_log
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.processor import compound_key
 from clocktower.streams.processor_context import context_from_settings
@@ -566,3 +567,31 @@ def test_a_restore_the_node_never_applies_is_ordered_again_at_most_every_64_t_st
             ordered.append(incidents(out)[-1].ts_ns)
     gaps = [(b - a) // S for a, b in zip(ordered, ordered[1:], strict=False)]
     assert gaps == [10, 20, 40, 80, 160, 320, 640, 640]
+
+
+def test_a_fleet_wide_restore_is_replayable_and_kept_in_small_records_not_in_one_links_entry() -> None:
+    """Before: every output a tick fired was appended to the entry of the batch's report, which every later
+    report of that link rewrites: 200 links restored at once put ~200 KB in one link's entry."""
+    links = 200
+    backing: dict[bytes, bytes] = {}
+    first = Node()
+    first.store = StateStore(first.det, backing)
+    for i in range(links):
+        iface, backup = f"p{i}", f"b{i}"
+        first(rep(T0, True, 1, iface=iface, backup=backup))
+        first(rep(T0 + S, False, 2, iface=iface, backup=backup))
+        first(rep(T0 + 2 * S, False, 2, iface=iface, backup=backup))         # watchdog: failover
+        first(rep(T0 + 3 * S, True, 3, iface=iface, backup=backup))          # up: restore due at T0 + 13 s
+    trigger = rep(T0 + 30 * S, True, 1, iface="eth9", backup="")
+    fired = first(trigger)
+    assert len(commands(fired)) == links
+    trigger_entry = backing[compound_key("node-1", "eth9").encode()]
+    assert len(trigger_entry) < 2_000, len(trigger_entry)
+    assert max(len(v) for v in backing.values()) < 64_000
+    restarted = Node()                                              # the table recovered, the offset not committed
+    restarted.store = StateStore(restarted.det, backing)
+    restarted.store.reload()                                       # as the app does after a rebalance
+    assert restarted(trigger) == fired
+    # ... and the firing's entries expire by themselves.
+    later = restarted(rep(T0 + 30 * S + fired_log.KEEP_NS, True, 1, iface="eth9", backup=""))
+    assert commands(later) == [] and not [k for k in backing if k.startswith(b'["fired"')]

@@ -55,34 +55,24 @@ class DeliveryLog:
             self.emitted.append((ts_ns, list(outputs)))
             del self.emitted[:-EMITTED]
 
-    def also_emitted(self, ts_ns: int, outputs: Emitted) -> None:
-        """Add `outputs` to what the event at `ts_ns` emitted: what its batch's timers fired (published with it,
-        so a replay of that event must send them again too)."""
-        for ts, out in self.emitted:
-            if ts == ts_ns:
-                out.extend(outputs)
-                return
-        self.emitted.append((ts_ns, list(outputs)))
-        self.emitted.sort(key=lambda entry: entry[0])
-        del self.emitted[:-EMITTED]
-
     def outputs_of(self, ts_ns: int) -> Emitted:
         """What the event at `ts_ns` emitted, if it is still remembered; [] otherwise."""
         return next((list(out) for ts, out in self.emitted if ts == ts_ns), [])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seen": self.seen, "emitted": [[ts, [_encode(o) for o in out]] for ts, out in self.emitted]}
+        return {"seen": self.seen, "emitted": [[ts, [encode_output(o) for o in out]] for ts, out in self.emitted]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeliveryLog:
-        return cls(d["seen"], [(ts, [_decode(o) for o in out]) for ts, out in d["emitted"]])
+        return cls(d["seen"], [(ts, [decode_output(o) for o in out]) for ts, out in d["emitted"]])
 
 
-def _encode(o: Incident | CommandIntent) -> dict[str, Any]:
+def encode_output(o: Incident | CommandIntent) -> dict[str, Any]:
+    """One output as plain JSON data (decode_output reverses it)."""
     return {"incident": o.model_dump()} if isinstance(o, Incident) else {"intent": asdict(o)}
 
 
-def _decode(d: dict[str, Any]) -> Incident | CommandIntent:
+def decode_output(d: dict[str, Any]) -> Incident | CommandIntent:
     return Incident.model_construct(**d["incident"]) if "incident" in d else CommandIntent(**d["intent"])
 
 

@@ -54,7 +54,8 @@ are counted in `redelivered`. Limits: the
 watchdog compares the node's down time with the partition's event time, i.e. with the other nodes' clocks
 (a node whose clock runs behind fails over late by its offset, unless its own next report comes first; the
 restore timer likewise). What `tick` fires is logged under the batch's newest applied report (of any link of
-the partition), which a worker killed before its commit replays, so it is sent again; in the one case with no
+the partition; in entries of its own, fired_log.py), which a worker killed before its commit replays, so it is
+sent again; in the one case with no
 report applied in the batch (all redelivered, or aliases) it is not logged, and a worker killed between writing
 its state and publishing loses it (a lost restore is ordered again once the node reports the link still on its
 backup; a lost failover was the agent's watchdog's to do first).
@@ -72,6 +73,7 @@ from clocktower.schemas.analytics import Incident, IncidentKind
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import LinkState
+from clocktower.streams.detectors import fired_log
 from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted, decode_entry, encode_entry
 from clocktower.streams.detectors.replaying_detector import ReplayingDetector
 from clocktower.streams.processor import Output, compound_key
@@ -157,8 +159,8 @@ class LinkFlapDetector(ReplayingDetector):
         return cls(stable_ns=ctx.link_stable_ns, watchdog_ns=ctx.link_watchdog_ns,
                    quarantine_flaps=ctx.link_quarantine_flaps)
 
-    def is_open(self, entry: Port) -> bool:
-        return entry.incident_id is not None
+    def is_open(self, entry: Port | fired_log.FiredChunk) -> bool:
+        return isinstance(entry, Port) and entry.incident_id is not None
 
     def counters(self) -> dict[str, int]:
         return {**super().counters(), "aliases": self.aliases}
@@ -166,11 +168,15 @@ class LinkFlapDetector(ReplayingDetector):
     def encode_state(self, value: Any) -> bytes:
         if isinstance(value, Timer):
             return orjson.dumps({"timer": [value.node, value.link, value.since, value.kind]})
+        if isinstance(value, fired_log.FiredChunk):
+            return fired_log.encode(value)
         return encode_entry(value)
 
     def decode_state(self, data: bytes) -> Any:
         if data.startswith(b'{"timer"'):
             return Timer(*orjson.loads(data)["timer"])
+        if data.startswith(fired_log.PREFIX):
+            return fired_log.decode(data)
         return decode_entry(Port, data)
 
     # --- events -----------------------------------------------------------------------------------------
@@ -188,7 +194,7 @@ class LinkFlapDetector(ReplayingDetector):
                         last_change_ns=event.ts_ns)
         elif port.log.was_applied(event.ts_ns):
             self.redelivered += 1
-            return list(port.log.outputs_of(event.ts_ns))
+            return [*port.log.outputs_of(event.ts_ns), *fired_log.fired_with(state, key, event.ts_ns)]
         else:
             out = self._apply(state, port, event)
         port.log.applied(event.ts_ns, out)
@@ -207,20 +213,15 @@ class LinkFlapDetector(ReplayingDetector):
                 out += self._fire(state, value, now_ns)
             else:
                 expired.append((key, value))
-        self._log_fired(state, out)
+        self._log_fired(state, out, now_ns)
         return [*out, *self.on_expired(expired)]
 
-    def _log_fired(self, state: Any, fired: Emitted) -> None:
+    def _log_fired(self, state: Any, fired: Emitted, now_ns: int) -> None:
         """Log what the timers fired under the batch's newest applied report, which is published with them: a
         worker killed before its commit replays that report, and the replay re-emits these as well."""
         applied, self._applied = self._applied, None
-        if not fired or applied is None:
-            return                      # fired by time alone (no report applied in this batch): not replayable
-        key, ts_ns = applied
-        port: Port | None = state.get(key)
-        if port is not None:
-            port.log.also_emitted(ts_ns, fired)
-            state.put(key, port, port.log.newest + self.state_ttl_ns)
+        if fired and applied is not None:      # else fired by time alone (no report applied): not replayable
+            fired_log.log_fired(state, *applied, fired, now_ns)
 
     def _fire(self, state: Any, timer: Timer, now_ns: int) -> Emitted:
         key = compound_key(timer.node, timer.link)
