@@ -6,7 +6,8 @@ that, its coordination task dies, and the worker stays up holding no partitions:
 stable, and nothing is consumed or committed again (the pipeline never drains).
 
 `install()` changes two things in aiokafka, for every consumer started afterwards (Faust's included):
-- an empty assignment asks for a rejoin, as a SyncGroup refused for a rebalance does;
+- an empty assignment asks for a rejoin, as a SyncGroup refused for a rebalance does (5 in a row end
+  the worker, as below);
 - should the coordination task die for any other reason, `on_coordination_failure` is called, by
   default ending the process with EXIT_COORDINATION_FAILED so its supervisor restarts it. That loses
   nothing: offsets are committed only for handled records and tables have changelogs, the same as a
@@ -15,7 +16,6 @@ stable, and nothing is consumed or committed again (the pipeline never drains).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -26,6 +26,7 @@ import aiokafka.consumer.group_coordinator as group_coordinator
 log = logging.getLogger(__name__)
 
 EXIT_COORDINATION_FAILED = 70   # EX_SOFTWARE
+MAX_EMPTY_ASSIGNMENTS = 5       # in a row: then the worker ends for a restart instead of rejoining again
 
 
 def exit_for_restart(exc: BaseException) -> None:
@@ -40,16 +41,24 @@ on_coordination_failure: Callable[[BaseException], None] = exit_for_restart
 
 
 class RejoinOnEmptyAssignment(group_coordinator.CoordinatorGroupRebalance):
-    """aiokafka's rebalance, but an empty SyncGroup assignment means: join again."""
+    """aiokafka's rebalance, but an empty SyncGroup assignment means: join again; `MAX_EMPTY_ASSIGNMENTS` in a
+    row (a broker that keeps answering so, as Kafka would a static member whose assignment it stored empty)
+    are a coordination failure: the worker is not left rejoining forever with no partitions."""
 
     async def _send_sync_group_request(self, request):  # noqa: ANN001, ANN202 - aiokafka's types
         assignment = await super()._send_sync_group_request(request)
-        if assignment is not None and len(assignment) == 0:
-            log.warning("group %s: the broker sent member %s an empty assignment for generation %s; rejoining",
-                        self.group_id, self._coordinator.member_id, self._coordinator.generation)
-            self._coordinator.request_rejoin()
-            return None   # perform_group_join() returns None: _do_rejoin_group backs off, then joins again
-        return assignment
+        coordinator = self._coordinator
+        if assignment is None or len(assignment) > 0:
+            coordinator.clocktower_empty_assignments = 0
+            return assignment
+        empties = getattr(coordinator, "clocktower_empty_assignments", 0) + 1
+        coordinator.clocktower_empty_assignments = empties
+        log.warning("group %s: the broker sent member %s an empty assignment for generation %s (%d in a row); "
+                    "rejoining", self.group_id, coordinator.member_id, coordinator.generation, empties)
+        if empties >= MAX_EMPTY_ASSIGNMENTS:
+            on_coordination_failure(RuntimeError(f"{empties} empty assignments in a row"))
+        coordinator.request_rejoin()
+        return None   # perform_group_join() returns None: _do_rejoin_group backs off, then joins again
 
 
 _original_routine = group_coordinator.GroupCoordinator._coordination_routine
@@ -58,9 +67,7 @@ _original_routine = group_coordinator.GroupCoordinator._coordination_routine
 async def _guarded_routine(self: group_coordinator.GroupCoordinator) -> None:
     try:
         await _original_routine(self)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
+    except Exception as exc:          # not a cancel (a BaseException): a consumer being closed is no failure
         on_coordination_failure(exc)
         raise
 

@@ -181,15 +181,19 @@ class PathMonitor:
                         totals[host, link] += len(data)
                         got.append((ts, totals[host, link]))
                     if got:
-                        with self._cond:
-                            series = self._changes[host, link]
-                            series += got
-                            if len(series) > 2 * self.KEEP:
-                                self._dropped[host, link] = series[-self.KEEP - 1]
-                                del series[:-self.KEEP]
-                            self._cond.notify_all()
+                        self._add(host, link, got)
         finally:
             sel.close()
+
+    def _add(self, host: str, link: str, got: list[tuple[int, int]]) -> None:
+        """Append a port's new (ts, total) entries; past 2 x KEEP, trim to the newest KEEP."""
+        with self._cond:
+            series = self._changes[host, link]
+            series += got
+            if len(series) > 2 * self.KEEP:
+                self._dropped[host, link] = series[-self.KEEP - 1]
+                del series[:-self.KEEP]
+            self._cond.notify_all()
 
     def flow_start(self, host: str, link: str, after_ns: int, timeout_s: float = 5.0,
                    min_bytes: int = DATA_BYTES) -> int | None:

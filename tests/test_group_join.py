@@ -1,8 +1,9 @@
 """A stream worker whose group join goes wrong rejoins, or ends for a restart; it never stays up idle.
 
 Against aiokafka's own rebalance and coordination code, with the coordinator's network side faked: the
-embedded broker's empty SyncGroup assignment could not be provoked on demand (seen in 1 of ~6 loaded runs
-of tests/test_scale_out.py, where two of three workers then held no partitions and the run never drained).
+embedded broker's empty SyncGroup assignment could not be provoked on demand (seen once in CI and once in
+7 runs of tests/test_scale_out.py beside a CPU hog: two of three workers then held no partitions and the run
+never drained).
 """
 
 from __future__ import annotations
@@ -15,56 +16,109 @@ from types import SimpleNamespace
 import aiokafka.consumer.group_coordinator as group_coordinator
 import pytest
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.group import SyncGroupRequest
 
 from clocktower.streams import group_join
 
 
-class _Coordinator:
-    """What CoordinatorGroupRebalance asks of its GroupCoordinator when it syncs, answered by `assignment`."""
-
-    _rebalance_timeout_ms = 10_000
-    _group_instance_id = "clocktower-streams-test"
-
-    def __init__(self, assignment: bytes) -> None:
-        self.assignment = assignment
-        self.generation, self.member_id = 7, "member-1"
-        self.rejoins = 0
-
-    async def _send_req(self, request: object) -> SimpleNamespace:
-        return SimpleNamespace(error_code=0, member_assignment=self.assignment)
-
-    def request_rejoin(self) -> None:
-        self.rejoins += 1
+class _Subscription:
+    topics = frozenset({"telemetry.links"})
+    active = True
 
 
-def _sync(assignment: bytes) -> tuple[bytes | None, int]:
-    coordinator = _Coordinator(assignment)
-    rebalance = group_join.RejoinOnEmptyAssignment(coordinator, "g", 0, None, [], 10_000, 100)
-    request = SyncGroupRequest("g", coordinator.generation, coordinator.member_id, coordinator._group_instance_id, [])
-    got = asyncio.run(rebalance._send_sync_group_request(request))
-    return got, coordinator.rejoins
+class _Assignor:
+    name = "roundrobin"
+
+    @staticmethod
+    def metadata(topics: object) -> bytes:
+        return b"metadata"
 
 
-def test_an_empty_assignment_asks_for_a_rejoin_instead_of_being_decoded() -> None:
-    assert _sync(b"") == (None, 1)
+def _coordinator(assignment: bytes) -> group_coordinator.GroupCoordinator:
+    """aiokafka's own GroupCoordinator, its network faked: joins as a follower, and SyncGroup gives `assignment`."""
+    c = object.__new__(group_coordinator.GroupCoordinator)
+    c.group_id, c.coordinator_id, c._group_instance_id = "g", 0, "clocktower-streams-test"
+    c.member_id, c.generation = "", -1
+    c._session_timeout_ms, c._rebalance_timeout_ms, c._retry_backoff_ms = 10_000, 30_000, 1
+    c._assignors = [_Assignor]
+    c._rejoin_needed_fut = asyncio.get_running_loop().create_future()
+    c.joined = []                                       # what _on_join_complete was given
+
+    async def send_req(request: object) -> SimpleNamespace:
+        if type(request).__name__.startswith("JoinGroup"):
+            return SimpleNamespace(error_code=0, member_id="member-2", generation_id=8, group_protocol="roundrobin",
+                                   leader_id="member-1")
+        assert type(request).__name__.startswith("SyncGroup")
+        return SimpleNamespace(error_code=0, member_assignment=assignment)
+
+    async def on_join_complete(*args: object) -> None:
+        c.joined.append(args)
+
+    c._send_req, c._on_join_complete = send_req, on_join_complete
+    return c
 
 
-def test_a_real_assignment_is_passed_on_unchanged() -> None:
+async def _rejoin(c: group_coordinator.GroupCoordinator) -> bool:
+    """One pass of aiokafka's own rejoin, as its coordination routine makes it."""
+    return await group_coordinator.GroupCoordinator._do_rejoin_group(c, _Subscription())
+
+
+@pytest.fixture
+def guarded(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """install()ed for this test only; returns the failures reported instead of exiting."""
+    failures: list[BaseException] = []
+    monkeypatch.setattr(group_coordinator, "CoordinatorGroupRebalance", group_coordinator.CoordinatorGroupRebalance)
+    monkeypatch.setattr(group_coordinator.GroupCoordinator, "_coordination_routine",
+                        group_coordinator.GroupCoordinator._coordination_routine)
+    monkeypatch.setattr(group_join, "on_coordination_failure", group_join.on_coordination_failure)
+    group_join.install(failures.append)
+    return failures
+
+
+def test_an_empty_assignment_makes_the_worker_rejoin_instead_of_decoding_it(guarded: list) -> None:
+    async def run() -> None:
+        c = _coordinator(b"")
+        assert await _rejoin(c) is False                 # not joined: the routine joins again after its backoff
+        assert c.joined == [] and c._rejoin_needed_fut.done()
+        assert guarded == []
+    asyncio.run(run())
+
+
+def test_without_the_guard_aiokafka_fails_on_the_empty_assignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What happened in CI: the decode raises, and the coordination routine dies with it."""
+    aiokafkas_own = group_join.RejoinOnEmptyAssignment.__mro__[1]
+    monkeypatch.setattr(group_coordinator, "CoordinatorGroupRebalance", aiokafkas_own)
+
+    async def run() -> None:
+        c = _coordinator(b"")
+        c._on_join_complete = lambda *a: group_coordinator.GroupCoordinator._on_join_complete(c, *a)
+        c._lookup_assignor = lambda name: _Assignor
+        with pytest.raises(ValueError, match="unpack requires"):
+            await _rejoin(c)
+    asyncio.run(run())
+
+
+def test_a_real_assignment_is_joined_unchanged(guarded: list) -> None:
     assignment = b"\x00\x00\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00"
-    assert _sync(assignment) == (assignment, 0)
+
+    async def run() -> None:
+        c = _coordinator(assignment)
+        assert await _rejoin(c) is True
+        assert [args[-1] for args in c.joined] == [assignment]
+    asyncio.run(run())
 
 
-def test_install_makes_aiokafka_use_both_guards() -> None:
-    before = (group_coordinator.CoordinatorGroupRebalance, group_coordinator.GroupCoordinator._coordination_routine,
-              group_join.on_coordination_failure)
-    try:
-        group_join.install()
-        assert group_coordinator.CoordinatorGroupRebalance is group_join.RejoinOnEmptyAssignment
-        assert group_coordinator.GroupCoordinator._coordination_routine is group_join._guarded_routine
-    finally:
-        (group_coordinator.CoordinatorGroupRebalance, group_coordinator.GroupCoordinator._coordination_routine,
-         group_join.on_coordination_failure) = before
+def test_empty_assignments_in_a_row_end_the_worker_and_a_real_one_resets_the_count(guarded: list) -> None:
+    async def run() -> None:
+        c = _coordinator(b"")
+        for _ in range(group_join.MAX_EMPTY_ASSIGNMENTS - 1):
+            await _rejoin(c)
+        assert guarded == []
+        await _rejoin(c)
+        assert len(guarded) == 1 and "empty assignments in a row" in str(guarded[0])
+        real = _coordinator(b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+        real.clocktower_empty_assignments = group_join.MAX_EMPTY_ASSIGNMENTS - 1
+        assert await _rejoin(real) is True and real.clocktower_empty_assignments == 0
+    asyncio.run(run())
 
 
 def _coordinator_whose_routine_raises(exc: BaseException) -> SimpleNamespace:

@@ -6,7 +6,8 @@ replayed and must bring those outputs back. So they are stored under the batch's
 entries of their own rather than in that report's link entry: a fleet-wide event can fire hundreds in one
 tick, and a link entry is rewritten with every report of its link. Here they are written once, in chunks of
 `CHUNK` outputs (small records), and expire by themselves after `KEEP_NS` of the partition's event time,
-longer than any batch stays uncommitted.
+far longer than a batch stays uncommitted (unless the partition's time jumps an hour ahead within one
+uncommitted batch).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from clocktower.streams.detectors.delivery_log import Emitted, decode_output, en
 from clocktower.streams.processor import compound_key
 
 CHUNK = 32                      # outputs per entry (an incident and its command: ~1 KB of JSON)
-KEEP_NS = 10 * 60 * 10**9       # event time a firing stays replayable
+KEEP_NS = 3600 * 10**9          # event time a firing stays replayable (an hour: a catch-up runs event time
+                                # fast, and the entries are small and written once)
 PREFIX = b'{"fired"'
 
 

@@ -49,8 +49,9 @@ Keyed by node (the records' own key); one state entry per link, ["node", "link"]
 event time after the link's newest report (default 24 h; an open incident then is never resolved, and is
 counted in `expired_open`), plus short-lived timer entries: ["node", "link", "watchdog"] while the link is
 down, ["node", "link", "restore"] while an incident's link is up (a fired timer also counts in the store's
-`expired`). A redelivered report is not applied again and re-emits what it emitted (delivery_log.py); those
-are counted in `redelivered`. Limits: the
+`expired`), and ["fired", report key, ts, i] for what a tick fired (fired_log.py; also counted in `expired`).
+A redelivered report is not applied again and re-emits what it emitted (delivery_log.py); those are counted
+in `redelivered`. Limits: the
 watchdog compares the node's down time with the partition's event time, i.e. with the other nodes' clocks
 (a node whose clock runs behind fails over late by its offset, unless its own next report comes first; the
 restore timer likewise). What `tick` fires is logged under the batch's newest applied report (of any link of
