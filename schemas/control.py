@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from clocktower.schemas.column_types import Name, Text, TimestampNs, UInt64
+from clocktower.schemas.analytics import IncidentKind
+from clocktower.schemas.column_types import Name, Text, TimestampNs, UInt8, UInt64
 from clocktower.schemas.event import Event
 
 Action = Literal["failover", "restore", "quarantine", "release", "qos", "rate_limit", "pause", "resume", "drain",
@@ -56,3 +57,21 @@ class ControlAck(Event):
     target: str = Field(default="", max_length=256)
     origin: Literal["command", "watchdog"] = "command"
     apply_ns: UInt64 = 0
+
+
+class ReplacementRequest(Event):
+    """A node to drain and replace with a spare (`node`: the faulty node), asked of the fleet's allocator.
+
+    The GPU detector runs per node and cannot see the other nodes' replacements, so it asks; the allocator
+    (streams/detectors/replacement_allocator.py, one key for the whole fleet) grants it within the fleet's
+    budget, picks a spare no other replacement holds, and orders the `drain` and `spare` commands.
+    `incident_id` is the incident that asked; `gpu` the GPU that failed.
+    """
+
+    SCHEMA = "replacement_request"
+    ORDER_BY = ("node", "incident_id")
+    REPLACING = True
+
+    incident_id: Name
+    reason: IncidentKind
+    gpu: UInt8

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clocktower.schemas.analytics import ClockEdgeFit, ClockEstimate, FlowLatency, Incident, IterationBreakdown
-from clocktower.schemas.control import ControlAck, ControlCommand
+from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import DeadLetter, InjectedFault
 from clocktower.schemas.telemetry import (
@@ -81,6 +81,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("control.commands", ControlCommand, "control_commands", 4, 90 * DAY_MS,
               "signed commands, partitioned by node (schemas/partitioning.py): each actuator reads only its own"),
     TopicSpec("control.acks", ControlAck, "control_acks", 1, 90 * DAY_MS, "actuator acknowledgements"),
+    TopicSpec("control.replacements", ReplacementRequest, "replacement_requests", 1, 90 * DAY_MS,
+              "nodes to drain and replace, for the fleet's allocator"),
     TopicSpec("groundtruth.faults", InjectedFault, "faults_injected", 1, 90 * DAY_MS,
               "faults injected by the simulator"),
     TopicSpec("deadletter", DeadLetter, "deadletter", 1, 30 * DAY_MS, "records that failed decoding"),

@@ -77,6 +77,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
                             params={"reason": "gpu_lost"}, incident_id="inc-1", expires_ns=T0 + 10**9,
                             signature="00ff"),
     "control_ack": dict(node="node-0", ts_ns=T0, command_id="c-1", status="applied", detail=""),
+    "replacement_request": dict(node="node-0", ts_ns=T0, incident_id="i-1", reason="gpu_lost", gpu=3),
     "injected_fault": dict(node="node-0", ts_ns=T0, fault_id="f-1", kind="link_flap", target="eth0", start_ns=T0,
                            end_ns=T0 + 10**9, detail=""),
     "deadletter": dict(node="node-0", ts_ns=T0, origin_topic="telemetry.gpu", origin_partition=0, origin_offset=7,

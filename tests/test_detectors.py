@@ -9,12 +9,13 @@ import orjson
 from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
-from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.control import ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.streams.detectors.delivery_log import SEEN
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import ProcessorContext
 from clocktower.streams.processor_runner import ProcessorRunner
@@ -81,19 +82,19 @@ def hot_cool_hot() -> list[GpuHealth]:
 
 
 def test_built_from_the_workers_context() -> None:
-    """The GPU detector shares the worker's one remediation budget; both keep the node key."""
+    """The allocator shares the worker's one remediation budget; the detectors keep the node key."""
     budget = RemediationBudget(max_per_window=5)
     gpus = GpuFaultDetector.from_context(ProcessorContext(remediation_budget=budget))
     links = LinkFlapDetector.from_context(ProcessorContext())
-    assert gpus.budget is budget and isinstance(links, LinkFlapDetector)
+    allocator = ReplacementAllocator.from_context(ProcessorContext(remediation_budget=budget, spare_nodes=("s",)))
+    assert allocator.budget is budget and allocator.spare_nodes == ("s",) and isinstance(links, LinkFlapDetector)
     assert [(d.name, d.consumes, d.key_by) for d in (links, gpus)] == [
         ("link_flap", (LinkState,), "node"), ("gpu_fault", (GpuHealth,), "node")]
     assert (links.state_ttl_ns, gpus.state_ttl_ns) == (24 * HOUR, 24 * HOUR)
-    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps, gpus.spare_nodes) == (
-        50 * 10**6, 10 * S, 8, ())
-    tuned = ProcessorContext(link_watchdog_ns=0, link_stable_ns=3 * S, link_quarantine_flaps=2, spare_nodes=("s",))
-    links, gpus = LinkFlapDetector.from_context(tuned), GpuFaultDetector.from_context(tuned)
-    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps, gpus.spare_nodes) == (0, 3 * S, 2, ("s",))
+    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps) == (50 * 10**6, 10 * S, 8)
+    tuned = ProcessorContext(link_watchdog_ns=0, link_stable_ns=3 * S, link_quarantine_flaps=2)
+    links = LinkFlapDetector.from_context(tuned)
+    assert (links.watchdog_ns, links.stable_ns, links.quarantine_flaps) == (0, 3 * S, 2)
 
 
 # --- behaviour (ported from the detectors before the processor contract) ---
@@ -141,37 +142,16 @@ def test_ports_of_one_node_are_separate_entries() -> None:
     assert sorted(ports) == [b'["node-1","eth0"]', b'["node-1","ib0"]']
 
 
-POOL = ("spare-1", "spare-2")
-
-
-def test_gpu_detector_xid79_drains_and_brings_a_spare_once() -> None:
-    det = Fed(GpuFaultDetector(spare_nodes=POOL))
+def test_gpu_detector_xid79_asks_the_allocator_for_one_replacement() -> None:
+    det = Fed(GpuFaultDetector())
     assert det(gpu(T0, temperature_c=60)) == []
-    out = det(gpu(T0 + S, xid=79))
-    kinds = [(type(e).__name__, getattr(e, "kind", None), getattr(e, "action", None)) for e in out]
-    assert kinds == [("Incident", "gpu_xid", None), ("CommandIntent", None, "drain"),
-                     ("CommandIntent", None, "spare")]
-    assert all(c.incident_id == out[0].incident_id for c in out[1:])
-    drain, spare = out[1:]
-    assert (drain.node, drain.target) == ("node-3", "node-3")            # the faulty node drains itself
-    assert spare.node == spare.target == det.proc.spare_for("node-3") and spare.node in POOL
-    assert spare.params == {"replaces": "node-3"}
-    assert out[0].command_ids == [command_id_of(drain), command_id_of(spare)]
-    assert det(gpu(T0 + 2 * S, lost=True)) == []     # same failure: no second drain
-
-
-def test_the_spare_comes_from_the_pool_deterministically_never_the_faulty_node() -> None:
-    det = GpuFaultDetector(spare_nodes=("node-3", "spare-1", "spare-2"))
-    picks = {n: det.spare_for(n) for n in (f"node-{i}" for i in range(40))}
-    assert picks == {n: GpuFaultDetector(spare_nodes=("node-3", "spare-1", "spare-2")).spare_for(n) for n in picks}
-    assert set(picks.values()) == {"node-3", "spare-1", "spare-2"} and picks["node-3"] != "node-3"
-    assert GpuFaultDetector(spare_nodes=("node-3",)).spare_for("node-3") is None
-
-
-def test_with_no_spare_pool_the_node_drains_and_the_incident_says_no_spare() -> None:
-    out = Fed(GpuFaultDetector())(gpu(T0, xid=79))
-    assert [getattr(e, "action", None) for e in out] == [None, "drain"]
-    assert "no spare node configured" in out[0].detail and out[0].command_ids == [command_id_of(out[1])]
+    inc, req = det(gpu(T0 + S, xid=79))
+    assert (inc.kind, inc.state, inc.command_ids) == ("gpu_xid", "open", [])
+    assert "asked of the fleet's allocator" in inc.detail
+    assert isinstance(req, ReplacementRequest)
+    assert (req.node, req.ts_ns, req.incident_id, req.reason, req.gpu) == ("node-3", T0 + S, inc.incident_id,
+                                                                          "gpu_xid", 5)
+    assert det(gpu(T0 + 2 * S, lost=True)) == []     # same failure: no second request
 
 
 def test_gpu_detector_ecc_and_thermal() -> None:
@@ -189,11 +169,11 @@ def test_gpu_detector_ecc_and_thermal() -> None:
 
 def test_an_xid_reading_that_races_a_newer_periodic_one_is_still_applied() -> None:
     """The XID thread's reading can reach the topic after a newer periodic reading of the same GPU."""
-    det = Fed(GpuFaultDetector(spare_nodes=POOL))
+    det = Fed(GpuFaultDetector())
     det(gpu(T0))
     assert det(gpu(T0 + 2 * S)) == []
     out = det(gpu(T0 + S, xid=79))
-    assert [getattr(e, "action", "") for e in out] == ["", "drain", "spare"]
+    assert [type(e).__name__ for e in out] == ["Incident", "ReplacementRequest"]
 
 
 def test_a_reading_later_than_the_remembered_ones_is_not_applied() -> None:
@@ -341,19 +321,8 @@ def test_replay_continues_like_an_uninterrupted_worker() -> None:
     assert [(e.kind, e.state) for e in resumed[-1]] == [("link_flap", "update")]   # the second incident flaps
 
 
-def test_a_replayed_xid79_re_emits_its_drain_without_asking_the_budget_again() -> None:
+def test_a_replayed_xid79_re_emits_its_replacement_request() -> None:
     table: dict[bytes, bytes] = {}
-    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=1), spare_nodes=POOL),
-                                 table), [gpu(T0, xid=79)])
-    budget = RemediationBudget(max_per_window=1)
-    assert worker(GpuFaultDetector(budget=budget, spare_nodes=POOL), table).run(0, [gpu(T0, xid=79)]) == first
-    assert [e.action for e in first if isinstance(e, ControlCommand)] == ["drain", "spare"]
-    assert not budget.granted and budget.withheld == 0
-
-
-def test_a_replayed_withheld_replacement_stays_withheld() -> None:
-    table: dict[bytes, bytes] = {}
-    (first,) = one_by_one(worker(GpuFaultDetector(budget=RemediationBudget(max_per_window=0)), table),
-                          [gpu(T0, xid=79)])
-    assert [type(e).__name__ for e in first] == ["Incident"] and "needs human approval" in first[0].detail
+    (first,) = one_by_one(worker(GpuFaultDetector(), table), [gpu(T0, xid=79)])
+    assert [type(e).__name__ for e in first] == ["Incident", "ReplacementRequest"]
     assert worker(GpuFaultDetector(), table).run(0, [gpu(T0, xid=79)]) == first

@@ -4,8 +4,9 @@ One simulated run (fixed seed, faults on) is published in real time through the 
 and sink into the real ClickHouse engine: once through 1 worker, once through 3 (`python -m
 clocktower.streams` processes with distinct static member ids), and once through 3 of which one is
 killed with SIGKILL mid-run and restarted 5 s later. telemetry.flows has 6 partitions, so each of the 3
-workers owns some of every processor's partitions. The fleet's replacement budget is per worker (see
-streams/remediation_budget.py), so it is raised here to keep it out of the comparison.
+workers owns some of every processor's partitions. The fleet's replacement budget (one, in the replacement
+allocator) grants requests in the order they reach it, which differs between runs, so it is raised here to keep
+it out of the comparison.
 """
 
 from __future__ import annotations

@@ -23,13 +23,14 @@ import orjson
 
 from clocktower.control.intent import CommandIntent
 from clocktower.schemas.analytics import Incident
+from clocktower.schemas.control import ReplacementRequest
 
 T = TypeVar("T")
 
 SEEN = 8       # newest applied timestamps kept per entry: how far out of order a reading may come
 EMITTED = 4    # newest emissions kept per entry: how many of a key's outputs a replay can send again
 
-Emitted = list[Incident | CommandIntent]
+Emitted = list[Incident | CommandIntent | ReplacementRequest]
 
 
 @dataclass
@@ -67,13 +68,19 @@ class DeliveryLog:
         return cls(d["seen"], [(ts, [decode_output(o) for o in out]) for ts, out in d["emitted"]])
 
 
-def encode_output(o: Incident | CommandIntent) -> dict[str, Any]:
+def encode_output(o: Incident | CommandIntent | ReplacementRequest) -> dict[str, Any]:
     """One output as plain JSON data (decode_output reverses it)."""
-    return {"incident": o.model_dump()} if isinstance(o, Incident) else {"intent": asdict(o)}
+    if isinstance(o, CommandIntent):
+        return {"intent": asdict(o)}
+    return {"replacement" if isinstance(o, ReplacementRequest) else "incident": o.model_dump()}
 
 
-def decode_output(d: dict[str, Any]) -> Incident | CommandIntent:
-    return Incident.model_construct(**d["incident"]) if "incident" in d else CommandIntent(**d["intent"])
+def decode_output(d: dict[str, Any]) -> Incident | CommandIntent | ReplacementRequest:
+    if "intent" in d:
+        return CommandIntent(**d["intent"])
+    if "replacement" in d:
+        return ReplacementRequest.model_construct(**d["replacement"])
+    return Incident.model_construct(**d["incident"])
 
 
 def encode_entry(value: Any) -> bytes:

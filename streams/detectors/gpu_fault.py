@@ -1,12 +1,9 @@
 """GPU fault detection from NVML readings: XID, GPU lost, uncorrectable ECC, thermal throttle.
 
-A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the detector asks for the node to be
-drained (`drain`, to the faulty node) and a spare brought in (`spare` {"replaces": faulty node}, to a node of
-the configured spare pool, which runs the spare's hook), within the fleet's RemediationBudget (in-memory, one
-per worker, on the worker's processing clock: see remediation_budget.py). The spare is picked from the pool
-(less the faulty node) by a hash of the faulty node's name: deterministic, so a replay picks the same one.
-Node-keyed state cannot allocate across nodes: two nodes failing at once may be sent the same spare (its hook
-must refuse a second activation). With an empty pool no `spare` is ordered and the incident says so.
+A lost GPU (or XID 79, "fell off the bus") cannot be recovered in place: the node must be drained and a spare
+brought in. This detector runs per node and cannot see the fleet, so it asks (a `ReplacementRequest`, on
+control.replacements); the fleet's one allocator (replacement_allocator.py) applies the fleet-wide budget,
+picks a spare no other node holds, and orders `drain` and `spare` in an `update` row of this incident.
 
 Thermal throttling opens an incident that resolves when the throttle bits clear. A null reading (not
 supported, or GPU lost) is unknown: it neither opens nor resolves anything, and is no baseline: the ECC count
@@ -15,25 +12,23 @@ becomes the new baseline).
 
 Keyed by node (the records' own key); one state entry per GPU, "node|gpu", which expires `ttl_ns` of event
 time after the GPU's newest reading (default 24 h; counted in `expired_open` if a thermal incident was open).
-A redelivered reading is not applied again and re-emits what it emitted, without asking the budget again
-(delivery_log.py); those are counted in `redelivered`.
+A redelivered reading is not applied again and re-emits what it emitted, its replacement request included
+(delivery_log.py; the allocator answers a request it saw with the same outputs); counted in `redelivered`.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import Incident, IncidentKind
+from clocktower.schemas.control import ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.detectors.delivery_log import DeliveryLog, Emitted
 from clocktower.streams.detectors.replaying_detector import ReplayingDetector
 from clocktower.streams.processor import Output
-from clocktower.streams.remediation_budget import RemediationBudget
 
 if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
@@ -54,27 +49,19 @@ class Gpu:
 
 
 class GpuFaultDetector(ReplayingDetector):
-    """Returns incidents and unsigned command intents; the streams' edge signs the intents."""
+    """Returns incidents, and replacement requests for the allocator."""
 
     name: ClassVar[str] = "gpu_fault"
     consumes: ClassVar[tuple[type[Event], ...]] = (GpuHealth,)
     key_by: ClassVar[str] = "node"
     entry: ClassVar[type] = Gpu
 
-    def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
-                 ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
+    def __init__(self, *, ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
         super().__init__(ttl_ns)
-        self.budget = budget if budget is not None else RemediationBudget()
-        self.spare_nodes = tuple(spare_nodes)
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> GpuFaultDetector:
-        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes)
-
-    def spare_for(self, node: str) -> str | None:
-        """The pool's spare for `node` (never itself), picked by a hash of its name; None if the pool has none."""
-        pool = [n for n in self.spare_nodes if n != node]
-        return pool[zlib.crc32(node.encode()) % len(pool)] if pool else None
+        return cls()
 
     def is_open(self, entry: Gpu) -> bool:
         return entry.thermal_incident is not None
@@ -130,20 +117,10 @@ class GpuFaultDetector(ReplayingDetector):
                         kind=kind, state=state, severity=severity, target=bounded_name(f"{ev.node}/gpu{ev.gpu}"),
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
-    def _replace_node(self, ev: GpuHealth, inc: Incident) -> Emitted:
-        if not self.budget.allow():
-            b = self.budget
-            note = (f"; drain and spare withheld, needs human approval: the fleet limit of {b.max_per_window} "
-                    f"replacements per {b.window_ns / 1e9:g} s is reached")
-            return [inc.model_copy(update={"detail": inc.detail + note})]
-        cmds = [CommandIntent(ev.node, "drain", ev.node, ev.ts_ns, inc.incident_id,
-                              {"reason": inc.kind, "gpu": str(ev.gpu)})]
-        spare = self.spare_for(ev.node)
-        note = ""
-        if spare is None:
-            note = "; no spare node configured (CLOCKTOWER_STREAMS_SPARE_NODES): no spare ordered"
-        else:
-            cmds.append(CommandIntent(spare, "spare", spare, ev.ts_ns, inc.incident_id, {"replaces": ev.node}))
-        return [inc.model_copy(update={"detail": inc.detail + note, "command_ids": [command_id_of(c) for c in cmds]}),
-                *cmds]
-
+    @staticmethod
+    def _replace_node(ev: GpuHealth, inc: Incident) -> Emitted:
+        """The node must be drained and replaced: the fleet's allocator decides (replacement_allocator.py)."""
+        request = ReplacementRequest(node=ev.node, ts_ns=ev.ts_ns, incident_id=inc.incident_id, reason=inc.kind,
+                                     gpu=ev.gpu)
+        return [inc.model_copy(update={"detail": inc.detail + "; drain and spare asked of the fleet's allocator"}),
+                request]

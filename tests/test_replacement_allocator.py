@@ -1,0 +1,165 @@
+"""The fleet's replacement allocator: one budget and one set of spares for the whole fleet, kept in its table.
+
+Before it, each GPU detector (per node, per worker) picked a spare by a hash of the node's name and held its
+own budget: two nodes failing together could be sent the same spare, and N workers allowed N times the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+from clocktower.control.intent import CommandIntent, command_id_of
+from clocktower.schemas.analytics import Incident
+from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
+from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.detectors.replacement_allocator import ANSWERED, ReplacementAllocator
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.processors import Processors
+from clocktower.streams.registry import BY_MODEL, partitions, repartitions
+from clocktower.streams.remediation_budget import HOUR_NS, RemediationBudget
+from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER
+from tests.test_detectors import GPU_READINGS, worker
+
+T0 = 1_780_000_000 * 10**9
+S = 10**9
+POOL = ("spare-1", "spare-2")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000 * S
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def request(node: str, i: int = 0, gpu: int = 0) -> ReplacementRequest:
+    return ReplacementRequest(node=node, ts_ns=T0 + i * S, incident_id=f"inc-{node}-{gpu}-{i}", reason="gpu_lost",
+                              gpu=gpu)
+
+
+def undrain_ack(node: str, status: str = "applied", action: str = "undrain") -> ControlAck:
+    return ControlAck(node=node, ts_ns=T0 + 100 * S, command_id="c-1", status=status, action=action, target=node)
+
+
+class Allocator:
+    """The allocator over a table, one event per batch (every state write goes through the codec)."""
+
+    def __init__(self, backing: MutableMapping[bytes, bytes] | None = None, max_per_hour: int = 100,
+                 spares: tuple[str, ...] = POOL, clock: Clock | None = None) -> None:
+        self.budget = RemediationBudget(max_per_hour, clock_ns=clock or Clock())
+        self.proc = ReplacementAllocator(budget=self.budget, spare_nodes=spares)
+        self.store = StateStore(self.proc, {} if backing is None else backing)
+        self.store.reload()
+
+    def __call__(self, event: ReplacementRequest | ControlAck) -> list:
+        out = self.proc.process(self.store, event)
+        self.store.flush()
+        return out
+
+
+def spares_of(out: list) -> list[str]:
+    return [c.node for c in out if isinstance(c, CommandIntent) and c.action == "spare"]
+
+
+def test_it_reads_every_request_and_ack_under_one_key_on_one_partition() -> None:
+    assert {BY_MODEL[m].partitions for m in ReplacementAllocator.consumes} == {1}
+    assert partitions(ReplacementAllocator) == 1 and not repartitions(ReplacementAllocator)
+    assert ReplacementAllocator().partition_key(request("node-1")) == "fleet"
+
+
+def test_two_nodes_failing_together_get_different_spares_and_a_third_is_told_none_is_free() -> None:
+    alloc = Allocator()
+    one, two, three = alloc(request("node-1")), alloc(request("node-2")), alloc(request("node-3"))
+    assert spares_of(one) == ["spare-1"] and spares_of(two) == ["spare-2"] and spares_of(three) == []
+    row, drain, spare = one
+    assert isinstance(row, Incident) and (row.incident_id, row.state, row.kind) == ("inc-node-1-0-0", "update",
+                                                                                    "gpu_lost")
+    assert (drain.node, drain.action, drain.target, drain.params) == ("node-1", "drain", "node-1",
+                                                                      {"reason": "gpu_lost", "gpu": "0"})
+    assert (spare.node, spare.target, spare.params) == ("spare-1", "spare-1", {"replaces": "node-1"})
+    assert row.command_ids == [command_id_of(drain), command_id_of(spare)]
+    assert [c.action for c in three if isinstance(c, CommandIntent)] == ["drain"]
+    assert "no free spare" in three[0].detail
+
+
+def test_a_spare_is_never_the_faulty_node_itself() -> None:
+    assert spares_of(Allocator(spares=("node-1", "spare-1"))(request("node-1"))) == ["spare-1"]
+
+
+def test_with_no_spare_pool_the_node_drains_and_the_incident_says_no_spare() -> None:
+    out = Allocator(spares=())(request("node-1"))
+    assert [c.action for c in out if isinstance(c, CommandIntent)] == ["drain"]
+    assert "no spare node configured" in out[0].detail and out[0].command_ids == [command_id_of(out[1])]
+
+
+def test_a_second_gpu_of_a_node_being_replaced_drains_nothing_more() -> None:
+    alloc = Allocator(max_per_hour=2)
+    alloc(request("node-1", gpu=0))
+    (row,) = alloc(request("node-1", 1, gpu=3))
+    assert "already being replaced by spare-1" in row.detail and row.command_ids == []
+    assert spares_of(alloc(request("node-2"))) == ["spare-2"]         # and it used none of the budget
+
+
+def test_the_budget_is_the_fleets_and_holds_across_a_restart() -> None:
+    table: dict[bytes, bytes] = {}
+    clock = Clock()
+    assert spares_of(Allocator(table, max_per_hour=1, clock=clock)(request("node-1"))) == ["spare-1"]
+    restarted = Allocator(table, max_per_hour=1, clock=clock)       # another worker took the partition over
+    (held,) = restarted(request("node-2"))
+    assert "needs human approval" in held.detail and held.command_ids == []
+    assert restarted.budget.withheld == 1
+    clock.now += HOUR_NS                                             # the hour has passed
+    assert spares_of(restarted(request("node-3", 2))) == ["spare-2"]
+
+
+def test_an_applied_undrain_of_the_replaced_node_frees_its_spare() -> None:
+    alloc = Allocator(spares=("spare-1",))
+    alloc(request("node-1"))
+    assert spares_of(alloc(request("node-2"))) == []
+    for not_a_release in (undrain_ack("node-1", status="refused"), undrain_ack("node-1", action="drain"),
+                          undrain_ack("node-9")):
+        assert alloc(not_a_release) == []
+    assert spares_of(alloc(request("node-3"))) == []
+    assert alloc(undrain_ack("node-1")) == [] and alloc.proc.spares_freed == 1
+    assert spares_of(alloc(request("node-4"))) == ["spare-1"]
+    (again,) = alloc(request("node-4", 1, gpu=1))
+    assert "already being replaced by spare-1" in again.detail
+
+
+def test_a_redelivered_request_gets_the_same_answer_without_asking_the_budget_again() -> None:
+    table: dict[bytes, bytes] = {}
+    first = Allocator(table, max_per_hour=1)(request("node-1"))
+    restarted = Allocator(table, max_per_hour=1)
+    assert restarted(request("node-1")) == first and restarted.proc.redelivered == 1
+    assert restarted.budget.withheld == 0
+
+
+def test_only_the_newest_answers_are_kept() -> None:
+    alloc = Allocator(spares=())
+    for i in range(ANSWERED + 5):
+        alloc(request(f"node-{i}"))
+    assert len(alloc.store.get("fleet").answered) == ANSWERED
+
+
+def test_through_the_pipeline_two_lost_gpus_become_signed_drains_and_different_spares() -> None:
+    """The GPU detector's requests feed the allocator (the in-memory pipeline: one worker, every partition)."""
+    pipeline = Processors(TEST_SIGNER)
+    pipeline.replace(ReplacementAllocator(budget=pipeline.budget, spare_nodes=POOL))
+    lost = [GpuHealth(node=n, ts_ns=T0 + S, gpu=1, uuid="GPU-x", **{**GPU_READINGS, "lost": True})
+            for n in ("node-1", "node-2")]
+    out = pipeline.on_batch(lost)
+    commands = [(c.node, c.action, c.params.get("replaces", "")) for c in out if isinstance(c, ControlCommand)]
+    assert sorted(commands) == [("node-1", "drain", ""), ("node-2", "drain", ""),
+                                ("spare-1", "spare", "node-1"), ("spare-2", "spare", "node-2")]
+    rows = [r for r in out if isinstance(r, Incident) and r.state == "update"]
+    assert len(rows) == 2 and all(len(r.command_ids) == 2 for r in rows)
+
+
+def test_a_kill_after_the_state_write_replays_to_the_same_signed_commands() -> None:
+    table: dict[bytes, bytes] = {}
+    runner: ProcessorRunner = worker(ReplacementAllocator(spare_nodes=POOL), table)
+    first = runner.run(0, [request("node-1")])
+    again = worker(ReplacementAllocator(spare_nodes=POOL), table).run(0, [request("node-1")])
+    assert again == first and [c.action for c in first if isinstance(c, ControlCommand)] == ["drain", "spare"]
