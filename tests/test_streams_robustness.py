@@ -8,14 +8,14 @@ from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.codec import decode_batch, encode_batch
-from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.control import ControlCommand, ReplacementRequest
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.telemetry import GpuHealth, LinkState
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
+from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
 from clocktower.streams.processor import Processor
-from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -48,9 +48,26 @@ class _Fed:
         return out
 
 
+class _Replacing:
+    """The GPU detector and the fleet's allocator, each fed one event at a time: what the pipeline does."""
+
+    def __init__(self, budget: RemediationBudget, spares: tuple[str, ...] = ()) -> None:
+        self.gpus = _Fed(GpuFaultDetector())
+        self.allocator = _Fed(ReplacementAllocator(budget=budget, spare_nodes=spares))
+
+    def __call__(self, e: GpuHealth) -> list:
+        out = self.gpus(e)
+        return out + [o for r in out if isinstance(r, ReplacementRequest) for o in self.allocator(r)]
+
+
+def _with_spares(processors: Processors, spares: tuple[str, ...]) -> Processors:
+    processors.replace(ReplacementAllocator(budget=processors.budget, spare_nodes=spares))
+    return processors
+
+
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
-    runner = ProcessorRunner(GpuFaultDetector(spare_nodes=("spare-1",)), issuer=CommandIssuer(KEY))
-    out = runner.run(0, [GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})])
+    pipeline = _with_spares(Processors(KEY), ("spare-1",))
+    out = pipeline.on_batch([GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})])
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
     cmds = [e for e in out if isinstance(e, ControlCommand)]
@@ -101,7 +118,7 @@ class _Clock:
 def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=clock)
-    d = _Fed(GpuFaultDetector(budget=budget, spare_nodes=("spare-1",)))
+    d = _Replacing(budget, ("spare-1", "spare-2", "spare-3"))
     actions = []
     for i in range(4):   # four nodes lose a GPU within ten minutes: only two are replaced
         clock.now_ns += 150 * S
@@ -109,7 +126,7 @@ def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
         actions.append([e.action for e in out if isinstance(e, CommandIntent)])
         assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
     assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
-    assert budget.withheld == 2 and "needs human approval" in out[0].detail
+    assert budget.withheld == 2 and "needs human approval" in out[-1].detail
     # An hour (of the worker's clock) after the first, the budget has room again.
     clock.now_ns += 3600 * S - 3 * 150 * S
     out = d(_xid79("node-9", T0 + 3600 * S))
@@ -141,7 +158,7 @@ def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
 def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None:
     clock = _Clock()
     budget = RemediationBudget(max_per_window=1, window_ns=3600 * S, clock_ns=clock)
-    d = _Fed(GpuFaultDetector(budget=budget))
+    d = _Replacing(budget)
     assert _replaced(d(_xid79("forged", T0 + 10 * 365 * 24 * 3600 * S))) == 1   # dated 10 years on
     clock.now_ns += 3600 * S   # an hour of real time later, a real fault is replaced
     assert _replaced(d(_xid79("real", T0 + 3600 * S))) == 1
@@ -150,11 +167,12 @@ def test_an_event_dated_in_the_future_does_not_block_real_faults_later() -> None
 def test_remediation_budget_window_slides_on_processing_time_only() -> None:
     clock = _Clock()
     b = RemediationBudget(max_per_window=1, window_ns=10 * S, clock_ns=clock)
-    assert b.allow()
+    granted: list[int] = []
+    assert b.allow(granted)
     clock.now_ns += 9 * S
-    assert not b.allow()
+    assert not b.allow(granted)
     clock.now_ns += 1 * S
-    assert b.allow() and b.withheld == 1
+    assert b.allow(granted) and b.withheld == 1 and granted == [clock.now_ns]
 
 
 class _Exploding(Processors):
@@ -179,7 +197,7 @@ def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> No
     assert after == before + 1
     k, v, h = encode_batch([_xid79("node-1", T0 + S)])
     topics = sorted(t for t, *_ in handler.handle("telemetry.gpu", 1, 42, k, v, h))
-    assert topics == ["analytics.incidents", "control.commands"]
+    assert topics == ["analytics.incidents", "control.commands", "control.replacements"]
 
 
 def test_decode_failures_are_counted() -> None:
@@ -200,8 +218,8 @@ class _GpuBug(GpuFaultDetector):
 
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
-    processors = Processors(KEY)
-    processors.replace(_GpuBug(budget=processors.budget, spare_nodes=("spare-1",)))
+    processors = _with_spares(Processors(KEY), ("spare-1",))
+    processors.replace(_GpuBug())
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
@@ -211,8 +229,9 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
     k, v, h = encode_batch(batch)
     out = handler.handle("telemetry.gpu", 3, 77, k, v, h)
     events = _published(out)
-    incidents = sorted((e.target, e.kind) for e in events if isinstance(e, Incident))
-    assert incidents == [("node-1/gpu0", "gpu_xid"), ("node-1/gpu2", "gpu_thermal")]
+    incidents = sorted((e.target, e.kind, e.state) for e in events if isinstance(e, Incident))
+    assert incidents == [("node-1/gpu0", "gpu_xid", "open"), ("node-1/gpu0", "gpu_xid", "update"),   # the allocator's
+                         ("node-1/gpu2", "gpu_thermal", "open")]
     assert sorted(e.action for e in events if isinstance(e, ControlCommand)) == ["drain", "spare"]
     dead = [e for e in events if isinstance(e, DeadLetter)]
     assert [t for t, *_ in out].count("deadletter") == 1
@@ -231,7 +250,7 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
 
 def test_without_a_failures_list_the_first_error_propagates() -> None:
     processors = Processors(KEY)
-    processors.replace(_GpuBug(budget=processors.budget))
+    processors.replace(_GpuBug())
     try:
         processors.on_batch([GpuHealth(node="n", ts_ns=T0, gpu=1, uuid="GPU-1", **GPU_READINGS)])
     except ValueError as exc:
