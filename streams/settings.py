@@ -24,8 +24,9 @@ class StreamsSettings(RuntimeSettings):
     clock_update_ms: float = Field(default=250.0, gt=0, description="probe time between clock estimates")
     remediation_max_per_hour: int = Field(
         default=2, ge=0, description="node replacements (drain + spare) the streams may order per hour of the "
-        "worker's own clock (never event time, which producers write) without a human; more are reported as incidents "
-        "that need approval. Per stream worker.")
+        "wall clock of the worker that runs the replacement allocator (never event time, which producers write) "
+        "without a human; more are reported as incidents that need approval. For the whole fleet, kept in the "
+        "allocator's table.")
     streams_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus endpoint of the stream "
                                       "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
                                       "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, MutableMapping, Sequence
 
 from clocktower.control.issuer import CommandIssuer
+from clocktower.schemas.control import ControlAck
 from clocktower.schemas.event import Event
 from clocktower.schemas.topics import BY_MODEL, TELEMETRY
 from clocktower.streams.emit import Out, records
@@ -83,9 +84,10 @@ class Topology:
 def record_handlers(topology: Topology, identity: IdentityCheck | None,
                     max_future_skew_ns: int) -> dict[str, RecordHandler]:
     """The handler of every topic the streams read. Producer identity (CLOCKTOWER_PRODUCER_KEY) is checked on
-    what nodes publish (telemetry.*), not on what the streams publish and read back (analytics.clock_edges, the
-    repartition topics): nodes do not sign those. Only the streams' Kafka principal may write them (ACLs)."""
-    from_nodes = {t.name for t in TELEMETRY}
+    what nodes publish (telemetry.*, and control.acks: an applied undrain frees a spare), not on what the streams
+    publish and read back (analytics.clock_edges, control.replacements, the repartition topics): nodes do not sign
+    those. Only the streams' Kafka principal may write them (ACLs)."""
+    from_nodes = {t.name for t in TELEMETRY} | {BY_MODEL[ControlAck].name}
     out = {name: RecordHandler(topology, identity=identity if name in from_nodes else None,
                                max_future_skew_ns=max_future_skew_ns) for name in input_topics()}
     out.update({name: RecordHandler(topology, max_future_skew_ns=max_future_skew_ns, internal=True)

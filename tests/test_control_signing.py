@@ -27,9 +27,10 @@ from clocktower.runtime.credentials import control_key_path, control_public_key_
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.settings import RuntimeSettings
 from clocktower.schemas.analytics import Incident
-from clocktower.schemas.control import ControlCommand
+from clocktower.schemas.control import ControlCommand, ReplacementRequest
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
 from clocktower.streams.processors import Processors
 from clocktower.streams.state_store import StateStore
 from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
@@ -63,9 +64,10 @@ def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies(
 
 
 def test_detectors_hold_no_key_and_the_issuer_gives_the_ids_they_predict() -> None:
-    det = GpuFaultDetector(spare_nodes=("spare-1",))
-    store = StateStore(det)
-    intents = det.process(store, _gpu(T0)) + det.process(store, _gpu(T0 + S, xid=79))
+    gpus, allocator = GpuFaultDetector(), ReplacementAllocator(spare_nodes=("spare-1",))
+    gpu_store, fleet_store = StateStore(gpus), StateStore(allocator)
+    asks = gpus.process(gpu_store, _gpu(T0)) + gpus.process(gpu_store, _gpu(T0 + S, xid=79))
+    intents = [o for a in asks if isinstance(a, ReplacementRequest) for o in allocator.process(fleet_store, a)]
     asked = [i for i in intents if isinstance(i, CommandIntent)]
     signed = [c for c in CommandIssuer(TEST_SIGNER).signed(intents) if isinstance(c, ControlCommand)]
     assert [c.command_id for c in signed] == [command_id_of(i) for i in asked] and len(signed) == 2

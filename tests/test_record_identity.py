@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
+from clocktower.schemas.control import ControlAck
 from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.processors import Processors
@@ -118,6 +119,16 @@ def test_the_streams_check_identity_on_what_nodes_publish_not_on_what_they_read_
     topology = Topology(build(ProcessorContext()), CommandIssuer(TEST_SIGNER), RemediationBudget(), lambda p: None)
     handlers = record_handlers(topology, check, 10**9)
     assert handlers["telemetry.gpu"].identity is check and handlers["telemetry.clock"].identity is check
-    assert handlers["analytics.clock_edges"].identity is None
+    assert handlers["analytics.clock_edges"].identity is None and handlers["control.replacements"].identity is None
+    assert handlers["control.acks"].identity is check          # an applied undrain frees a spare: the node's word
     assert topology.repartition_topics and all(handlers[t].identity is None and handlers[t].internal
                                                for t in topology.repartition_topics)
+
+
+def test_an_unsigned_undrain_ack_frees_no_spare() -> None:
+    """Anyone who can write control.acks could otherwise free the spare that replaces any node."""
+    ack = ControlAck(node="node-1", ts_ns=T0, command_id="c-1", status="applied", action="undrain", target="node-1")
+    out = _handler().handle("control.acks", 0, 1, *encode_batch([ack]))
+    assert "identity: record is not signed" in _reason(out)
+    pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
+    assert _handler().handle("control.acks", 0, 2, *pub.signed("control.acks", *encode_batch([ack]))) == []

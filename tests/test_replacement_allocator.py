@@ -136,11 +136,40 @@ def test_a_redelivered_request_gets_the_same_answer_without_asking_the_budget_ag
     assert restarted.budget.withheld == 0
 
 
-def test_only_the_newest_answers_are_kept() -> None:
-    alloc = Allocator(spares=())
+def test_a_held_request_redelivered_after_the_hour_stays_held_and_only_the_newest_held_are_kept() -> None:
+    clock = Clock()
+    alloc = Allocator(max_per_hour=0, clock=clock)
+    held = [alloc(request(f"node-{i}")) for i in range(ANSWERED + 5)]
+    kept = [incident_id for incident_id, _ in alloc.store.get("fleet").answered]
+    assert kept == [f"inc-node-{i}-0-0" for i in range(5, ANSWERED + 5)]
+    clock.now += 2 * HOUR_NS
+    assert alloc(request(f"node-{ANSWERED + 4}")) == held[-1] and alloc.budget.withheld == ANSWERED + 5
+
+
+def test_a_grant_redelivered_after_many_other_requests_is_the_same_grant() -> None:
+    """Grants are rebuilt from the fleet entry, not from a bounded cache: no later row can overwrite the one
+    that names the commands (same incident id, state and time)."""
+    alloc = Allocator(max_per_hour=1000)
+    first = alloc(request("node-1"))
     for i in range(ANSWERED + 5):
-        alloc(request(f"node-{i}"))
-    assert len(alloc.store.get("fleet").answered) == ANSWERED
+        alloc(request("node-1", i + 1, gpu=i % 8))
+        alloc(request(f"node-{i + 2}"))
+    assert alloc(request("node-1")) == first
+
+
+def test_a_pool_node_being_replaced_is_never_given_as_a_spare() -> None:
+    alloc = Allocator(spares=("spare-1", "spare-2"))
+    assert spares_of(alloc(request("spare-1"))) == ["spare-2"]        # a spare lost a GPU: drained, replaced
+    assert spares_of(alloc(request("node-1"))) == []                  # spare-1 is broken, spare-2 in use
+
+
+def test_an_undrain_older_than_the_grant_frees_nothing() -> None:
+    """Acks and requests come on two topics, each replayed from its own commit: an undrain of an earlier
+    replacement of the node, read after the newer grant, must not free the newer spare."""
+    alloc = Allocator(spares=("spare-1",))
+    alloc(request("node-1", 200))                                      # granted at T0 + 200 s
+    assert alloc(undrain_ack("node-1")) == [] and alloc.proc.spares_freed == 0   # the ack is dated T0 + 100 s
+    assert spares_of(alloc(request("node-2", 201))) == []
 
 
 def test_through_the_pipeline_two_lost_gpus_become_signed_drains_and_different_spares() -> None:

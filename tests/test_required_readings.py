@@ -78,7 +78,7 @@ def test_fields_that_do_not_apply_keep_their_default() -> None:
 
 def _detector() -> Callable[[GpuHealth], list]:
     """The GPU detector fed one reading per batch, returning its unsigned outputs."""
-    det = GpuFaultDetector(spare_nodes=("spare-1",))
+    det = GpuFaultDetector()
     store = StateStore(det)
 
     def feed(e: GpuHealth) -> list:
@@ -99,8 +99,8 @@ def test_gpu_detector_reads_null_as_unknown() -> None:
                           "ecc_uncorrected": None})
     assert det(unread) == []      # throttling not known to have cleared: still open
     lost = det(GpuHealth(**{**SAMPLES["gpu_health/lost"], "ts_ns": hot.ts_ns + 2}))
-    kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "action", ""))) for e in lost)
-    assert kinds == [("CommandIntent", "drain"), ("CommandIntent", "spare"), ("Incident", "gpu_xid")]
+    kinds = sorted((type(e).__name__, getattr(e, "kind", getattr(e, "reason", ""))) for e in lost)
+    assert kinds == [("Incident", "gpu_xid"), ("ReplacementRequest", "gpu_xid")]   # the allocator drains
 
 
 def test_a_null_first_ecc_reading_is_no_baseline() -> None:

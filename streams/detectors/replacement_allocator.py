@@ -8,14 +8,17 @@ spares in use hold across all workers and survive a restart.
 
 A request, unless its node is already being replaced, is granted within the fleet's RemediationBudget; a
 granted one orders `drain` (to the faulty node) and `spare` {"replaces": node} to the first spare of the
-configured pool that replaces no other node (never the faulty node itself). The answer is an `update` row
-of the requesting incident naming the commands (or saying why there are none). A spare is free again once
-the node it replaces acks an applied `undrain` (`clocktower control undrain NODE`, after the repair).
+configured pool that replaces no other node and is not itself being replaced (never the faulty node). The
+answer is an `update` row of the requesting incident naming the commands (or saying why there are none). A
+spare is free again once the node it replaces acks an applied `undrain` dated after the grant
+(`clocktower control undrain NODE`, after the repair).
 
-Acks come from the nodes, and a node could forge one for itself: it can free only the spare that replaces
-it (a spare's hook should still refuse a second activation). A redelivered request is answered with the
-same outputs (same incident row, same command ids) without asking the budget again; the newest `ANSWERED`
-answers are kept for that.
+Acks come from the nodes: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on acks signed by the node
+they name (streams/topology.py), so a node can free only the spare that replaces it; without it, anyone who can
+write control.acks can. control.replacements is meant to be written by the streams only (ACLs; README,
+security). A spare's hook should still refuse a second activation. A redelivered request is answered with the same
+outputs (same incident row, same command ids) without asking the budget again: a grant is rebuilt from
+what the fleet entry keeps of it, and the newest `ANSWERED` withheld answers are kept.
 """
 
 from __future__ import annotations
@@ -38,15 +41,24 @@ if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
 FLEET = "fleet"
-ANSWERED = 32                      # newest answers kept for redelivered requests
+ANSWERED = 32                      # newest withheld answers kept for redelivered requests
 STATE_TTL_NS = 365 * 24 * 3600 * 10**9   # the fleet's entry is rewritten by every request; never let it lapse
 
 
 @dataclass
+class Replacement:
+    """A granted replacement: the spare it ordered ("" = none), and the request that was granted."""
+
+    spare: str
+    ts_ns: int
+    incident_id: str
+
+
+@dataclass
 class Fleet:
-    granted: list[int] = field(default_factory=list)          # the budget's grants (processing clock, ns)
-    replaced: dict[str, str] = field(default_factory=dict)    # node being replaced -> its spare ("" = none)
-    answered: list[tuple[str, Emitted]] = field(default_factory=list)   # (incident id, outputs), oldest first
+    granted: list[int] = field(default_factory=list)                    # the budget's grants (processing clock)
+    replaced: dict[str, Replacement] = field(default_factory=dict)      # node being replaced -> its replacement
+    answered: list[tuple[str, Emitted]] = field(default_factory=list)   # withheld requests: (incident id, outputs)
 
 
 class ReplacementAllocator(Processor):
@@ -71,45 +83,60 @@ class ReplacementAllocator(Processor):
         return {"redelivered": self.redelivered, "spares_freed": self.spares_freed}
 
     def process(self, state: Any, event: Event) -> list[Output]:
-        fleet: Fleet = state.get(FLEET) or Fleet()
         if isinstance(event, ControlAck):
-            if event.action == "undrain" and event.status == "applied" and event.node in fleet.replaced:
-                del fleet.replaced[event.node]
-                self.spares_freed += 1
-                state.put(FLEET, fleet, state.now_ns + STATE_TTL_NS)
+            if event.action == "undrain" and event.status == "applied":
+                self._undrained(state, event)
             return []
         assert isinstance(event, ReplacementRequest)
-        done = next((out for incident_id, out in fleet.answered if incident_id == event.incident_id), None)
-        if done is not None:
+        fleet: Fleet = state.get(FLEET) or Fleet()
+        granted = fleet.replaced.get(event.node)
+        if granted is not None and granted.incident_id == event.incident_id:
+            self.redelivered += 1                    # the same grant, rebuilt: same row, same command ids
+            return list(self._granted(event, granted.spare))
+        if granted is not None:
+            return [self._row(event, "the node is already being replaced" + (
+                f" by {granted.spare}" if granted.spare else "") + ": no second drain or spare")]
+        held = next((out for incident_id, out in fleet.answered if incident_id == event.incident_id), None)
+        if held is not None:
             self.redelivered += 1
-            return list(done)
-        out = self._answer(fleet, event)
-        fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            return list(held)
+        if not self.budget.allow(fleet.granted):
+            b = self.budget
+            out: Emitted = [self._row(event, f"drain and spare withheld, needs human approval: the fleet limit of "
+                                             f"{b.max_per_window} replacements per {b.window_ns / 1e9:g} s is reached")]
+            fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+        else:
+            busy = {r.spare for r in fleet.replaced.values()} | set(fleet.replaced)   # in use, or being replaced
+            spare = next((n for n in self.spare_nodes if n != event.node and n not in busy), "")
+            fleet.replaced[event.node] = Replacement(spare, event.ts_ns, event.incident_id)
+            out = self._granted(event, spare)
         state.put(FLEET, fleet, max(state.now_ns, event.ts_ns) + STATE_TTL_NS)
         return list(out)
 
-    def _answer(self, fleet: Fleet, req: ReplacementRequest) -> Emitted:
-        if req.node in fleet.replaced:
-            spare = fleet.replaced[req.node]
-            return [self._row(req, "the node is already being replaced" + (f" by {spare}" if spare else "")
-                              + ": no second drain or spare")]
-        if not self.budget.allow(fleet.granted):
-            b = self.budget
-            return [self._row(req, f"drain and spare withheld, needs human approval: the fleet limit of "
-                                   f"{b.max_per_window} replacements per {b.window_ns / 1e9:g} s is reached")]
+    def _undrained(self, state: Any, ack: ControlAck) -> None:
+        """The replaced node is back: its spare is free. Only an undrain after the grant counts (the acks and
+        the requests come on two topics, each replayed from its own commit after a crash)."""
+        fleet: Fleet | None = state.get(FLEET)
+        granted = fleet.replaced.get(ack.node) if fleet is not None else None
+        if fleet is None or granted is None or ack.ts_ns <= granted.ts_ns:
+            return
+        del fleet.replaced[ack.node]
+        self.spares_freed += 1
+        state.put(FLEET, fleet, max(state.now_ns, ack.ts_ns) + STATE_TTL_NS)
+
+    def _granted(self, req: ReplacementRequest, spare: str) -> Emitted:
+        """The outputs of a granted request, given its spare: built the same way again for a redelivery."""
         cmds = [CommandIntent(req.node, "drain", req.node, req.ts_ns, req.incident_id,
                               {"reason": req.reason, "gpu": str(req.gpu)})]
-        in_use = set(fleet.replaced.values())
-        spare = next((n for n in self.spare_nodes if n != req.node and n not in in_use), "")
         if spare:
             cmds.append(CommandIntent(spare, "spare", spare, req.ts_ns, req.incident_id, {"replaces": req.node}))
             detail = f"drain ordered, spare {spare} ordered"
         elif self.spare_nodes:
             detail = (f"drain ordered; no free spare: the pool's {len(self.spare_nodes)} spares replace other "
-                      "nodes (one is freed by `clocktower control undrain` of the node it replaces)")
+                      "nodes or are being replaced (one is freed by `clocktower control undrain` of the node it "
+                      "replaces)")
         else:
             detail = "drain ordered; no spare node configured (CLOCKTOWER_STREAMS_SPARE_NODES): no spare ordered"
-        fleet.replaced[req.node] = spare
         return [self._row(req, detail, [command_id_of(c) for c in cmds]), *cmds]
 
     @staticmethod
@@ -119,9 +146,11 @@ class ReplacementAllocator(Processor):
                         opened_ns=req.ts_ns, detail=detail, command_ids=command_ids or [])
 
     def encode_state(self, value: Fleet) -> bytes:
-        return orjson.dumps({"granted": value.granted, "replaced": value.replaced,
+        return orjson.dumps({"granted": value.granted,
+                             "replaced": {n: [r.spare, r.ts_ns, r.incident_id] for n, r in value.replaced.items()},
                              "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered]})
 
     def decode_state(self, data: bytes) -> Fleet:
         d = orjson.loads(data)
-        return Fleet(d["granted"], d["replaced"], [(i, [decode_output(o) for o in out]) for i, out in d["answered"]])
+        return Fleet(d["granted"], {n: Replacement(*r) for n, r in d["replaced"].items()},
+                     [(i, [decode_output(o) for o in out]) for i, out in d["answered"]])
