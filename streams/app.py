@@ -25,6 +25,7 @@ from clocktower.streams.emit import use_command_partitions
 from clocktower.streams.group_join import install as install_group_join_guard
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
+from clocktower.streams.node_signed_outputs import output_signer
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import context_from_settings
 from clocktower.streams.record_handler import identity_check
@@ -75,8 +76,10 @@ def _table(p: Processor) -> faust.Table:
 
 
 topology = Topology(processors, CommandIssuer(signer), budget, _table)
-handlers = record_handlers(topology, identity_check(NodeSigning()),
-                           settings.max_future_skew_ns)   # CLOCKTOWER_MAX_FUTURE_SKEW_S
+node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign, sign what is published in their name
+handlers = record_handlers(topology, identity_check(node_signing),
+                           settings.max_future_skew_ns,   # CLOCKTOWER_MAX_FUTURE_SKEW_S
+                           output_signer(node_signing))
 CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
 _reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered

@@ -64,8 +64,10 @@ def _source_topic(headers: Sequence[tuple[str, bytes | None]]) -> str:
 
 class RecordHandler:
     def __init__(self, router: Router, identity: IdentityCheck | None = None,
-                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, internal: bool = False) -> None:
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, internal: bool = False,
+                 sign_outputs: Callable[[Out], Out] | None = None) -> None:
         self.router = router
+        self.sign_outputs = sign_outputs   # streams/node_signed_outputs.py: what the streams read back, signed
         self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.identity = None if internal else identity
         self.internal = internal
@@ -88,6 +90,8 @@ class RecordHandler:
                 return self._dead_letter(topic, partition, offset, key, value, f"identity: {refused}")
             failures: list[EventFailure] = []
             out = self.router.route(topic, partition, batch.events, failures)
+            if self.sign_outputs is not None:
+                out = [self.sign_outputs(o) for o in out]
             if failures:
                 metrics.BATCH_FAILURES.labels(topic).inc()
                 reason = failure_reason(failures, len(batch.events))

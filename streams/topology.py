@@ -18,6 +18,7 @@ from clocktower.schemas.event import Event
 from clocktower.schemas.topics import BY_MODEL, TELEMETRY
 from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
+from clocktower.streams.node_signed_outputs import SIGNED_TOPICS, OutputSigner
 from clocktower.streams.processor import Processor, partition_of
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.record_handler import IdentityCheck, RecordHandler
@@ -81,15 +82,18 @@ class Topology:
         return [o for part, evs in sorted(parts.items()) for o in records(evs, topic=topic, partition=part)]
 
 
-def record_handlers(topology: Topology, identity: IdentityCheck | None,
-                    max_future_skew_ns: int) -> dict[str, RecordHandler]:
+def record_handlers(topology: Topology, identity: IdentityCheck | None, max_future_skew_ns: int,
+                    sign_outputs: OutputSigner | None = None) -> dict[str, RecordHandler]:
     """The handler of every topic the streams read. Producer identity (CLOCKTOWER_PRODUCER_KEY) is checked on
-    what nodes publish (telemetry.*, and control.acks: an applied undrain frees a spare), not on what the streams
-    publish and read back (analytics.clock_edges, control.replacements, the repartition topics): nodes do not sign
-    those. Only the streams' Kafka principal may write them (ACLs)."""
-    from_nodes = {t.name for t in TELEMETRY} | {BY_MODEL[ControlAck].name}
-    out = {name: RecordHandler(topology, identity=identity if name in from_nodes else None,
-                               max_future_skew_ns=max_future_skew_ns) for name in input_topics()}
-    out.update({name: RecordHandler(topology, max_future_skew_ns=max_future_skew_ns, internal=True)
+    what nodes publish (telemetry.*, and control.acks: an applied undrain frees a spare) and on what the streams
+    publish in a node's name and sign with its key (control.replacements, streams/node_signed_outputs.py), not
+    on what else the streams publish and read back (analytics.clock_edges, the repartition topics): nodes do not
+    sign those, and only the streams' Kafka principal may write them (ACLs)."""
+    checked = {t.name for t in TELEMETRY} | {BY_MODEL[ControlAck].name} | SIGNED_TOPICS
+    out = {name: RecordHandler(topology, identity=identity if name in checked else None,
+                               max_future_skew_ns=max_future_skew_ns, sign_outputs=sign_outputs)
+           for name in input_topics()}
+    out.update({name: RecordHandler(topology, max_future_skew_ns=max_future_skew_ns, internal=True,
+                                    sign_outputs=sign_outputs)
                 for name in topology.repartition_topics})
     return out

@@ -7,9 +7,10 @@ from pydantic import ValidationError
 
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
-from clocktower.schemas.control import ControlAck
+from clocktower.schemas.control import ControlAck, ReplacementRequest
 from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
 from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.node_signed_outputs import output_signer
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
 from tests.control_keys import TEST_SIGNER
@@ -119,8 +120,9 @@ def test_the_streams_check_identity_on_what_nodes_publish_not_on_what_they_read_
     topology = Topology(build(ProcessorContext()), CommandIssuer(TEST_SIGNER), RemediationBudget(), lambda p: None)
     handlers = record_handlers(topology, check, 10**9)
     assert handlers["telemetry.gpu"].identity is check and handlers["telemetry.clock"].identity is check
-    assert handlers["analytics.clock_edges"].identity is None and handlers["control.replacements"].identity is None
+    assert handlers["analytics.clock_edges"].identity is None
     assert handlers["control.acks"].identity is check          # an applied undrain frees a spare: the node's word
+    assert handlers["control.replacements"].identity is check  # the streams sign these in the node's name
     assert topology.repartition_topics and all(handlers[t].identity is None and handlers[t].internal
                                                for t in topology.repartition_topics)
 
@@ -132,3 +134,34 @@ def test_an_unsigned_undrain_ack_frees_no_spare() -> None:
     assert "identity: record is not signed" in _reason(out)
     pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
     assert _handler().handle("control.acks", 0, 2, *pub.signed("control.acks", *encode_batch([ack]))) == []
+
+
+def _topology_handlers() -> dict:
+    """The Faust app's handlers (streams/topology.py) over in-memory tables, with the producer key set."""
+    from clocktower.control.issuer import CommandIssuer
+    from clocktower.streams.processor_context import ProcessorContext
+    from clocktower.streams.registry import build
+    from clocktower.streams.remediation_budget import RemediationBudget
+    from clocktower.streams.topology import Topology, record_handlers
+
+    signing = NodeSigning(producer_key=PRODUCER_KEY.decode())
+    tables: dict[str, dict] = {}
+    topology = Topology(build(ProcessorContext()), CommandIssuer(TEST_SIGNER), RemediationBudget(),
+                        lambda p: tables.setdefault(p.name, {}))
+    return record_handlers(topology, identity_check(signing), 10**9, output_signer(signing))
+
+
+def test_the_streams_sign_the_replacement_requests_they_read_back_and_refuse_forged_ones() -> None:
+    """Before: anyone who could write control.replacements got a node drained; now only what the streams signed
+    in the faulty node's name (with the producer key) is acted on."""
+    handlers = _topology_handlers()
+    pub = KafkaPublisher("127.0.0.1:1", node_key=node_key(PRODUCER_KEY, "node-1"))
+    asked = [o for o in handlers[TOPIC].handle(TOPIC, 0, 1, *pub.signed(TOPIC, *_xid79("node-1")))
+             if o.topic == "control.replacements"]
+    assert len(asked) == 1 and any(h == H_NODE_MAC for h, _ in asked[0].headers)
+    replacements = handlers["control.replacements"]
+    assert _actions(replacements.handle("control.replacements", 0, 1, asked[0].key, asked[0].value,
+                                        asked[0].headers)) == ["drain"]
+    forged = ReplacementRequest(node="node-2", ts_ns=T0, incident_id="i-2", reason="gpu_lost", gpu=0)
+    out = replacements.handle("control.replacements", 0, 2, *encode_batch([forged]))
+    assert "identity: record is not signed" in _reason(out)

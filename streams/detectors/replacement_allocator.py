@@ -14,11 +14,12 @@ spare is free again once the node it replaces acks an applied `undrain` dated af
 (`clocktower control undrain NODE`, after the repair).
 
 Acks come from the nodes: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on acks signed by the node
-they name (streams/topology.py), so a node can free only the spare that replaces it; without it, anyone who can
-write control.acks can. control.replacements is meant to be written by the streams only (ACLs; README,
-security). A spare's hook should still refuse a second activation. A redelivered request is answered with the same
-outputs (same incident row, same command ids) without asking the budget again: a grant is rebuilt from
-what the fleet entry keeps of it, and the newest `ANSWERED` withheld answers are kept.
+they name (streams/topology.py), so a node can free only the spare that replaces it, and only on requests they
+signed themselves in the faulty node's name (streams/node_signed_outputs.py); without it, anyone who can write
+control.acks or control.replacements can. A spare's hook should still refuse a second activation. A
+redelivered request is answered with the same outputs (same incident row, same command ids) without asking the
+budget again: a grant is rebuilt from what the fleet entry keeps of it, and the newest `ANSWERED` withheld
+answers are kept.
 """
 
 from __future__ import annotations
