@@ -10,7 +10,10 @@ changelog topic, so a worker that restarts or takes over partitions recovers it.
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
+import time
 
 import faust
 
@@ -21,7 +24,9 @@ from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
+from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import use_command_partitions
+from clocktower.streams.group_join import EXIT_COORDINATION_FAILED
 from clocktower.streams.group_join import install as install_group_join_guard
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
@@ -98,6 +103,23 @@ async def _start() -> None:
     # one: with a record per state write that stalls the worker for seconds under load. A larger buffer
     # lets the producer batch them; they are flushed before every offset commit all the same.
     app.producer.buffer.max_messages = CHANGELOG_BUFFER
+
+
+commit_stall = CommitStall()
+
+
+@app.timer(CHECK_S)
+async def _check_commits() -> None:
+    """A partition read but left uncommitted ends the worker for a restart (streams/commit_stall.py)."""
+    consumer = app.consumer
+    offsets = {tp: (consumer._read_offset.get(tp), consumer._committed_offset.get(tp))
+               for tp in consumer.assignment() if tp.topic in handlers}
+    stalled = commit_stall.check(offsets, time.monotonic())
+    if stalled:
+        log.critical("partitions read but not committed for %g s: %s; exiting with %d so the worker is restarted "
+                     "and handles them again", commit_stall.stall_s, sorted(stalled), EXIT_COORDINATION_FAILED)
+        sys.stderr.flush()
+        os._exit(EXIT_COORDINATION_FAILED)
 
 
 def _out(topic: str) -> faust.TopicT:
