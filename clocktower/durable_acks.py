@@ -41,8 +41,8 @@ def delivered_publisher(publisher: SpoolingPublisher, timeout_s: float) -> Calla
                 if left[0] == 0:
                     done.set()
 
-        for topic, r in records:
-            publisher.publish_raw(topic, r.key, r.value, r.headers, on_delivery=delivered)
+        for topic, r in records:   # signed with CLOCKTOWER_NODE_KEY: the streams check acks (an undrain frees a spare)
+            publisher.publish_raw(topic, *publisher.signed(topic, r.key, r.value, r.headers), on_delivery=delivered)
         if not done.wait(timeout_s):
             raise AckNotDelivered(f"{left[0]} of {len(records)} ack records not acknowledged within {timeout_s:g} s")
         if errors:

@@ -197,14 +197,22 @@ def test_the_agent_returns_from_an_ack_only_once_the_broker_acknowledged_it() ->
 
     from clocktower import agent_cli
     from clocktower.durable_acks import AckNotDelivered, delivered_publisher
+    from clocktower.producers.kafka_publisher import KafkaPublisher
     from clocktower.schemas.control import ControlAck
+    from clocktower.schemas.record_mac import check, node_key
+
+    producer_key = b"p" * 32
 
     class Publisher:
+        signed = KafkaPublisher.signed     # the real signing, with this node's key
+
         def __init__(self, answer: str) -> None:
-            self.answer, self.topics = answer, []
+            self.answer, self.topics, self.refused = answer, [], []
+            self.node_key = node_key(producer_key, NODE)
 
         def publish_raw(self, topic, key, value, headers, on_delivery) -> None:  # noqa: ANN001
             self.topics.append(topic)
+            self.refused.append(check(producer_key, topic, key, value, headers))   # as the streams check acks
             if self.answer == "ack":
                 threading.Timer(0.05, on_delivery, (None, None)).start()   # from the publisher's own thread
             elif self.answer == "error":
@@ -215,7 +223,7 @@ def test_the_agent_returns_from_an_ack_only_once_the_broker_acknowledged_it() ->
     assert agent_cli._acks_to(None) is None
     ok = Publisher("ack")
     delivered_publisher(ok, 2.0)(acks)   # type: ignore[arg-type]
-    assert ok.topics == ["control.acks"]
+    assert ok.topics == ["control.acks"] and ok.refused == [None]   # signed by the node: an undrain frees a spare
     with pytest.raises(AckNotDelivered, match="not acknowledged within 0.2 s"):
         delivered_publisher(Publisher("never"), 0.2)(acks)   # type: ignore[arg-type]
     with pytest.raises(AckNotDelivered, match="refused"):
