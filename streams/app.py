@@ -109,19 +109,16 @@ commit_stall = CommitStall()
 
 @app.timer(CHECK_S)
 async def _check_commits() -> None:
-    """A partition whose work stays unhandled or uncommitted ends the worker for a restart (streams/commit_stall.py)."""
+    """A partition read but left uncommitted ends the worker for a restart (streams/commit_stall.py)."""
     try:
         consumer = app.consumer
-        pending = {tp for tp, offsets in list(consumer._acked.items()) if offsets}
-        pending |= {m.tp for m in list(consumer._unacked_messages)}
-        stalled = commit_stall.check({tp: (consumer._read_offset.get(tp), consumer._committed_offset.get(tp),
-                                           tp in pending)
+        stalled = commit_stall.check({tp: (consumer._read_offset.get(tp), consumer._committed_offset.get(tp))
                                       for tp in consumer.assignment() if tp.topic in handlers})
     except Exception:  # noqa: BLE001 - a check that fails (consumer not started yet) must not stop the worker
         log.exception("commit stall check failed")
         return
     if stalled:
-        log.critical("partitions with work pending and no offset moving for %d checks: %s; exiting with %d so the "
+        log.critical("partitions read but not committed, no offset moving for %d checks: %s; exiting with %d so the "
                      "worker is restarted and handles them again", commit_stall.stall_checks, sorted(stalled),
                      EXIT_COORDINATION_FAILED)
         sys.stderr.flush()
