@@ -10,9 +10,7 @@ changelog topic, so a worker that restarts or takes over partitions recovers it.
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import sys
 
 import faust
 
@@ -25,7 +23,7 @@ from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import use_command_partitions
-from clocktower.streams.group_join import EXIT_COORDINATION_FAILED
+from clocktower.streams.group_join import end_for_restart
 from clocktower.streams.group_join import install as install_group_join_guard
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
@@ -118,11 +116,8 @@ async def _check_commits() -> None:
         log.exception("commit stall check failed")
         return
     if stalled:
-        log.critical("partitions read but not committed, no offset moving for %d checks: %s; exiting with %d so the "
-                     "worker is restarted and handles them again", commit_stall.stall_checks, sorted(stalled),
-                     EXIT_COORDINATION_FAILED)
-        sys.stderr.flush()
-        os._exit(EXIT_COORDINATION_FAILED)
+        end_for_restart(f"partitions read but not committed, no offset moving for {commit_stall.stall_checks} "
+                        f"checks: {sorted(stalled)}; its restart handles them again")
 
 
 def _out(topic: str) -> faust.TopicT:

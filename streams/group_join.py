@@ -29,12 +29,17 @@ EXIT_COORDINATION_FAILED = 70   # EX_SOFTWARE
 MAX_EMPTY_ASSIGNMENTS = 5       # in a row: then the worker ends for a restart instead of rejoining again
 
 
-def exit_for_restart(exc: BaseException) -> None:
-    """End the worker at once: a supervisor (`clocktower up`, systemd) restarts it with its partitions."""
-    log.critical("consumer group coordination failed (%r): exiting with %d so the worker is restarted",
-                 exc, EXIT_COORDINATION_FAILED)
+def end_for_restart(why: str) -> None:
+    """End the worker at once, saying `why`: a supervisor (`clocktower up`, systemd) restarts it with its
+    partitions (streams/commit_stall.py ends it this way too)."""
+    log.critical("%s: exiting with %d so the worker is restarted", why, EXIT_COORDINATION_FAILED)
     sys.stderr.flush()
     os._exit(EXIT_COORDINATION_FAILED)
+
+
+def exit_for_restart(exc: BaseException) -> None:
+    """The default `on_coordination_failure`."""
+    end_for_restart(f"consumer group coordination failed ({exc!r})")
 
 
 on_coordination_failure: Callable[[BaseException], None] = exit_for_restart
