@@ -1,0 +1,141 @@
+"""Fixes to Faust's consumer internals (faust-streaming 0.15.3, aiokafka 0.14), each working around one upstream bug.
+
+Faust drops records it has fetched whenever a rebalance is under way (flow stopped, partitions paused, the
+generation changed, agents' buffers cleared) and relies on one thing to read them again: `perform_seek()`, which
+seeks every partition back to its committed offset at the end of the rebalance. aiokafka's `seek_to_committed`
+seeks only where an offset above 0 was committed, so a partition nobody ever committed kept the position after
+the dropped records: they were never read again (a stall at the high watermark), or later records were read and
+committed past the hole (a silent loss). Seen in the kill test of tests/test_scale_out.py, issue 17.
+
+`install()` applies every fix below to each Faust consumer started afterwards. tests/test_faust_fixes.py drives
+each through Faust's real consumer against the embedded broker, with and without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+from faust.transport.consumer import Consumer
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types import TP
+
+log = logging.getLogger(__name__)
+
+_original_seek_to_committed = AIOKafkaConsumerThread.seek_to_committed
+_original_getmany = Consumer.getmany
+_original_wait_next_records = Consumer._wait_next_records
+_original_perform_seek = Consumer.perform_seek
+
+
+def position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """aiokafka's position of `tp` (the next offset it hands out), or None while it has none (not assigned, or an
+    offset reset pending). Call it on the consumer's own thread: unlike `position()`, it never waits."""
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return state.position if state.has_valid_position else None
+
+
+async def rewind_never_committed(consumer: AIOKafkaConsumer, acked: Callable[[str], bool]) -> Mapping[TP, int]:
+    """aiokafka's seek_to_committed, and then every partition of an acked topic with no commit above 0 is sought to
+    its log start. Upstream bug: seek_to_committed skips offsets None and 0, so records Faust dropped on such a
+    partition (fetched during a rebalance) were skipped for good. Runs on the consumer's thread."""
+    committed = await consumer.seek_to_committed()
+    fresh = [tp for tp, offset in committed.items() if not offset and acked(tp.topic)]
+    if fresh:
+        starts = await consumer.beginning_offsets(fresh)
+        for tp in fresh:
+            pos = position(consumer, tp)
+            if pos is None or pos != starts[tp]:
+                if pos is not None:
+                    log.info("%s:%d was never committed and read up to %d: rewound to its start %d",
+                             tp.topic, tp.partition, pos, starts[tp])
+                consumer.seek(tp, starts[tp])
+    return committed
+
+
+async def _seek_to_committed(self: AIOKafkaConsumerThread) -> Mapping[TP, int]:
+    acked = self.app.topics.acks_enabled_for
+    return await self.call_thread(rewind_never_committed, self._ensure_consumer(), acked)
+
+
+async def _wait_next_records(self: Consumer, timeout: float) -> tuple[Any, Any]:
+    records, active = await _original_wait_next_records(self, timeout)
+    self.clocktower_fetched = records
+    return records, active
+
+
+async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
+    """Faust's getmany, noting what it fetched and did not hand on: Faust drops those records without a word."""
+    self.clocktower_fetched = None
+    handed: dict[TP, int] = {}
+    async for tp, message in _original_getmany(self, timeout):
+        handed[tp] = message.offset
+        yield tp, message
+    fetched, self.clocktower_fetched = self.clocktower_fetched, None
+    dropped = discarded(fetched or {}, handed)
+    if not dropped:
+        return
+    why = "flow stopped" if not self.flow_active else "partition paused or generation changed"
+    for tp, (first, last) in dropped.items():
+        log.info("Faust discarded %s:%d offsets %d-%d (%s); the seek to committed offsets must read them again",
+                 tp.topic, tp.partition, first, last, why)
+    pending = getattr(self, "clocktower_discarded", {})
+    for tp, (first, _last) in dropped.items():
+        pending[tp] = min(first, pending.get(tp, first))
+    self.clocktower_discarded = pending
+    if not self.flow_active:   # Faust's getmany has just sought back (perform_seek): check it now
+        await check_discards_rewound(self)
+
+
+def discarded(fetched: Mapping[TP, list], handed: Mapping[TP, int]) -> dict[TP, tuple[int, int]]:
+    """Per partition, the first and last offsets fetched but not handed on (`handed`: the last offset handed on)."""
+    out = {}
+    for tp, records in fetched.items():
+        left = [r.offset for r in records if r.offset > handed.get(tp, -1)]
+        if left:
+            out[tp] = (left[0], left[-1])
+    return out
+
+
+async def _perform_seek(self: Consumer) -> None:
+    await _original_perform_seek(self)
+    if getattr(self, "clocktower_discarded", None):
+        await check_discards_rewound(self)
+
+
+async def check_discards_rewound(self: Consumer) -> None:
+    """WARNING for every partition whose discarded records the last seek left behind its position: they are lost
+    unless something reads them again. A partition no longer assigned is its new owner's (read from the commit)."""
+    pending, self.clocktower_discarded = self.clocktower_discarded, {}
+    thread = self._thread
+
+    async def positions(consumer: AIOKafkaConsumer) -> dict[TP, int | None]:
+        return {tp: position(consumer, tp) for tp in pending}
+
+    for tp, pos in (await thread.call_thread(positions, thread._ensure_consumer())).items():
+        if pos is not None and pos > pending[tp]:
+            log.warning("records of %s:%d from offset %d were discarded by Faust and not read again: the "
+                        "position is %d", tp.topic, tp.partition, pending[tp], pos)
+
+
+def install() -> None:
+    """Apply the fixes to every Faust consumer (they patch classes: call before the app starts)."""
+    AIOKafkaConsumerThread.seek_to_committed = _seek_to_committed
+    Consumer._wait_next_records = _wait_next_records
+    Consumer.getmany = _getmany
+    Consumer.perform_seek = _perform_seek
+
+
+def uninstall() -> None:
+    """Faust as upstream ships it (the tests show what happens without the fixes)."""
+    AIOKafkaConsumerThread.seek_to_committed = _original_seek_to_committed
+    Consumer._wait_next_records = _original_wait_next_records
+    Consumer.getmany = _original_getmany
+    Consumer.perform_seek = _original_perform_seek
