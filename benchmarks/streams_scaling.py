@@ -49,8 +49,9 @@ NS = 1_000_000_000
 
 def _stack(data_dir: Path, with_sink: bool) -> Stack:
     s = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
-                 clickhouse_url=None, flush_interval_s=0.5, remediation_max_per_hour=1000)
-    stack = Stack(s, with_streams=False, with_sink=with_sink)
+                 clickhouse_url=None, flush_interval_s=0.5)
+    # the workers read their settings from the environment: a Settings field here would not reach them
+    stack = Stack(s, with_streams=False, with_sink=with_sink, extra_env={"CLOCKTOWER_REMEDIATION_MAX_PER_HOUR": "1000"})
     stack.start()
     return stack
 

@@ -23,11 +23,14 @@ from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import use_command_partitions
+from clocktower.streams.faust_fixes import install as install_faust_fixes
 from clocktower.streams.group_join import end_for_restart
 from clocktower.streams.group_join import install as install_group_join_guard
+from clocktower.streams.handled_audit import HandledAudit
 from clocktower.streams.idle_fetch import install as install_idle_fetch_backoff
 from clocktower.streams.kafka_credentials import faust_credentials
 from clocktower.streams.node_signed_outputs import output_signer
+from clocktower.streams.offset_watchdog import positions_and_commits
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import context_from_settings
 from clocktower.streams.record_handler import identity_check
@@ -41,6 +44,7 @@ settings = StreamsSettings()
 signer = signer_from(settings)   # first: without a key the worker stops here, before touching the network
 install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # 0 but under `up` (the embedded broker)
 install_group_join_guard()   # an empty assignment rejoins; a dead group coordinator ends the worker for a restart
+install_faust_fixes()        # records Faust discards in a rebalance are read again (streams/faust_fixes.py)
 instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
 security = KafkaSecurity()
 
@@ -82,6 +86,7 @@ node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign,
 handlers = record_handlers(topology, identity_check(node_signing),
                            settings.max_future_skew_ns,   # CLOCKTOWER_MAX_FUTURE_SKEW_S
                            output_signer(node_signing))
+audit = HandledAudit(settings.streams_audit_dir, instance_id) if settings.streams_audit_dir else None
 CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
 _reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered
@@ -107,17 +112,23 @@ commit_stall = CommitStall()
 
 @app.timer(CHECK_S)
 async def _check_commits() -> None:
-    """A partition read but left uncommitted ends the worker for a restart (streams/commit_stall.py)."""
-    try:
-        consumer = app.consumer
-        stalled = commit_stall.check({tp: (consumer._read_offset.get(tp), consumer._committed_offset.get(tp))
-                                      for tp in consumer.assignment() if tp.topic in handlers})
-    except Exception:  # noqa: BLE001 - a check that fails (consumer not started yet) must not stop the worker
-        log.exception("commit stall check failed")
+    """A partition fetched ahead of its committed offset, neither moving, ends the worker for a restart
+    (streams/commit_stall.py). The offsets are aiokafka's position and the broker's commit, not Faust's. Not
+    counted during a rebalance: records fetched before it wait for the seek at its end, however long recovery takes."""
+    if app.rebalancing:
         return
+    try:
+        thread = app.consumer._thread
+        offsets = await thread.call_thread(positions_and_commits, thread._ensure_consumer(),
+                                           app.topics.acks_enabled_for)
+    except Exception:  # noqa: BLE001 - a check that fails (consumer not started, a rebalance) must not stop the worker
+        log.warning("commit stall check skipped", exc_info=True)
+        return
+    stalled = commit_stall.check(offsets)
     if stalled:
-        end_for_restart(f"partitions read but not committed, no offset moving for {commit_stall.stall_checks} "
-                        f"checks: {sorted(stalled)}; its restart handles them again")
+        where = sorted(f"{tp.topic}:{tp.partition} at {offsets[tp][0]}, committed {offsets[tp][1]}" for tp in stalled)
+        end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving for "
+                        f"{commit_stall.stall_checks} checks: {where}; its restart handles them again")
 
 
 def _out(topic: str) -> faust.TopicT:
@@ -135,7 +146,10 @@ async def _process(name: str, stream: faust.StreamT) -> None:
             _reload = False
         msg = event.message
         headers = list(msg.headers or ())   # the record's own list: Faust's event.headers is a dict
-        for out in handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers):
+        outs = handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers)
+        if audit is not None:
+            audit.record(name, msg.partition, msg.offset)
+        for out in outs:
             await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
 
 

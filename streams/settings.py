@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -53,6 +54,10 @@ class StreamsSettings(RuntimeSettings):
         default_factory=list, description="spare nodes (comma-separated or a JSON list) that replace a node whose GPU "
         "is lost: the `spare` command goes to one of them, picked by the failed node's name; empty = no spare "
         "command, the incident says so")
+    streams_audit_dir: Path | None = Field(
+        default=None, description="append `topic partition offset` of every record the worker hands to its "
+        "processors to DIR/<instance id>.log, one unbuffered write each (a SIGKILL loses no line): an audit of lost "
+        "input (streams/handled_audit.py). Off by default: it costs a write per record")
     streams_log_level: Literal["debug", "info", "warn", "error"] = Field(
         default="warn", description="the stream worker's log level (info shows rebalances and table recovery)")
 

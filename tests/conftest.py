@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +40,12 @@ class Pipeline:
     client: Client
 
 
-def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True, **settings: object) -> Pipeline:
+def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True,
+                   worker_env: Mapping[str, str] | None = None, **settings: object) -> Pipeline:
+    """`settings` configure this process's view; `worker_env` (CLOCKTOWER_* variables) its worker processes."""
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
                         kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5, **settings)
-    stack = Stack(settings, with_streams=with_streams, with_sink=with_sink)
+    stack = Stack(settings, with_streams=with_streams, with_sink=with_sink, extra_env=worker_env)
     stack.start()
     client = http_client(settings.clickhouse, *settings.clickhouse_login())
     return Pipeline(settings, stack, client)

@@ -1,15 +1,15 @@
-"""The stream worker's check for partitions read but left uncommitted (streams/commit_stall.py)."""
+"""The stream worker's check for partitions fetched but left uncommitted (streams/commit_stall.py)."""
 
 from __future__ import annotations
 
 from clocktower.streams.commit_stall import CommitStall
 
 
-def test_read_ahead_of_the_commit_with_no_offset_moving_for_the_limit_is_a_stall() -> None:
+def test_a_position_ahead_of_the_commit_with_no_offset_moving_for_the_limit_is_a_stall() -> None:
     s = CommitStall(stall_checks=3)
-    assert s.check({"gpu-0": (143, None), "gpu-1": (143, 100)}) == []
-    assert s.check({"gpu-0": (143, None), "gpu-1": (143, 100)}) == []
-    assert s.check({"gpu-0": (143, None), "gpu-1": (143, 100)}) == ["gpu-0", "gpu-1"]
+    assert s.check({"links-0": (78, 0), "gpu-1": (143, 100)}) == []
+    assert s.check({"links-0": (78, 0), "gpu-1": (143, 100)}) == []
+    assert s.check({"links-0": (78, 0), "gpu-1": (143, 100)}) == ["links-0", "gpu-1"]
 
 
 def test_a_commit_or_a_new_record_starts_the_count_again() -> None:
@@ -22,17 +22,16 @@ def test_a_commit_or_a_new_record_starts_the_count_again() -> None:
     assert s.check({"p": (12, 8)}) == ["p"]
 
 
-def test_what_faust_sets_after_a_rebalance_and_everything_committed_are_never_a_stall() -> None:
-    """After a rebalance Faust sets the read offset to the committed one (the next to read), and keeps a committed
-    0 as None with read 0: an idle partition must never end the worker."""
+def test_caught_up_rewound_or_without_a_position_is_never_a_stall() -> None:
+    """Everything committed (the position is the commit), rewound behind the commit, or an offset reset pending."""
     s = CommitStall(stall_checks=3)
     for _ in range(10):
-        assert s.check({"seeked": (40, 40), "zero": (0, None), "never": (None, None), "done": (99, 100)}) == []
+        assert s.check({"done": (40, 40), "rewound": (30, 40), "resetting": (None, 7), "unknown": (5, None)}) == []
 
 
-def test_a_partition_no_longer_read_ahead_or_assigned_is_forgotten() -> None:
+def test_a_partition_no_longer_ahead_or_assigned_is_forgotten() -> None:
     s = CommitStall(stall_checks=3)
-    s.check({"p": (10, None)})
-    s.check({"p": (10, None)})
+    s.check({"p": (10, 0)})
+    s.check({"p": (10, 0)})
     s.check({})
-    assert s.check({"p": (10, None)}) == []           # the count starts again
+    assert s.check({"p": (10, 0)}) == []              # the count starts again

@@ -6,7 +6,9 @@ clocktower.streams` processes with distinct static member ids), and once through
 killed with SIGKILL mid-run and restarted 5 s later. telemetry.flows has 6 partitions, so each of the 3
 workers owns some of every processor's partitions. The fleet's replacement budget (one, in the replacement
 allocator) grants requests in the order they reach it, which differs between runs, so it is raised here to keep
-it out of the comparison.
+it out of the comparison. Every run accounts for its input: each record of every topic the streams read, from
+its partition's start to its end, reached a processor at least once (streams/handled_audit.py), so a record
+skipped in a rebalance fails the run even when the lag reaches 0 (issue 17).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from clocktower.drain import wait_drained
@@ -25,7 +28,8 @@ from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simula
 from clocktower.runtime.credentials import control_key_path, control_public_key_path
 from clocktower.runtime.private_file import create_private_file
 from clocktower.schemas.topics import BY_NAME
-from clocktower.streams.registry import APP_ID
+from clocktower.streams.handled_audit import handled
+from clocktower.streams.registry import APP_ID, streams_reads
 from clocktower.topic_admin import READERS, consumer_lag
 from tests.conftest import Pipeline, start_pipeline
 from tests.control_keys import TEST_PUBLIC_PEM, private_pem
@@ -55,7 +59,9 @@ def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[
     data_dir.mkdir(parents=True)
     create_private_file(control_key_path(data_dir), private_pem())   # one key for all runs: same signatures
     create_private_file(control_public_key_path(data_dir), TEST_PUBLIC_PEM)
-    p: Pipeline = start_pipeline(data_dir, with_streams=False, remediation_max_per_hour=1000)
+    audit = data_dir / "handled"
+    p: Pipeline = start_pipeline(data_dir, with_streams=False, worker_env={
+        "CLOCKTOWER_REMEDIATION_MAX_PER_HOUR": "1000", "CLOCKTOWER_STREAMS_AUDIT_DIR": str(audit)})
     try:
         children = [p.stack.start_worker("streams", i) for i in range(1, workers + 1)]
         deadline = time.monotonic() + 90
@@ -84,6 +90,7 @@ def _run(data_dir: Path, workers: int, kill_at_s: float | None = None) -> tuple[
         if kill_at_s is not None:
             assert "restarted" in killed, "the run ended before the killed worker was restarted"
         assert wait_drained(p.settings.bootstrap, 180, check=p.stack.supervise), _stuck(p)
+        _every_record_handled(p.settings.bootstrap, audit)
         return _results(p), sim
     finally:
         p.stack.stop()
@@ -98,6 +105,24 @@ def _stuck(p: Pipeline) -> str:
     logs = "\n".join(f"--- {name} ---\n{c.log_tail(40)}" for name, c in p.stack.children.items()
                      if name.startswith(("streams", "sink")))
     return f"the pipeline never drained; lagging: {stuck}\n{logs}"
+
+
+def _every_record_handled(bootstrap: str, audit: Path) -> None:
+    """Every offset of every partition the streams read, start to end, reached a processor (any worker's audit)."""
+    seen = handled(audit)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-audit", "enable.auto.commit": False})
+    try:
+        missing, total = {}, 0
+        for topic in streams_reads():
+            for partition in c.list_topics(topic, timeout=10).topics[topic].partitions:
+                low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                gap = set(range(low, high)) - seen.get((topic, partition), set())
+                total += high - low
+                if gap:
+                    missing[f"{topic}:{partition}"] = (min(gap), max(gap), len(gap))
+    finally:
+        c.close()
+    assert total > 0 and not missing, f"records never handed to a processor (first, last, count): {missing}"
 
 
 NOT_ORIGIN = "EXCEPT (_topic, _partition, _offset)"   # where a row was read from differs between runs
