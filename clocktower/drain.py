@@ -12,21 +12,35 @@ SINK, STREAMS = "clocktower-sink", "clocktower-streams"
 
 def lag(bootstrap: str, with_streams: bool = True) -> int:
     """Records not yet committed by the sink (all topics) and, if running, the streams (their inputs)."""
+    return _lag_and_commits(bootstrap, with_streams)[0]
+
+
+def _lag_and_commits(bootstrap: str, with_streams: bool) -> tuple[int, int]:
+    """The lag, and the sum of the committed offsets: it grows while the consumers get on."""
     readers = {g: READERS[g] for g in ((SINK, STREAMS) if with_streams else (SINK,))}
-    return sum(row["lag"] for row in consumer_lag(bootstrap, readers))
+    rows = consumer_lag(bootstrap, readers)
+    return sum(r["lag"] for r in rows), sum(r["committed"] or 0 for r in rows)
 
 
-def wait_drained(bootstrap: str, timeout: float, on_poll: Callable[[int], None] = lambda n: None,
-                 check: Callable[[], object] = lambda: None, with_streams: bool = True) -> bool:
-    """True once the lag is 0 on two polls in a row (streams may still emit after the first)."""
-    deadline = time.monotonic() + timeout
+def wait_drained(bootstrap: str, timeout: float | None, on_poll: Callable[[int], None] = lambda n: None,
+                 check: Callable[[], object] = lambda: None, with_streams: bool = True,
+                 stall_s: float | None = None) -> bool:
+    """True once the lag is 0 on two polls in a row (streams may still emit after the first). False after
+    `timeout` seconds (None: no limit), or once no consumer has committed anything for `stall_s` seconds while
+    records wait: a slow machine that still catches up is waited for, a pipeline that stopped is not."""
+    start = time.monotonic()
+    commits, moved_at = -1, start
     zero_polls = 0
-    while time.monotonic() < deadline:
+    while True:
         check()
-        n = lag(bootstrap, with_streams)
+        n, now_commits = _lag_and_commits(bootstrap, with_streams)
         on_poll(n)
+        now = time.monotonic()
+        if now_commits != commits or n == 0:
+            commits, moved_at = now_commits, now
         zero_polls = zero_polls + 1 if n == 0 else 0
         if zero_polls >= 2:
             return True
+        if (timeout is not None and now - start >= timeout) or (stall_s is not None and now - moved_at >= stall_s):
+            return False
         time.sleep(1.0 if n == 0 else 0.5)
-    return False

@@ -14,7 +14,7 @@ def test_drain_waits_for_the_streams_on_every_input_topic_including_clock_probes
             ("clocktower-sink", "analytics.flows"): 0, ("clocktower-streams", "analytics.flows"): 5}
 
     def consumer_lag(bootstrap: str, readers: dict[str, tuple[str, ...]]) -> list[dict]:
-        return [{"group": g, "topic": t, "partition": 0, "lag": n} for (g, t), n in lags.items()
+        return [{"group": g, "topic": t, "partition": 0, "lag": n, "committed": None} for (g, t), n in lags.items()
                 if t in readers.get(g, ())]
 
     monkeypatch.setattr(drain, "consumer_lag", consumer_lag)
@@ -36,7 +36,44 @@ def test_drain_waits_for_a_repartition_topic(monkeypatch: pytest.MonkeyPatch) ->
     regrouped = repartition_topic(PROCESSORS[0])
 
     def consumer_lag(bootstrap: str, readers: dict[str, tuple[str, ...]]) -> list[dict]:
-        return [{"group": g, "topic": regrouped, "partition": 3, "lag": 4} for g in readers if regrouped in readers[g]]
+        return [{"group": g, "topic": regrouped, "partition": 3, "lag": 4, "committed": 9}
+                for g in readers if regrouped in readers[g]]
 
     monkeypatch.setattr(drain, "consumer_lag", consumer_lag)
     assert drain.lag("unused:1") == 4
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _polls(monkeypatch: pytest.MonkeyPatch, readings: list[tuple[int, int | None]]) -> _Clock:
+    """drain.wait_drained over `readings` (lag, committed offset), one per poll, then the last one for ever."""
+    clock = _Clock()
+    monkeypatch.setattr(drain, "time", clock)
+
+    def consumer_lag(bootstrap: str, readers: dict[str, tuple[str, ...]]) -> list[dict]:
+        n, committed = readings.pop(0) if len(readings) > 1 else readings[0]
+        return [{"group": "clocktower-sink", "topic": "t", "partition": 0, "lag": n, "committed": committed}]
+
+    monkeypatch.setattr(drain, "consumer_lag", consumer_lag)
+    return clock
+
+
+def test_a_slow_drain_is_waited_for_as_long_as_the_consumers_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _polls(monkeypatch, [(1000 - i, i) for i in range(0, 1000, 5)] + [(0, 1000)])
+    assert drain.wait_drained("unused:1", None, stall_s=10.0)
+    assert clock.now > 60                      # far past the stall limit: what counts is progress
+
+
+def test_a_drain_is_given_up_once_nothing_is_committed_for_the_stall_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _polls(monkeypatch, [(500, None), (400, 100), (300, 200), (300, 200)])
+    assert not drain.wait_drained("unused:1", None, stall_s=10.0)
+    assert 10.0 <= clock.now <= 12.0           # the last commit came at 1 s
