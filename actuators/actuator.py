@@ -30,7 +30,7 @@ from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
-from clocktower.control.command_check import refusal
+from clocktower.control.command_check import MAX_LIFETIME_NS, refusal
 from clocktower.control.signing import CommandVerifier
 from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ControlCommand
@@ -90,7 +90,9 @@ class Actuator:
         if reason is not None:
             return self._ack(cmd, "refused", reason)
         try:
-            prev = self.seen.claim(cmd.command_id, cmd.expires_ns)
+            # Remembered as long as any copy of it may be valid: the streams sign a redelivered command again with
+            # a later expiry (dated from when it is issued), never later than its event time + MAX_LIFETIME_NS.
+            prev = self.seen.claim(cmd.command_id, cmd.ts_ns + MAX_LIFETIME_NS)
         except OSError as exc:   # no replay protection without the record: do not apply
             return self._ack(cmd, "failed", f"cannot record the command id ({exc}); not applied")
         if prev is not None:

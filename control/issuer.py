@@ -1,9 +1,18 @@
-"""Turns command intents into signed commands, with a deterministic id, so a replayed detector re-issues the same."""
+"""Turns command intents into signed commands, with a deterministic id, so a replayed detector re-issues the same.
+
+A command is valid for `ttl_ns` from when it is issued, not from its fault's event time: streams that lag behind
+a fault (a loaded worker, a restart, a report that came late) still send commands a node can apply. How old a fault
+may be and still be acted on is decided where the action is decided (the replacement allocator's
+`max_fault_age_ns`). The lifetime the actuators accept (control/command_check.py, MAX_LIFETIME_NS from the event
+time) caps the expiry: a command for an older fault is issued already expired, and refused.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
+from clocktower.control.command_check import MAX_LIFETIME_NS
 from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.signing import CommandSigner
 from clocktower.schemas.control import ControlCommand
@@ -15,16 +24,22 @@ DEFAULT_TTL_NS = 60 * 10**9
 class CommandIssuer:
     """Holds the private control key: with the operator's CLI, the only place that does."""
 
-    def __init__(self, signer: CommandSigner, ttl_ns: int = DEFAULT_TTL_NS) -> None:
+    def __init__(self, signer: CommandSigner, ttl_ns: int = DEFAULT_TTL_NS,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.signer = signer
         self.ttl_ns = ttl_ns
+        self.clock_ns = clock_ns   # the issuer's wall clock; tests inject their own
+
+    def expiry_of(self, intent: CommandIntent) -> int:
+        """`ttl_ns` after now (or after the intent's time, if that is later), within the actuators' lifetime."""
+        return min(max(intent.ts_ns, self.clock_ns()) + self.ttl_ns, intent.ts_ns + MAX_LIFETIME_NS)
 
     def issue(self, intent: CommandIntent) -> ControlCommand:
-        """The signed command for `intent`: valid for `ttl_ns` from the intent's event time."""
+        """The signed command for `intent`: valid for `ttl_ns` from now."""
         i = intent
         unsigned = ControlCommand(
             node=i.node, ts_ns=i.ts_ns, command_id=command_id_of(i), action=i.action, target=i.target,
-            params=dict(i.params), incident_id=i.incident_id, expires_ns=i.ts_ns + self.ttl_ns, signature="-",
+            params=dict(i.params), incident_id=i.incident_id, expires_ns=self.expiry_of(i), signature="-",
         )
         return unsigned.model_copy(update={"signature": self.signer.signature_of(unsigned)})
 

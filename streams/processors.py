@@ -8,7 +8,8 @@ solve of a clock update runs as soon as its fits are in, since here they all com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.signing import CommandSigner
@@ -28,13 +29,14 @@ from clocktower.streams.remediation_budget import RemediationBudget
 class Processors:
     def __init__(self, signer: CommandSigner, *, clock_pure_tolerance_ns: float = 2_000.0,
                  clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None,
-                 segment_ttl_ns: int = 10 * 10**9) -> None:
+                 segment_ttl_ns: int = 10 * 10**9, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        """`clock_ns`: the wall clock of the worker this stands for (the budget's and the issuer's; tests set it)."""
         self.clock_view = ClockView()
-        self.budget = remediation_budget or RemediationBudget()
+        self.budget = remediation_budget or RemediationBudget(clock_ns=clock_ns)
         ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
                                remediation_budget=self.budget)
-        issuer = CommandIssuer(signer)
+        issuer = CommandIssuer(signer, clock_ns=clock_ns)
         self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
 
     def processor(self, name: str) -> Processor:

@@ -54,6 +54,11 @@ class StreamsSettings(RuntimeSettings):
         default_factory=list, description="spare nodes (comma-separated or a JSON list) that replace a node whose GPU "
         "is lost: the `spare` command goes to one of them, picked by the failed node's name; empty = no spare "
         "command, the incident says so")
+    streams_max_fault_age_s: float = Field(
+        default=900.0, gt=0, le=3000, description="a lost GPU's drain and spare are ordered only if its report is at "
+        "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "
+        "the incident saying it needs a human. Commands are valid for 60 s from when they are issued, whatever the "
+        "fault's age; actuators accept none more than an hour past its event time")
     streams_audit_dir: Path | None = Field(
         default=None, description="append `topic partition offset` of every record the worker hands to its "
         "processors to DIR/<instance id>.log, one unbuffered write each (a SIGKILL loses no line): an audit of lost "

@@ -23,7 +23,7 @@ from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.signing import CommandSigner
 from clocktower.schemas.control import ControlCommand
-from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER, resigned
 
 T0 = 1_780_000_000 * 10**9
 S = 10**9
@@ -65,7 +65,8 @@ def _cmd(action: str = "failover", target: str = "eth0", params: dict[str, str] 
     if params is None:
         params = {"from": target, "to": "eth1"} if action in ("failover", "quarantine") else {"from": "eth1",
                                                                                            "to": target}
-    return CommandIssuer(signer, ttl_ns).issue(CommandIntent(node, action, target, ts_ns, "inc-1", params))  # type: ignore[arg-type]
+    return CommandIssuer(signer, ttl_ns, clock_ns=lambda: ts_ns).issue(   # issued at its event time
+        CommandIntent(node, action, target, ts_ns, "inc-1", params))  # type: ignore[arg-type]
 
 
 def _actuator(state: Path, routing: RecordingRouting | None = None, clock: Clock | None = None,
@@ -97,7 +98,8 @@ BAD = {
     "altered": (lambda: _cmd().model_copy(update={"params": {"from": "eth0", "to": "eth9"}}), "bad signature"),
     "wrong node": (lambda: _cmd(node="node-b"), "scoped to node 'node-b'"),
     "expired": (lambda: _cmd(ts_ns=T0 - 120 * S), "expired"),
-    "too long-lived": (lambda: _cmd(ttl_ns=MAX_LIFETIME_NS + S), "more than the"),
+    "too long-lived": (lambda: resigned(_cmd().model_copy(update={"expires_ns": T0 + MAX_LIFETIME_NS + S})),
+                       "more than the"),
 }
 
 
@@ -166,9 +168,9 @@ def test_ids_are_kept_past_expiry_then_compacted(tmp_path: Path) -> None:
     cmd = _cmd()
     clock = Clock()
     assert _actuator(tmp_path / "state", clock=clock).handle(cmd).status == "applied"
-    clock.now = cmd.expires_ns + 60 * S                      # expired, within the margin: still remembered
+    clock.now = cmd.expires_ns + 600 * S      # expired, but a copy signed again later (a redelivery) may be valid
     assert SeenCommands(tmp_path / "state", clock=clock).get(cmd.command_id) is not None
-    clock.now = cmd.expires_ns + 3600 * S                    # long after: dropped on open (refused as expired anyway)
+    clock.now = cmd.ts_ns + MAX_LIFETIME_NS + 3600 * S   # no copy can be valid any more: dropped on open
     assert len(SeenCommands(tmp_path / "state", clock=clock)) == 0
 
 

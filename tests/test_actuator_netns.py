@@ -18,7 +18,7 @@ from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.signing import CommandSigner
 from clocktower.schemas.control import ControlCommand
-from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER, resigned
 from tests.netns import namespace_with_veth
 
 NODE = "node-a"
@@ -30,7 +30,8 @@ def _cmd(node: str = NODE, ts_ns: int | None = None, signer: CommandSigner = TES
          action: str = "failover", link: str = "pri", backup: str = "bkp") -> ControlCommand:
     ts = time.time_ns() if ts_ns is None else ts_ns
     params = {"from": link, "to": backup} if action == "failover" else {"from": backup, "to": link}
-    return CommandIssuer(signer, ttl_ns).issue(CommandIntent(node, action, link, ts, "inc-1", params))  # type: ignore[arg-type]
+    return CommandIssuer(signer, ttl_ns, clock_ns=lambda: ts).issue(   # issued at its event time
+        CommandIntent(node, action, link, ts, "inc-1", params))  # type: ignore[arg-type]
 
 
 def _routes(ip, dev: dict[int, str]) -> list[tuple]:  # noqa: ANN001
@@ -58,7 +59,8 @@ def test_bad_commands_leave_the_kernel_routes_unchanged(tmp_path: Path) -> None:
                 "altered": genuine.model_copy(update={"params": {"from": "pri", "to": "lo"}}),
                 "wrong node": _cmd(node="node-b"),
                 "expired": _cmd(ts_ns=time.time_ns() - 120 * S),
-                "too long-lived": _cmd(ttl_ns=MAX_LIFETIME_NS + S),
+                "too long-lived": resigned(
+                    _cmd().model_copy(update={"expires_ns": time.time_ns() + MAX_LIFETIME_NS + S})),
             }
             for kind, cmd in bad.items():
                 ack = act.handle(cmd)

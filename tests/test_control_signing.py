@@ -32,8 +32,9 @@ from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
 from clocktower.streams.processors import Processors
+from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import StateStore
-from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
+from tests.control_keys import TEST_SIGNER, TEST_VERIFIER, resigned
 from tests.event_samples import GPU_READINGS
 
 T0 = 1_780_000_000 * 10**9
@@ -53,7 +54,7 @@ def _command(**intent: object) -> ControlCommand:
 
 
 def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies() -> None:
-    processors = Processors(TEST_SIGNER)
+    processors = Processors(TEST_SIGNER, clock_ns=lambda: T0 + 2 * S)
     out = processors.on_batch([_gpu(T0)]) + processors.on_batch([_gpu(T0 + S, xid=79)])
     cmds = [e for e in out if isinstance(e, ControlCommand)]
     assert [c.action for c in cmds] == ["drain"]       # no spare pool configured: no spare
@@ -64,14 +65,17 @@ def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies(
 
 
 def test_detectors_hold_no_key_and_the_issuer_gives_the_ids_they_predict() -> None:
-    gpus, allocator = GpuFaultDetector(), ReplacementAllocator(spare_nodes=("spare-1",))
+    issued_at = T0 + 90 * S   # the streams were 90 s behind: the commands are valid for 60 s from now all the same
+    allocator = ReplacementAllocator(spare_nodes=("spare-1",), budget=RemediationBudget(clock_ns=lambda: issued_at))
+    gpus = GpuFaultDetector()
     gpu_store, fleet_store = StateStore(gpus), StateStore(allocator)
     asks = gpus.process(gpu_store, _gpu(T0)) + gpus.process(gpu_store, _gpu(T0 + S, xid=79))
     intents = [o for a in asks if isinstance(a, ReplacementRequest) for o in allocator.process(fleet_store, a)]
     asked = [i for i in intents if isinstance(i, CommandIntent)]
-    signed = [c for c in CommandIssuer(TEST_SIGNER).signed(intents) if isinstance(c, ControlCommand)]
+    signed = [c for c in CommandIssuer(TEST_SIGNER, clock_ns=lambda: issued_at).signed(intents)
+              if isinstance(c, ControlCommand)]
     assert [c.command_id for c in signed] == [command_id_of(i) for i in asked] and len(signed) == 2
-    assert all(c.expires_ns == c.ts_ns + 60 * S for c in signed)
+    assert all(c.expires_ns == issued_at + 60 * S for c in signed)
 
 
 def test_ed25519_signatures_are_deterministic_and_cover_every_field() -> None:
@@ -83,6 +87,15 @@ def test_ed25519_signatures_are_deterministic_and_cover_every_field() -> None:
         assert not TEST_VERIFIER.verify(cmd.model_copy(update=change)), change
     for sig in ("-", "", "A" * 86, cmd.signature[:-1], cmd.signature + "A", "!" * 86):
         assert not TEST_VERIFIER.verify(cmd.model_copy(update={"signature": sig})), sig
+
+
+def test_the_issuer_never_makes_a_command_the_actuators_would_refuse_as_too_long_lived() -> None:
+    cmd = CommandIssuer(TEST_SIGNER, ttl_ns=MAX_LIFETIME_NS + S, clock_ns=lambda: T0).issue(
+        CommandIntent("node-1", "failover", "eth0", T0, "inc"))
+    assert cmd.expires_ns == T0 + MAX_LIFETIME_NS
+    late = CommandIssuer(TEST_SIGNER, clock_ns=lambda: T0 + 2 * MAX_LIFETIME_NS).issue(
+        CommandIntent("node-1", "failover", "eth0", T0, "inc"))
+    assert refusal(late, node="node-1", now_ns=T0 + 2 * MAX_LIFETIME_NS, verifier=TEST_VERIFIER).startswith("expired")
 
 
 @pytest.mark.parametrize(("case", "reason"), [
@@ -103,10 +116,9 @@ def test_refusal_names_why(case: str, reason: str | None) -> None:
             CommandIntent("node-1", "failover", "eth0", T0, "inc")),
         "altered": _command().model_copy(update={"params": {"to": "eth7"}}),
         "foreign": _command(node="node-2"),
-        "expired": CommandIssuer(TEST_SIGNER, ttl_ns=S // 2).issue(
+        "expired": CommandIssuer(TEST_SIGNER, ttl_ns=S // 2, clock_ns=lambda: T0 - S // 2).issue(
             CommandIntent("node-1", "failover", "eth0", T0 - S // 2, "inc")),
-        "too_long": CommandIssuer(TEST_SIGNER, ttl_ns=MAX_LIFETIME_NS + S).issue(
-            CommandIntent("node-1", "failover", "eth0", T0, "inc")),
+        "too_long": resigned(_command().model_copy(update={"expires_ns": T0 + MAX_LIFETIME_NS + S})),
     }[case]
     got = refusal(cmd, node="node-1", now_ns=now, verifier=TEST_VERIFIER)
     assert got == reason if reason is None else reason in (got or ""), got

@@ -45,7 +45,7 @@ def worker(proc: Processor, backing: MutableMapping[bytes, bytes] | None = None)
     """A worker that (re)starts over the table `backing`, as after a restart or a rebalance."""
     store = StateStore(proc, backing)
     store.reload()
-    return ProcessorRunner(proc, store, CommandIssuer(TEST_SIGNER))
+    return ProcessorRunner(proc, store, CommandIssuer(TEST_SIGNER, clock_ns=lambda: 0))   # expiry: event time + ttl
 
 
 def one_by_one(runner: ProcessorRunner, events: Sequence[Event]) -> list[list[Event]]:

@@ -28,7 +28,7 @@ def _xid79(node: str) -> tuple[bytes, bytes, list]:
 def _handler() -> RecordHandler:
     check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
     assert check is not None
-    return RecordHandler(Processors(TEST_SIGNER), identity=check)
+    return RecordHandler(Processors(TEST_SIGNER, clock_ns=lambda: T0), identity=check)
 
 
 def _actions(out: list) -> list[str]:
@@ -146,7 +146,9 @@ def _topology_handlers() -> dict:
 
     signing = NodeSigning(producer_key=PRODUCER_KEY.decode())
     tables: dict[str, dict] = {}
-    topology = Topology(build(ProcessorContext()), CommandIssuer(TEST_SIGNER), RemediationBudget(),
+    budget = RemediationBudget(clock_ns=lambda: T0)   # the worker's wall clock: at the events' time
+    topology = Topology(build(ProcessorContext(remediation_budget=budget)),
+                        CommandIssuer(TEST_SIGNER, clock_ns=budget.clock_ns), budget,
                         lambda p: tables.setdefault(p.name, {}))
     return record_handlers(topology, identity_check(signing), 10**9, output_signer(signing))
 

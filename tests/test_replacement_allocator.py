@@ -12,7 +12,7 @@ from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
 from clocktower.schemas.telemetry import GpuHealth
-from clocktower.streams.detectors.replacement_allocator import ANSWERED, ReplacementAllocator
+from clocktower.streams.detectors.replacement_allocator import ANSWERED, MAX_REORDERS, ReplacementAllocator
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.processors import Processors
 from clocktower.streams.registry import BY_MODEL, partitions, repartitions
@@ -27,8 +27,8 @@ POOL = ("spare-1", "spare-2")
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000 * S
+    def __init__(self, now: int = 1_000 * S) -> None:
+        self.now = now
 
     def __call__(self) -> int:
         return self.now
@@ -174,7 +174,7 @@ def test_an_undrain_older_than_the_grant_frees_nothing() -> None:
 
 def test_through_the_pipeline_two_lost_gpus_become_signed_drains_and_different_spares() -> None:
     """The GPU detector's requests feed the allocator (the in-memory pipeline: one worker, every partition)."""
-    pipeline = Processors(TEST_SIGNER)
+    pipeline = Processors(TEST_SIGNER, clock_ns=lambda: T0 + S)
     pipeline.replace(ReplacementAllocator(budget=pipeline.budget, spare_nodes=POOL))
     lost = [GpuHealth(node=n, ts_ns=T0 + S, gpu=1, uuid="GPU-x", **{**GPU_READINGS, "lost": True})
             for n in ("node-1", "node-2")]
@@ -188,7 +188,75 @@ def test_through_the_pipeline_two_lost_gpus_become_signed_drains_and_different_s
 
 def test_a_kill_after_the_state_write_replays_to_the_same_signed_commands() -> None:
     table: dict[bytes, bytes] = {}
-    runner: ProcessorRunner = worker(ReplacementAllocator(spare_nodes=POOL), table)
+    budget = RemediationBudget(clock_ns=lambda: T0)
+    runner: ProcessorRunner = worker(ReplacementAllocator(spare_nodes=POOL, budget=budget), table)
     first = runner.run(0, [request("node-1")])
-    again = worker(ReplacementAllocator(spare_nodes=POOL), table).run(0, [request("node-1")])
+    again = worker(ReplacementAllocator(spare_nodes=POOL, budget=budget), table).run(0, [request("node-1")])
     assert again == first and [c.action for c in first if isinstance(c, ControlCommand)] == ["drain", "spare"]
+
+
+def ack_of(cmd: CommandIntent, status: str, detail: str, at_s: int) -> ControlAck:
+    """The node's ack of `cmd`, `at_s` seconds after T0."""
+    return ControlAck(node=cmd.node, ts_ns=T0 + at_s * S, command_id=command_id_of(cmd), status=status,
+                      detail=detail, action=cmd.action, target=cmd.target)
+
+
+def intents(out: list) -> list[CommandIntent]:
+    return [c for c in out if isinstance(c, CommandIntent)]
+
+
+def test_a_fault_older_than_the_limit_orders_nothing_and_the_incident_says_so() -> None:
+    """The streams were 20 minutes behind: a drain now would act on a fault nobody has checked since."""
+    clock = Clock(T0 + 20 * 60 * S)
+    alloc = Allocator(clock=clock)
+    (row,) = alloc(request("node-1"))
+    assert "the fault was reported 1200 s ago, more than the 900 s" in row.detail and row.command_ids == []
+    assert alloc.budget.withheld == 0 and alloc(request("node-1")) == [row]      # redelivered: the same answer
+    clock.now = T0 + 90 * S                                                      # 90 s late is within the limit
+    assert [c.action for c in intents(alloc(request("node-2")))] == ["drain", "spare"]
+
+
+def test_a_drain_acked_expired_or_failed_is_ordered_again_with_a_new_id() -> None:
+    alloc = Allocator(clock=Clock(T0 + 5 * S))
+    drain, spare = intents(alloc(request("node-1")))
+    row, again = alloc(ack_of(drain, "refused", "expired 3.600 s ago", 70))
+    assert (again.node, again.action, again.params) == (drain.node, "drain", drain.params)
+    assert command_id_of(again) != command_id_of(drain) and again.ts_ns == T0 + 5 * S   # not after the clock
+    assert "drain refused by node-1: ordered again (1 of" in row.detail and row.command_ids == [command_id_of(again)]
+    _, third = alloc(ack_of(again, "failed", "drain hook exited 1", 71))
+    assert command_id_of(third) not in (command_id_of(drain), command_id_of(again))
+    _, spare_again = alloc(ack_of(spare, "refused", "expired 1.000 s ago", 72))
+    assert (spare_again.node, spare_again.params) == ("spare-1", {"replaces": "node-1"})
+    assert alloc.proc.reordered == 3
+
+
+def test_a_redelivered_ack_gives_the_same_order_and_an_ack_of_a_superseded_order_nothing() -> None:
+    table: dict[bytes, bytes] = {}
+    alloc = Allocator(table, clock=Clock(T0 + 5 * S))
+    drain, _ = intents(alloc(request("node-1")))
+    expired = ack_of(drain, "refused", "expired 1.000 s ago", 70)
+    first = alloc(expired)
+    restarted = Allocator(table, clock=Clock(T0 + 9 * S))             # a worker replays the ack after a crash
+    assert restarted(expired) == first and restarted.proc.reordered == 0
+    assert restarted(ack_of(drain, "applied", "", 71)) == []          # applied: nothing to do
+
+
+def test_a_drain_refused_for_another_reason_is_not_ordered_again_and_the_incident_says_why() -> None:
+    alloc = Allocator(clock=Clock(T0 + 5 * S))
+    drain, _ = intents(alloc(request("node-1")))
+    (row,) = alloc(ack_of(drain, "refused", "no drain hook configured on this node", 70))
+    assert "drain refused by node-1: no drain hook configured on this node; not ordered again" in row.detail
+    assert row.command_ids == []
+
+
+def test_re_orders_stop_after_the_limit_and_after_the_undrain() -> None:
+    alloc = Allocator(clock=Clock(T0 + 5 * S))
+    cmd, _ = intents(alloc(request("node-1")))
+    for i in range(MAX_REORDERS):
+        _, cmd = alloc(ack_of(cmd, "failed", "drain hook timed out", 70 + i))
+    (row,) = alloc(ack_of(cmd, "failed", "drain hook timed out", 99))
+    assert f"ordered {MAX_REORDERS + 1} times: not again, it needs a human" in row.detail
+    alloc2 = Allocator(clock=Clock(T0 + 5 * S))
+    drain, _ = intents(alloc2(request("node-1")))
+    alloc2(undrain_ack("node-1"))                                      # repaired: the replacement is over
+    assert alloc2(ack_of(drain, "refused", "expired 1.000 s ago", 120)) == []

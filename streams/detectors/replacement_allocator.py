@@ -13,6 +13,12 @@ answer is an `update` row of the requesting incident naming the commands (or say
 spare is free again once the node it replaces acks an applied `undrain` dated after the grant
 (`clocktower control undrain NODE`, after the repair).
 
+A request for a fault older than `max_fault_age_ns` on the allocator's wall clock (the streams lagged, or the
+report came late) orders nothing: the incident says so, and a human decides. Commands are valid from when they are
+issued (control/issuer.py), so a lag below that age does not void them. While the node is being replaced, a
+`drain` or `spare` that its node acks as expired or failed is ordered again (a new command id), at most
+`MAX_REORDERS` times; one refused for another reason is not, and the incident says why.
+
 Acks come from the nodes: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on acks signed by the node
 they name (streams/topology.py), so a node can free only the spare that replaces it, and only on requests they
 signed themselves in the faulty node's name (streams/node_signed_outputs.py); without it, anyone who can write
@@ -31,6 +37,7 @@ import orjson
 
 from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import Incident
+from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name
@@ -43,6 +50,8 @@ if TYPE_CHECKING:
 
 FLEET = "fleet"
 ANSWERED = 32                      # newest withheld answers kept for redelivered requests
+MAX_REORDERS = 5                   # a drain or spare acked expired or failed is ordered again at most this often
+DEFAULT_MAX_FAULT_AGE_NS = 15 * 60 * 10**9
 STATE_TTL_NS = 365 * 24 * 3600 * 10**9   # the fleet's entry is rewritten by every request; never let it lapse
 
 
@@ -53,6 +62,9 @@ class Replacement:
     spare: str
     ts_ns: int
     incident_id: str
+    reason: str = "gpu_lost"
+    gpu: int = 0
+    reorders: dict[str, list[int]] = field(default_factory=dict)   # action -> times of its orders after the first
 
 
 @dataclass
@@ -67,26 +79,31 @@ class ReplacementAllocator(Processor):
     consumes: ClassVar[tuple[type[Event], ...]] = (ReplacementRequest, ControlAck)
     key_by: ClassVar[str] = "fleet"
 
-    def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
+                 max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS) -> None:
         self.budget = budget if budget is not None else RemediationBudget()
         self.spare_nodes = tuple(spare_nodes)
+        self.max_fault_age_ns = max_fault_age_ns
         self.redelivered = 0
         self.spares_freed = 0
+        self.reordered = 0
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
-        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes)
+        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes, max_fault_age_ns=ctx.max_fault_age_ns)
 
     def partition_key(self, event: Event) -> str:
         return FLEET
 
     def counters(self) -> dict[str, int]:
-        return {"redelivered": self.redelivered, "spares_freed": self.spares_freed}
+        return {"redelivered": self.redelivered, "spares_freed": self.spares_freed, "reordered": self.reordered}
 
     def process(self, state: Any, event: Event) -> list[Output]:
         if isinstance(event, ControlAck):
             if event.action == "undrain" and event.status == "applied":
                 self._undrained(state, event)
+            elif event.action in ("drain", "spare") and event.status in ("refused", "failed"):
+                return self._not_applied(state, event)
             return []
         assert isinstance(event, ReplacementRequest)
         fleet: Fleet = state.get(FLEET) or Fleet()
@@ -101,7 +118,13 @@ class ReplacementAllocator(Processor):
         if held is not None:
             self.redelivered += 1
             return list(held)
-        if not self.budget.allow(fleet.granted):
+        age_ns = self.budget.clock_ns() - event.ts_ns
+        if age_ns > self.max_fault_age_ns:
+            out = [self._row(event, f"drain and spare not ordered: the fault was reported {age_ns / 1e9:.0f} s ago, "
+                                    f"more than the {self.max_fault_age_ns / 1e9:.0f} s a replacement may still be "
+                                    "ordered after (CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S); it needs a human")]
+            fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+        elif not self.budget.allow(fleet.granted):
             b = self.budget
             out: Emitted = [self._row(event, f"drain and spare withheld, needs human approval: the fleet limit of "
                                              f"{b.max_per_window} replacements per {b.window_ns / 1e9:g} s is reached")]
@@ -109,7 +132,7 @@ class ReplacementAllocator(Processor):
         else:
             busy = {r.spare for r in fleet.replaced.values()} | set(fleet.replaced)   # in use, or being replaced
             spare = next((n for n in self.spare_nodes if n != event.node and n not in busy), "")
-            fleet.replaced[event.node] = Replacement(spare, event.ts_ns, event.incident_id)
+            fleet.replaced[event.node] = Replacement(spare, event.ts_ns, event.incident_id, event.reason, event.gpu)
             out = self._granted(event, spare)
         state.put(FLEET, fleet, max(state.now_ns, event.ts_ns) + STATE_TTL_NS)
         return list(out)
@@ -125,12 +148,53 @@ class ReplacementAllocator(Processor):
         self.spares_freed += 1
         state.put(FLEET, fleet, max(state.now_ns, ack.ts_ns) + STATE_TTL_NS)
 
+    def _not_applied(self, state: Any, ack: ControlAck) -> list[Output]:
+        """A node acked a drain or spare of a replacement under way as refused or failed: order it again if it
+        expired or failed (a new id), else say why in the incident. An ack of an older order of it (redelivered)
+        gives again what that ack gave; acks of commands no replacement holds now change nothing."""
+        fleet: Fleet | None = state.get(FLEET)
+        if fleet is None:
+            return []
+        if ack.action == "drain":
+            node, r = ack.node, fleet.replaced.get(ack.node)
+        else:
+            node, r = next(((n, g) for n, g in fleet.replaced.items() if g.spare and g.spare == ack.node), ("", None))
+        if r is None:
+            return []
+        times = [r.ts_ns, *r.reorders.get(ack.action, [])]
+        ids = [command_id_of(self._intent(ack.action, node, r, t)) for t in times]
+        if ack.command_id in ids[:-1]:   # redelivered: the order it caused, again
+            self.redelivered += 1
+            return self._reorder(ack, node, r, times, ids.index(ack.command_id) + 1)
+        if ack.command_id != ids[-1]:
+            return []
+        retry = ack.status == "failed" or ack.detail.startswith("expired")
+        if not retry or len(times) > MAX_REORDERS:
+            why = "not ordered again" if not retry else f"ordered {len(times)} times: not again, it needs a human"
+            return [self._row_of(node, ack.ts_ns, r, f"{ack.action} {ack.status} by {ack.node}: {ack.detail}; {why}")]
+        t = max(min(ack.ts_ns, self.budget.clock_ns()), times[-1] + 1)   # a node's clock never dates it ahead
+        r.reorders[ack.action] = [*times[1:], t]
+        self.reordered += 1
+        state.put(FLEET, fleet, max(state.now_ns, t) + STATE_TTL_NS)
+        return self._reorder(ack, node, r, [*times, t], len(times))
+
+    def _reorder(self, ack: ControlAck, node: str, r: Replacement, times: list[int], i: int) -> list[Output]:
+        intent = self._intent(ack.action, node, r, times[i])
+        detail = f"{ack.action} {ack.status} by {ack.node}: ordered again ({i} of {MAX_REORDERS})"
+        return [self._row_of(node, times[i], r, detail, [command_id_of(intent)]), intent]
+
+    @staticmethod
+    def _intent(action: str, node: str, r: Replacement, ts_ns: int) -> CommandIntent:
+        if action == "drain":
+            return CommandIntent(node, "drain", node, ts_ns, r.incident_id, {"reason": r.reason, "gpu": str(r.gpu)})
+        return CommandIntent(r.spare, "spare", r.spare, ts_ns, r.incident_id, {"replaces": node})
+
     def _granted(self, req: ReplacementRequest, spare: str) -> Emitted:
         """The outputs of a granted request, given its spare: built the same way again for a redelivery."""
-        cmds = [CommandIntent(req.node, "drain", req.node, req.ts_ns, req.incident_id,
-                              {"reason": req.reason, "gpu": str(req.gpu)})]
+        r = Replacement(spare, req.ts_ns, req.incident_id, req.reason, req.gpu)
+        cmds = [self._intent("drain", req.node, r, req.ts_ns)]
         if spare:
-            cmds.append(CommandIntent(spare, "spare", spare, req.ts_ns, req.incident_id, {"replaces": req.node}))
+            cmds.append(self._intent("spare", req.node, r, req.ts_ns))
             detail = f"drain ordered, spare {spare} ordered"
         elif self.spare_nodes:
             detail = (f"drain ordered; no free spare: the pool's {len(self.spare_nodes)} spares replace other "
@@ -140,15 +204,21 @@ class ReplacementAllocator(Processor):
             detail = "drain ordered; no spare node configured (CLOCKTOWER_STREAMS_SPARE_NODES): no spare ordered"
         return [self._row(req, detail, [command_id_of(c) for c in cmds]), *cmds]
 
+    @classmethod
+    def _row(cls, req: ReplacementRequest, detail: str, command_ids: list[str] | None = None) -> Incident:
+        r = Replacement("", req.ts_ns, req.incident_id, req.reason, req.gpu)
+        return cls._row_of(req.node, req.ts_ns, r, detail, command_ids)
+
     @staticmethod
-    def _row(req: ReplacementRequest, detail: str, command_ids: list[str] | None = None) -> Incident:
-        return Incident(node=req.node, ts_ns=req.ts_ns, incident_id=req.incident_id, kind=req.reason,
-                        state="update", severity="critical", target=bounded_name(f"{req.node}/gpu{req.gpu}"),
-                        opened_ns=req.ts_ns, detail=detail, command_ids=command_ids or [])
+    def _row_of(node: str, ts_ns: int, r: Replacement, detail: str, command_ids: list[str] | None = None) -> Incident:
+        return Incident(node=node, ts_ns=ts_ns, incident_id=r.incident_id, kind=r.reason, state="update",
+                        severity="critical", target=bounded_name(f"{node}/gpu{r.gpu}"), opened_ns=r.ts_ns,
+                        detail=bounded(detail, 4000), command_ids=command_ids or [])
 
     def encode_state(self, value: Fleet) -> bytes:
         return orjson.dumps({"granted": value.granted,
-                             "replaced": {n: [r.spare, r.ts_ns, r.incident_id] for n, r in value.replaced.items()},
+                             "replaced": {n: [r.spare, r.ts_ns, r.incident_id, r.reason, r.gpu, r.reorders]
+                                          for n, r in value.replaced.items()},
                              "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered]})
 
     def decode_state(self, data: bytes) -> Fleet:
