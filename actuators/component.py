@@ -105,7 +105,7 @@ class ActuatorComponent:
             self.counts.update(type(e).SCHEMA for e in events)
 
         self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security,
-                                        idle_backoff_s=s.idle_fetch_backoff_ms / 1e3)
+                                        idle_backoff_s=s.idle_backoff_s)
         self._thread = threading.Thread(target=self.consumer.run, args=(self._stop,), name=f"actuator-{self.node}",
                                         daemon=True)
         self._thread.start()

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from clocktower.runtime.broker_profile import BrokerProfile, profile_field, profile_settings
 from clocktower.runtime.credentials import control_public_key_path
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.setting_text import json_or_text
@@ -57,9 +58,16 @@ class ActuatorSettings(BaseSettings):
     spare_hook: Argv = Field(default=(), description=(
         "run for `spare` commands on the spare node (e.g. hook_examples/slurm-resume.sh or k8s-uncordon.sh)"))
     hook_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="a hook still running then is killed")
-    idle_fetch_backoff_ms: float = Field(default=25.0, ge=0, le=10_000, description=(
+    idle_fetch_backoff_ms: float | None = Field(default=None, ge=0, le=10_000, description=(
         "the command consumer's wait after a fetch that brought nothing: a command waits at most this long (plus a "
-        "fetch) to be read; 25 ms is about 40 fetches a second of one partition"))
+        "fetch) to be read. Unset: the broker profile's (0 with `kafka`, which holds an empty fetch itself; 25 with "
+        "`embedded`, about 40 fetches a second of one partition)"))
+    broker_profile: BrokerProfile = profile_field()
+
+    @property
+    def idle_backoff_s(self) -> float:
+        ms = self.idle_fetch_backoff_ms
+        return profile_settings(self.broker_profile).actuator_idle_backoff_s if ms is None else ms / 1e3
     watchdog_ms: float = Field(default=50.0, ge=0, le=60_000, description=(
         "T_watchdog: a primary link without carrier this long is failed over by the agent itself (0: at once)"))
 

@@ -39,6 +39,7 @@ from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
+from clocktower.runtime.broker_profile import profile_settings
 from clocktower.runtime.errors import UserError
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import LinkState
@@ -112,6 +113,7 @@ def _bootstrap(args: argparse.Namespace) -> str:
 def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
     try:
         return SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
+                                 ack_hold_s=profile_settings(settings.broker_profile).ack_hold_s,
                                  max_spool_bytes=int(settings.spool_max_mb * 2**20),
                                  extra_config={"linger.ms": AGENT_LINGER_MS})
     except SpoolInUse as exc:

@@ -28,7 +28,6 @@ from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import write_owner
 from clocktower.shutdown_signals import ignoring_stop_signals
 from clocktower.stream_state import reset_stream_state
-from clocktower.streams.settings import EMBEDDED_IDLE_FETCH_BACKOFF_MS, IDLE_FETCH_BACKOFF_VAR
 from clocktower.topic_admin import ensure_topics
 
 
@@ -87,9 +86,8 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
             **(extra_env or {}),      # e.g. the demo's spare pool for the streams
         }
-        if settings.embedded_kafka and IDLE_FETCH_BACKOFF_VAR not in os.environ | self.env:
-            # the embedded broker answers empty fetches at once: an idle stream worker would spin without this
-            self.env[IDLE_FETCH_BACKOFF_VAR] = str(EMBEDDED_IDLE_FETCH_BACKOFF_MS)
+        if settings.embedded_kafka:   # the workers make up for the embedded broker (runtime/broker_profile.py)
+            self.env["CLOCKTOWER_BROKER_PROFILE"] = "embedded"
         if settings.embedded_kafka and settings.control_private_key_file is None:
             # the children see an "external" bootstrap (ours): name the data dir's generated key for them
             self.env["CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE"] = str(control_key_path(self.data_dir))

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from clocktower.runtime.broker_profile import BrokerProfile, ProfileSettings, profile_field, profile_settings
 from clocktower.runtime.credentials import admin_login, control_key_path, read_control_key
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import read_owner
@@ -40,6 +41,7 @@ class RuntimeSettings(BaseSettings):
     control_key: str | None = Field(default=None, description="no longer used (it was an HMAC key)")
     metrics_host: str = Field(default="127.0.0.1", description="where the Prometheus endpoints bind; 0.0.0.0 "
                               "only inside a container whose port is not published")
+    broker_profile: BrokerProfile = profile_field()
     max_future_skew_s: float = Field(default=DEFAULT_MAX_FUTURE_SKEW_S, gt=0, description="the sink and the streams "
                                      "dead-letter a record with an event stamped more than this ahead of their clock")
 
@@ -61,6 +63,11 @@ class RuntimeSettings(BaseSettings):
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"CLOCKTOWER_CLICKHOUSE_URL must look like http://host:8123, got {v!r}")
         return v
+
+    @property
+    def workarounds(self) -> ProfileSettings:
+        """What the embedded broker's workarounds run with under `broker_profile`."""
+        return profile_settings(self.broker_profile)
 
     @property
     def max_future_skew_ns(self) -> int:

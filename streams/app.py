@@ -42,8 +42,9 @@ from clocktower.streams.topology import Topology, record_handlers
 log = logging.getLogger(__name__)
 settings = StreamsSettings()
 signer = signer_from(settings)   # first: without a key the worker stops here, before touching the network
-install_idle_fetch_backoff(settings.streams_idle_fetch_backoff_ms / 1000)   # 0 but under `up` (the embedded broker)
-install_group_join_guard()   # an empty assignment rejoins; a dead group coordinator ends the worker for a restart
+install_idle_fetch_backoff(settings.idle_fetch_backoff_s)   # 0 but with CLOCKTOWER_BROKER_PROFILE=embedded
+# a dead group coordinator ends the worker for a restart; with the embedded broker an empty assignment rejoins
+install_group_join_guard(rejoin_on_empty=settings.workarounds.rejoin_on_empty_assignment)
 install_faust_fixes()        # records Faust discards in a rebalance are read again (streams/faust_fixes.py)
 instance_id = settings.streams_instance_id or f"{APP_ID}-{socket.gethostname()}"
 security = KafkaSecurity()

@@ -77,9 +77,13 @@ async def _guarded_routine(self: group_coordinator.GroupCoordinator) -> None:
         raise
 
 
-def install(on_failure: Callable[[BaseException], None] = exit_for_restart) -> None:
-    """Patch aiokafka's group coordination as the module docstring says."""
+_original_rebalance = group_coordinator.CoordinatorGroupRebalance
+
+
+def install(on_failure: Callable[[BaseException], None] = exit_for_restart, rejoin_on_empty: bool = True) -> None:
+    """Patch aiokafka's group coordination as the module docstring says. The rejoin on an empty assignment makes up
+    for the embedded broker (runtime/broker_profile.py): a Kafka broker sends every member its encoded assignment."""
     global on_coordination_failure
     on_coordination_failure = on_failure
-    group_coordinator.CoordinatorGroupRebalance = RejoinOnEmptyAssignment
+    group_coordinator.CoordinatorGroupRebalance = RejoinOnEmptyAssignment if rejoin_on_empty else _original_rebalance
     group_coordinator.GroupCoordinator._coordination_routine = _guarded_routine

@@ -11,11 +11,6 @@ from pydantic_settings import NoDecode
 from clocktower.runtime.setting_text import json_or_text
 from clocktower.runtime.settings import RuntimeSettings
 
-# What `clocktower up` and `demo` give their stream workers for the embedded broker, which answers empty fetches at
-# once (an idle worker would spin; 250 ms keeps the idle stack under 5 % of a core: benchmarks/idle_cpu.py).
-EMBEDDED_IDLE_FETCH_BACKOFF_MS = 250
-IDLE_FETCH_BACKOFF_VAR = "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS"
-
 
 class StreamsSettings(RuntimeSettings):
     streams_instance_id: str | None = Field(default=None, description="static member id; unique per worker")
@@ -31,11 +26,16 @@ class StreamsSettings(RuntimeSettings):
     streams_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus endpoint of the stream "
                                       "worker (its own port: the sink's CLOCKTOWER_METRICS_PORT may be on the same "
                                       "host); 0 disables it. Binds CLOCKTOWER_METRICS_HOST.")
-    streams_idle_fetch_backoff_ms: int = Field(
-        default=0, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
-        "next fetch to that broker: the most an idle worker adds to a record's latency. 0 (the default): none, since a "
-        "Kafka broker holds an empty fetch until a record comes. The embedded broker answers empty fetches at once, so "
-        "`clocktower up` and `demo` set EMBEDDED_IDLE_FETCH_BACKOFF_MS (250) for their workers unless this is set.")
+    streams_idle_fetch_backoff_ms: int | None = Field(
+        default=None, ge=0, le=5000, description="after a fetch that brought no records, wait this long before the "
+        "next fetch to that broker: the most an idle worker adds to a record's latency. Unset: the broker profile's "
+        "(0 with `kafka`, whose broker holds an empty fetch until a record comes; 250 with `embedded`, which answers "
+        "empty fetches at once)")
+
+    @property
+    def idle_fetch_backoff_s(self) -> float:
+        ms = self.streams_idle_fetch_backoff_ms
+        return self.workarounds.idle_fetch_backoff_s if ms is None else ms / 1000
     streams_segment_ttl_s: float = Field(
         default=10.0, gt=0, description="event time a half-joined flow segment waits for its other half before it "
         "expires (counted in clocktower_streams_state_expired_total)")

@@ -292,18 +292,22 @@ def test_an_idle_clock_broadcast_does_not_fetch_and_still_reads_new_estimates(se
 
 def test_only_the_embedded_broker_gets_the_stream_workers_backoff(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Kafka broker holds an empty fetch until a record comes, so against one the worker waits for nothing (0, the
-    setting's default); `up` and `demo` give their workers 250 ms for the embedded broker, unless it is set."""
+    """A Kafka broker holds an empty fetch until a record comes, so against one the worker waits for nothing (the
+    default profile, `kafka`); `up` and `demo` set the `embedded` profile for their workers: 250 ms, unless the
+    backoff itself is set."""
     from clocktower.config import Settings
     from clocktower.stack import Stack
     from clocktower.streams.settings import StreamsSettings
 
-    monkeypatch.delenv("CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS", raising=False)
-    monkeypatch.delenv("CLOCKTOWER_KAFKA_BOOTSTRAP", raising=False)
-    assert StreamsSettings().streams_idle_fetch_backoff_ms == 0
+    for var in ("CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS", "CLOCKTOWER_KAFKA_BOOTSTRAP", "CLOCKTOWER_BROKER_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert StreamsSettings().idle_fetch_backoff_s == 0
     embedded = Stack(Settings(data_dir=tmp_path / "a"))
-    assert embedded.env["CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS"] == "250"
-    external = Stack(Settings(data_dir=tmp_path / "b", kafka_bootstrap="kafka.example:9092"))
-    assert "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS" not in external.env
+    assert embedded.env["CLOCKTOWER_BROKER_PROFILE"] == "embedded"
+    monkeypatch.setenv("CLOCKTOWER_BROKER_PROFILE", "embedded")
+    assert StreamsSettings().idle_fetch_backoff_s == 0.25
     monkeypatch.setenv("CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS", "20")
-    assert "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS" not in Stack(Settings(data_dir=tmp_path / "c")).env   # theirs
+    assert StreamsSettings().idle_fetch_backoff_s == 0.02                              # theirs
+    monkeypatch.delenv("CLOCKTOWER_BROKER_PROFILE")
+    external = Stack(Settings(data_dir=tmp_path / "b", kafka_bootstrap="kafka.example:9092"))
+    assert "CLOCKTOWER_BROKER_PROFILE" not in external.env

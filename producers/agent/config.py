@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from clocktower.runtime.broker_profile import BrokerProfile, profile_field
 from clocktower.runtime.setting_text import json_or_text
 
 ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
@@ -49,6 +50,7 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_AGENT_", extra="ignore", populate_by_name=True)
 
     node: str = Field(default_factory=socket.gethostname, min_length=1, max_length=256)
+    broker_profile: BrokerProfile = profile_field()   # the spooling publisher holds acked records only if `embedded`
     sources: tuple[str, ...] = ALL_SOURCES
     start_timeout_s: float = Field(default=120.0, gt=0, le=3600, description=(
         "a source not started by then is given up (failed) and the run goes on without it; BCC's compile of "

@@ -30,7 +30,9 @@ def main() -> None:
     writer = TableWriter(client)
     writer.ensure_schema()
     sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
-                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns)
+                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns,
+                                idle_backoff_s=s.workarounds.idle_fetch_backoff_s,
+                                check_reused_offsets=s.workarounds.check_reused_offsets)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from clocktower.runtime.consume_loop import commit, consume_loop
 from clocktower.runtime.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
+from clocktower.runtime.idle_pacer import IDLE_FETCH_BACKOFF_S
 from clocktower.schemas.codec import (
     DEFAULT_MAX_FUTURE_SKEW_NS,
     DecodeError,
@@ -66,8 +67,13 @@ class KafkaClickHouseSink:
     def __init__(self, bootstrap: str, writer: TableWriter, topics: list[str] | None = None,
                  group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
                  instance_id: str | None = None, security: KafkaSecurity | None = None,
-                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS) -> None:
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, idle_backoff_s: float = IDLE_FETCH_BACKOFF_S,
+                 check_reused_offsets: bool = True) -> None:
+        """`idle_backoff_s` and `check_reused_offsets` make up for the embedded broker (runtime/broker_profile.py);
+        the sink's main passes the broker profile's."""
         self.writer = writer
+        self.idle_backoff_s = idle_backoff_s
+        self.check_reused_offsets = check_reused_offsets
         self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.topics = topics or [t.name for t in TOPICS]
         self.batches = BatchSet(policy, salt=secrets.token_hex(4))
@@ -166,6 +172,8 @@ class KafkaClickHouseSink:
                       deadline: float) -> tuple[ResumePoint, int]:
         """The checked resume point of one partition and its log end, within `deadline`."""
         resume = known_resume(committed, stored)
+        if not self.check_reused_offsets:   # a Kafka broker never gives an offset to a second record
+            return (ResumePoint(resume) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), -1
         try:
             timeout = min(WATERMARK_TIMEOUT_S, deadline - time.monotonic())
             if timeout <= 0:
@@ -246,7 +254,7 @@ class KafkaClickHouseSink:
     # --- the loop (runtime/consume_loop.py) -----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
-        consume_loop(self.consumer, self, stop)
+        consume_loop(self.consumer, self, stop, backoff_s=self.idle_backoff_s)
 
     def held(self) -> set[tuple[str, int]]:
         """Partitions whose loss check has not answered: not read, and never resumed by the idle pacer."""
