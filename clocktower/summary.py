@@ -26,12 +26,17 @@ def table_rows(client: Client) -> dict[str, int]:
 
 
 def control_errors(control: Mapping[str, Any]) -> list[str]:
-    """A command no actuator answered is an error: the demo's nodes all run one (at most 10 ids named)."""
+    """A command no actuator answered is an error: the demo's nodes all run one (at most 10 ids named). So is one
+    a node refused or failed to apply: the demo's nodes can apply every command the pipeline should send."""
+    out = []
     unacked = list(control["commands_unacked"])
-    if not unacked:
-        return []
-    more = " ..." if len(unacked) > 10 else ""
-    return [f"{len(unacked)} control commands got no ack: {unacked[:10]}{more}"]
+    if unacked:
+        more = " ..." if len(unacked) > 10 else ""
+        out.append(f"{len(unacked)} control commands got no ack: {unacked[:10]}{more}")
+    not_applied = {status: n for status, n in control.get("control_acks", {}).items() if status != "applied"}
+    if not_applied:
+        out.append(f"control commands not applied: {not_applied} (`clocktower query` the control_acks table for why)")
+    return out
 
 
 def build_summary(client: Client, produced: Mapping[str, int], delivery_failures: int,

@@ -91,6 +91,12 @@ def test_an_unacked_command_is_an_error() -> None:
     assert many.startswith("12 control commands got no ack: ['c0',") and "c10" not in many and many.endswith(" ...")
 
 
+def test_a_command_refused_or_failed_is_an_error() -> None:
+    assert control_errors({"commands_unacked": [], "control_acks": {"applied": 9}}) == []
+    (err,) = control_errors({"commands_unacked": [], "control_acks": {"applied": 7, "refused": 2, "failed": 1}})
+    assert err.startswith("control commands not applied: {'refused': 2, 'failed': 1}")
+
+
 def test_every_node_runs_an_actuator_in_a_small_fleet_and_the_faulty_ones_in_a_big_one() -> None:
     small = [f"node-{i}.demo" for i in range(4)]
     assert actuated_nodes(small, {"node-1.demo"}) == [*small, SPARE_NODE]
