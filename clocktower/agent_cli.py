@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import signal
 import threading
 import time
@@ -96,7 +97,14 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
              "clock_key_file": args.clock_key_file,
              "spool_dir": args.spool_dir, "compression": args.compression, "start_timeout_s": args.start_timeout,
              "sources": tuple(s.strip() for s in args.sources.split(",") if s.strip()) if args.sources else None}
-    return AgentSettings(**{k: v for k, v in pairs.items() if v is not None})
+    return AgentSettings(**{k: v for k, v in pairs.items() if v is not None}, **_profile(args))
+
+
+def _profile(args: argparse.Namespace) -> dict[str, str]:
+    """--kafka-port names the embedded broker `up` runs on this host: its workarounds, unless the profile is set."""
+    if args.kafka_port is not None and "CLOCKTOWER_BROKER_PROFILE" not in os.environ:
+        return {"broker_profile": "embedded"}
+    return {}
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
@@ -144,8 +152,9 @@ class _Actuation:
     KernelRouting objects on one state file would disagree about what was moved)."""
 
     def __init__(self, node: str, bootstrap: str, netns: str | None = None,
-                 durable_publish: Callable[[list[Event]], None] | None = None) -> None:
-        self.settings = ActuatorSettings()
+                 durable_publish: Callable[[list[Event]], None] | None = None,
+                 profile: dict[str, str] | None = None) -> None:
+        self.settings = ActuatorSettings(**(profile or {}))
         self.emit: Callable[[list[Event]], None] = lambda events: None   # the runner's, once it exists
         self.routing: LinkRouting | None = None
         self.routing_error: Exception | None = None
@@ -202,7 +211,7 @@ def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None,
     if bootstrap is None:
         raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
                         "(drop --stdout)")
-    return _Actuation(node, bootstrap, netns, _acks_to(publisher))
+    return _Actuation(node, bootstrap, netns, _acks_to(publisher), _profile(args))
 
 
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:

@@ -33,9 +33,11 @@ def control_errors(control: Mapping[str, Any]) -> list[str]:
     if unacked:
         more = " ..." if len(unacked) > 10 else ""
         out.append(f"{len(unacked)} control commands got no ack: {unacked[:10]}{more}")
-    not_applied = {status: n for status, n in control.get("control_acks", {}).items() if status != "applied"}
+    not_applied = list(control.get("not_applied", []))
     if not_applied:
-        out.append(f"control commands not applied: {not_applied} (`clocktower query` the control_acks table for why)")
+        more = " ..." if len(not_applied) > 10 else ""
+        out.append(f"{len(not_applied)} ordered actions no node applied: {not_applied[:10]}{more} (the acks' "
+                   "details in the control_acks table say why)")
     return out
 
 

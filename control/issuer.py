@@ -2,9 +2,13 @@
 
 A command is valid for `ttl_ns` from when it is issued, not from its fault's event time: streams that lag behind
 a fault (a loaded worker, a restart, a report that came late) still send commands a node can apply. How old a fault
-may be and still be acted on is decided where the action is decided (the replacement allocator's
-`max_fault_age_ns`). The lifetime the actuators accept (control/command_check.py, MAX_LIFETIME_NS from the event
-time) caps the expiry: a command for an older fault is issued already expired, and refused.
+may be and still be acted on is decided per action:
+- drain and spare: where they are decided, by the replacement allocator (`max_fault_age_ns`, 15 min by default);
+- the link actions: `ttl_ns` (`STALE_AFTER_NS`). They act on a link's state, which a later report supersedes (the
+  link detector orders again from reports), so one for a report older than that is issued already expired (valid
+  until its event time + `ttl_ns`, as before): the node refuses it and its ack says so.
+The lifetime the actuators accept (control/command_check.py, MAX_LIFETIME_NS from the event time) caps every
+expiry.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.event import Event
 
 DEFAULT_TTL_NS = 60 * 10**9
+STALE_AFTER_NS = dict.fromkeys(("failover", "restore", "quarantine", "release"), DEFAULT_TTL_NS)
 
 
 class CommandIssuer:
@@ -31,8 +36,12 @@ class CommandIssuer:
         self.clock_ns = clock_ns   # the issuer's wall clock; tests inject their own
 
     def expiry_of(self, intent: CommandIntent) -> int:
-        """`ttl_ns` after now (or after the intent's time, if that is later), within the actuators' lifetime."""
-        return min(max(intent.ts_ns, self.clock_ns()) + self.ttl_ns, intent.ts_ns + MAX_LIFETIME_NS)
+        """`ttl_ns` after now (or after the intent's time, if that is later), within the actuators' lifetime; for an
+        intent older than its action's STALE_AFTER_NS, `ttl_ns` after its event time (expired on arrival)."""
+        now = self.clock_ns()
+        if now - intent.ts_ns > STALE_AFTER_NS.get(intent.action, MAX_LIFETIME_NS):
+            return intent.ts_ns + self.ttl_ns
+        return min(max(intent.ts_ns, now) + self.ttl_ns, intent.ts_ns + MAX_LIFETIME_NS)
 
     def issue(self, intent: CommandIntent) -> ControlCommand:
         """The signed command for `intent`: valid for `ttl_ns` from now."""

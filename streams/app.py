@@ -116,7 +116,9 @@ async def _check_commits() -> None:
     """A partition fetched ahead of its committed offset, neither moving, ends the worker for a restart
     (streams/commit_stall.py). The offsets are aiokafka's position and the broker's commit, not Faust's. Not
     counted during a rebalance: records fetched before it wait for the seek at its end, however long recovery takes."""
-    if app.rebalancing:
+    global commit_stall
+    if app.rebalancing:   # (a rebalance that never ends is not seen here: recovering a big table may take long)
+        commit_stall = CommitStall()   # counts start again after it: positions are sought anew
         return
     try:
         thread = app.consumer._thread

@@ -74,6 +74,7 @@ async def _wait_next_records(self: Consumer, timeout: float) -> tuple[Any, Any]:
 async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
     """Faust's getmany, noting what it fetched and did not hand on: Faust drops those records without a word."""
     self.clocktower_fetched = None
+    seeks = getattr(self, "clocktower_seeks", 0)
     handed: dict[TP, int] = {}
     async for tp, message in _original_getmany(self, timeout):
         handed[tp] = message.offset
@@ -82,7 +83,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, An
     dropped = discarded(fetched or {}, handed)
     if not dropped:
         return
-    why = "flow stopped" if not self.flow_active else "partition paused or generation changed"
+    why = "flow stopped" if not self.flow_active else "flow stopped, partition paused or generation changed"
     for tp, (first, last) in dropped.items():
         log.info("Faust discarded %s:%d offsets %d-%d (%s); the seek to committed offsets must read them again",
                  tp.topic, tp.partition, first, last, why)
@@ -90,8 +91,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, An
     for tp, (first, _last) in dropped.items():
         pending[tp] = min(first, pending.get(tp, first))
     self.clocktower_discarded = pending
-    if not self.flow_active:   # Faust's getmany has just sought back (perform_seek): check it now
-        await check_discards_rewound(self)
+    if getattr(self, "clocktower_seeks", 0) != seeks:   # Faust's getmany sought back (perform_seek): check now
+        await check_discards_rewound(self)   # (else the seek at the rebalance's end does)
 
 
 def discarded(fetched: Mapping[TP, list], handed: Mapping[TP, int]) -> dict[TP, tuple[int, int]]:
@@ -106,6 +107,7 @@ def discarded(fetched: Mapping[TP, list], handed: Mapping[TP, int]) -> dict[TP, 
 
 async def _perform_seek(self: Consumer) -> None:
     await _original_perform_seek(self)
+    self.clocktower_seeks = getattr(self, "clocktower_seeks", 0) + 1
     if getattr(self, "clocktower_discarded", None):
         await check_discards_rewound(self)
 

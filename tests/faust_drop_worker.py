@@ -41,8 +41,10 @@ _original_getmany = ThreadDelegateConsumer._getmany
 async def _getmany_then_stop_flow(self, active_partitions, timeout):  # noqa: ANN001, ANN202 - Faust's signature
     global armed
     records = await _original_getmany(self, active_partitions, timeout)
+    global last_news
     if armed and any(tp.topic == topic_name for tp in records):
         armed = False
+        last_news = time.monotonic()   # the 8 s with nothing new count from here
         print(f"flow stopped with offsets {[r.offset for rs in records.values() for r in rs]} fetched", flush=True)
         self.stop_flow()
         asyncio.get_running_loop().call_later(1.0, self.resume_flow)

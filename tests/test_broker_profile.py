@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import time
 from pathlib import Path
@@ -51,16 +52,32 @@ def test_kafka_the_default_turns_every_workaround_off_and_embedded_on(monkeypatc
         StreamsSettings()
 
 
+class _LogBounds:
+    """What the sink asks of its consumer here: a partition's log bounds."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.bounds = (low, high)
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return self.bounds
+
+
+def _sink(check: bool) -> KafkaClickHouseSink:
+    return KafkaClickHouseSink("127.0.0.1:9", None, topics=["telemetry.gpu"], instance_id="t",  # type: ignore[arg-type]
+                               check_reused_offsets=check)
+
+
 def test_the_sink_checks_for_reused_offsets_only_when_asked() -> None:
-    """Without the check the resume point is the stored or committed one, and the broker is not asked at all."""
-    off = KafkaClickHouseSink("127.0.0.1:9", None, topics=["telemetry.gpu"], instance_id="t",  # type: ignore[arg-type]
-                              check_reused_offsets=False)
-    tp = TopicPartition("telemetry.gpu", 0)
-    point, _ = off._resume_point(None, None, tp, committed=5, stored=7, deadline=time.monotonic() + 1)  # type: ignore[arg-type]
+    """Without the check a resume point inside the log is taken as it is, and no record is probed; one outside the
+    log (a topic made anew) is searched all the same, or the sink would fetch out of range for ever."""
+    tp, deadline = TopicPartition("telemetry.gpu", 0), time.monotonic() + 1
+    point, _ = _sink(False)._resume_point(_LogBounds(0, 10), None, tp, committed=5, stored=7,  # type: ignore[arg-type]
+                                          deadline=deadline)
     assert point == ResumePoint(7)
-    on = KafkaClickHouseSink("127.0.0.1:9", None, topics=["telemetry.gpu"], instance_id="t")  # type: ignore[arg-type]
-    with pytest.raises(AttributeError):   # it asks the broker for the log's bounds
-        on._resume_point(None, None, tp, committed=5, stored=7, deadline=time.monotonic() + 1)  # type: ignore[arg-type]
+    for sink, bounds in ((_sink(True), (0, 10)), (_sink(False), (0, 3))):
+        with pytest.raises(AttributeError):   # it probes the records (no probe consumer here)
+            sink._resume_point(_LogBounds(*bounds), None, tp, committed=5, stored=7,  # type: ignore[arg-type]
+                               deadline=deadline)
 
 
 def test_the_stream_worker_rejoins_on_an_empty_assignment_only_with_the_embedded_broker() -> None:
@@ -84,3 +101,12 @@ def test_the_agent_holds_acked_records_only_for_the_embedded_broker(tmp_path: Pa
         assert publisher._hold.hold_s == profile_settings(profile).ack_hold_s   # type: ignore[arg-type]
     finally:
         publisher.close()
+
+
+def test_the_agent_pointed_at_the_broker_on_this_host_takes_it_for_the_embedded_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLOCKTOWER_BROKER_PROFILE", raising=False)
+    assert agent_cli._profile(argparse.Namespace(kafka_port=19092)) == {"broker_profile": "embedded"}
+    assert agent_cli._profile(argparse.Namespace(kafka_port=None)) == {}           # --kafka HOST:PORT, or the env
+    monkeypatch.setenv("CLOCKTOWER_BROKER_PROFILE", "kafka")
+    assert agent_cli._profile(argparse.Namespace(kafka_port=19092)) == {}          # told otherwise

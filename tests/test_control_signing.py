@@ -209,3 +209,18 @@ def test_the_stream_worker_refuses_to_start_without_a_key_in_one_line(tmp_path: 
     assert r.stderr.splitlines() == ["error: no control signing key: with an external Kafka set "
                                      "CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE (`clocktower control keygen DIR` makes a "
                                      "key pair)"], r.stderr
+
+
+def test_a_link_command_for_a_stale_report_is_issued_expired_and_a_drain_is_not() -> None:
+    """A failover for a link report 90 s old would act on a state the node has reported past since (and its own
+    watchdog handled); a drain for a GPU lost 90 s ago must still reach the node."""
+    issuer = CommandIssuer(TEST_SIGNER, clock_ns=lambda: T0 + 90 * S)
+    stale = issuer.issue(CommandIntent("node-1", "failover", "eth0", T0, "inc", {"from": "eth0", "to": "eth1"}))
+    fresh = issuer.issue(CommandIntent("node-1", "failover", "eth0", T0 + 50 * S, "inc",
+                                       {"from": "eth0", "to": "eth1"}))
+    drain = issuer.issue(CommandIntent("node-1", "drain", "node-1", T0, "inc"))
+    assert stale.expires_ns == T0 + 60 * S and fresh.expires_ns == drain.expires_ns == T0 + 150 * S
+    now = T0 + 91 * S
+    assert refusal(stale, node="node-1", now_ns=now, verifier=TEST_VERIFIER).startswith("expired")
+    assert refusal(fresh, node="node-1", now_ns=now, verifier=TEST_VERIFIER) is None
+    assert refusal(drain, node="node-1", now_ns=now, verifier=TEST_VERIFIER) is None

@@ -91,10 +91,11 @@ def test_an_unacked_command_is_an_error() -> None:
     assert many.startswith("12 control commands got no ack: ['c0',") and "c10" not in many and many.endswith(" ...")
 
 
-def test_a_command_refused_or_failed_is_an_error() -> None:
-    assert control_errors({"commands_unacked": [], "control_acks": {"applied": 9}}) == []
-    (err,) = control_errors({"commands_unacked": [], "control_acks": {"applied": 7, "refused": 2, "failed": 1}})
-    assert err.startswith("control commands not applied: {'refused': 2, 'failed': 1}")
+def test_an_action_no_node_applied_is_an_error() -> None:
+    assert control_errors({"commands_unacked": [], "not_applied": []}) == []
+    (err,) = control_errors({"commands_unacked": [], "not_applied": [
+        {"action": "drain", "node": "node-1", "acks": ["failed", "refused"]}]})
+    assert err.startswith("1 ordered actions no node applied: [{'action': 'drain', 'node': 'node-1'")
 
 
 def test_every_node_runs_an_actuator_in_a_small_fleet_and_the_faulty_ones_in_a_big_one() -> None:

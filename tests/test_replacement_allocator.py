@@ -260,3 +260,21 @@ def test_re_orders_stop_after_the_limit_and_after_the_undrain() -> None:
     drain, _ = intents(alloc2(request("node-1")))
     alloc2(undrain_ack("node-1"))                                      # repaired: the replacement is over
     assert alloc2(ack_of(drain, "refused", "expired 1.000 s ago", 120)) == []
+
+
+def test_a_late_ack_or_an_old_fault_is_not_ordered_again_and_a_replay_refusal_is_ignored() -> None:
+    """A lagging allocator reading an expired drain's ack long after it was sent may not have read the undrain the
+    operator ran since: ordering the drain again would drain a repaired node."""
+    clock = Clock(T0 + 5 * S)
+    alloc = Allocator(clock=clock)
+    drain, _ = intents(alloc(request("node-1")))
+    clock.now = T0 + 200 * S
+    (row,) = alloc(ack_of(drain, "refused", "expired 3.000 s ago", 70))            # read 130 s after it was sent
+    assert "too old to order again: it needs a human" in row.detail and row.command_ids == []
+    assert alloc(ack_of(drain, "refused", "replayed (first handled at ..., status applied)", 199)) == []
+    clock2 = Clock(T0 + 5 * S)
+    alloc2 = Allocator(clock=clock2)
+    drain2, _ = intents(alloc2(request("node-2")))
+    clock2.now = T0 + 16 * 60 * S                                                  # the fault is 16 min old
+    (row2,) = alloc2(ack_of(drain2, "refused", "expired 1.000 s ago", 16 * 60 - 10))
+    assert "too old to order again" in row2.detail

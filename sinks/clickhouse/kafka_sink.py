@@ -172,8 +172,6 @@ class KafkaClickHouseSink:
                       deadline: float) -> tuple[ResumePoint, int]:
         """The checked resume point of one partition and its log end, within `deadline`."""
         resume = known_resume(committed, stored)
-        if not self.check_reused_offsets:   # a Kafka broker never gives an offset to a second record
-            return (ResumePoint(resume) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), -1
         try:
             timeout = min(WATERMARK_TIMEOUT_S, deadline - time.monotonic())
             if timeout <= 0:
@@ -182,6 +180,10 @@ class KafkaClickHouseSink:
         except KafkaException as exc:   # no log bounds: nothing can be compared, so nothing is assumed lost
             log.warning("%s[%d]: no log bounds (%s)", tp.topic, tp.partition, exc)
             return (ResumePoint(resume, unchecked=True) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), -1
+        if not self.check_reused_offsets and (resume < 0 or low <= resume <= high):
+            # a Kafka broker never gives an offset to a second record: only a resume point outside the log (a topic
+            # made anew, an unclean leader election) is searched, as the embedded broker's are
+            return (ResumePoint(resume) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), high
         point = find_resume(committed, stored, low, high,
                             lambda offset: self._same(probe, tp, offset, deadline),
                             budget_s=max(0.0, deadline - time.monotonic()))

@@ -17,7 +17,9 @@ A request for a fault older than `max_fault_age_ns` on the allocator's wall cloc
 report came late) orders nothing: the incident says so, and a human decides. Commands are valid from when they are
 issued (control/issuer.py), so a lag below that age does not void them. While the node is being replaced, a
 `drain` or `spare` that its node acks as expired or failed is ordered again (a new command id), at most
-`MAX_REORDERS` times; one refused for another reason is not, and the incident says why.
+`MAX_REORDERS` times, if the ack is at most `REORDER_WITHIN_NS` old and the fault within its age limit (a lagging
+allocator must not drain a node again after an undrain that it has yet to read); one refused for another reason is
+not, and the incident says why. A `replayed` refusal is a copy of a command the node already handled: ignored.
 
 Acks come from the nodes: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on acks signed by the node
 they name (streams/topology.py), so a node can free only the spare that replaces it, and only on requests they
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 FLEET = "fleet"
 ANSWERED = 32                      # newest withheld answers kept for redelivered requests
 MAX_REORDERS = 5                   # a drain or spare acked expired or failed is ordered again at most this often
+REORDER_WITHIN_NS = 60 * 10**9     # ... and only if its ack is this recent on the allocator's clock (a command's TTL)
 DEFAULT_MAX_FAULT_AGE_NS = 15 * 60 * 10**9
 STATE_TTL_NS = 365 * 24 * 3600 * 10**9   # the fleet's entry is rewritten by every request; never let it lapse
 
@@ -166,13 +169,16 @@ class ReplacementAllocator(Processor):
         if ack.command_id in ids[:-1]:   # redelivered: the order it caused, again
             self.redelivered += 1
             return self._reorder(ack, node, r, times, ids.index(ack.command_id) + 1)
-        if ack.command_id != ids[-1]:
+        if ack.command_id != ids[-1] or ack.detail.startswith("replayed"):
             return []
+        now = self.budget.clock_ns()
         retry = ack.status == "failed" or ack.detail.startswith("expired")
-        if not retry or len(times) > MAX_REORDERS:
-            why = "not ordered again" if not retry else f"ordered {len(times)} times: not again, it needs a human"
+        stale = now - ack.ts_ns > REORDER_WITHIN_NS or now - r.ts_ns > self.max_fault_age_ns
+        if not retry or stale or len(times) > MAX_REORDERS:
+            why = ("not ordered again" if not retry else "too old to order again: it needs a human" if stale
+                   else f"ordered {len(times)} times: not again, it needs a human")
             return [self._row_of(node, ack.ts_ns, r, f"{ack.action} {ack.status} by {ack.node}: {ack.detail}; {why}")]
-        t = max(min(ack.ts_ns, self.budget.clock_ns()), times[-1] + 1)   # a node's clock never dates it ahead
+        t = max(min(ack.ts_ns, now), times[-1] + 1)   # a node's clock never dates it ahead
         r.reorders[ack.action] = [*times[1:], t]
         self.reordered += 1
         state.put(FLEET, fleet, max(state.now_ns, t) + STATE_TTL_NS)
