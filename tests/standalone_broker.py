@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from clocktower.ports import free_port, wait_open
@@ -54,3 +56,14 @@ class StandaloneBroker:
         except FileNotFoundError:
             return None
         return st.st_ino, st.st_mtime_ns
+
+
+@contextmanager
+def running(data_dir: Path) -> Iterator[StandaloneBroker]:
+    """A StandaloneBroker started in `data_dir`, stopped at the end (for module fixtures)."""
+    broker = StandaloneBroker(data_dir)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

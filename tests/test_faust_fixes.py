@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.standalone_broker import StandaloneBroker
+from tests.standalone_broker import StandaloneBroker, running
 
 pytestmark = pytest.mark.e2e
 RECORDS = 40
@@ -28,12 +28,8 @@ WORKER = Path(__file__).with_name("faust_drop_worker.py")
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneBroker]:
-    b = StandaloneBroker(tmp_path_factory.mktemp("faust-fixes") / "kafka")
-    b.start()
-    try:
+    with running(tmp_path_factory.mktemp("faust-fixes") / "kafka") as b:
         yield b
-    finally:
-        b.stop()
 
 
 def _stable(admin: AdminClient, group: str) -> bool:

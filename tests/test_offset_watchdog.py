@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from clocktower.streams.commit_stall import CommitStall
 from clocktower.streams.offset_watchdog import positions_and_commits
-from tests.standalone_broker import StandaloneBroker
+from tests.standalone_broker import StandaloneBroker, running
 
 pytestmark = pytest.mark.e2e
 TOPIC, OTHER = "watchdog-input", "watchdog-changelog"
@@ -27,12 +27,8 @@ TOPIC, OTHER = "watchdog-input", "watchdog-changelog"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneBroker]:
-    b = StandaloneBroker(tmp_path_factory.mktemp("watchdog") / "kafka")
-    b.start()
-    try:
+    with running(tmp_path_factory.mktemp("watchdog") / "kafka") as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_a_partition_read_to_its_end_and_never_committed_is_seen_and_ends_the_worker(broker: StandaloneBroker,
