@@ -22,13 +22,13 @@ from clocktower.progress_view import ProgressView
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.schemas.topics import TOPICS
 from clocktower.stack import Stack
-from clocktower.streams.commit_stall import CHECK_S, STALL_CHECKS
 from clocktower.summary import build_summary, table_rows
 
 ACK_TIMEOUT_S = 30.0   # after the drain, every command's ack is awaited this long
-# The drain is given up once no consumer has committed anything for this long: longer than a stalled stream worker
-# takes to be ended by its commit-stall check, restarted and to commit again.
-DRAIN_STALL_S = CHECK_S * STALL_CHECKS + 90.0
+# The drain is given up once no consumer has committed anything for this long: on an overloaded machine a Faust
+# commit took 33 s. A worker whose partitions stall for good is restarted by its commit-stall check only after
+# 5 minutes (streams/commit_stall.py): the demo reports that as an error rather than wait.
+DRAIN_STALL_S = 150.0
 
 
 def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console, drain_stall_s: float = DRAIN_STALL_S,
