@@ -99,6 +99,8 @@ def discarded(fetched: Mapping[TP, list], handed: Mapping[TP, int]) -> dict[TP, 
     """Per partition, the first and last offsets fetched but not handed on (`handed`: the last offset handed on)."""
     out = {}
     for tp, records in fetched.items():
+        if not records or records[-1].offset <= handed.get(tp, -1):   # all handed on: the usual case, checked fast
+            continue
         left = [r.offset for r in records if r.offset > handed.get(tp, -1)]
         if left:
             out[tp] = (left[0], left[-1])
@@ -121,7 +123,12 @@ async def check_discards_rewound(self: Consumer) -> None:
     async def positions(consumer: AIOKafkaConsumer) -> dict[TP, int | None]:
         return {tp: position(consumer, tp) for tp in pending}
 
-    for tp, pos in (await thread.call_thread(positions, thread._ensure_consumer())).items():
+    try:
+        now = await thread.call_thread(positions, thread._ensure_consumer())
+    except Exception:  # noqa: BLE001 - a report that fails (the consumer stopping) must not break Faust's fetch loop
+        log.warning("could not check that discarded records are read again", exc_info=True)
+        return
+    for tp, pos in now.items():
         if pos is not None and pos > pending[tp]:
             log.warning("records of %s:%d from offset %d were discarded by Faust and not read again: the "
                         "position is %d", tp.topic, tp.partition, pending[tp], pos)
