@@ -34,13 +34,15 @@ def control_loop_report(client: Client, since_ns: int, faults: list[dict], detec
         "WHERE a.status = 'applied' AND a.ts_ns >= {s:Int64} GROUP BY i.kind, i.node, i.opened_ns",
         parameters={"s": since_ns}).result_rows}
     # An order (an incident's action on a node) that no node applied, whichever of its commands were acked: a
-    # drain acked expired and ordered again, then applied, is applied; a copy refused as replayed changes nothing.
+    # drain acked expired and ordered again, then applied, is applied; so is one whose only ack is a copy's
+    # `replayed (..., status applied)` (the first ack lost in a crash).
     not_applied = [{"action": str(action), "node": str(node), "acks": sorted(str(s) for s in statuses)}
                    for action, node, statuses in client.query(
         "SELECT c.action, c.node, groupArray(a.status) FROM control_acks AS a INNER JOIN "
         "(SELECT DISTINCT command_id, incident_id, action, node FROM control_commands FINAL WHERE ts_ns >= {s:Int64}) "
         "AS c ON a.command_id = c.command_id WHERE a.ts_ns >= {s:Int64} GROUP BY c.incident_id, c.action, c.node "
-        "HAVING countIf(a.status = 'applied') = 0 ORDER BY c.node, c.action", parameters={"s": since_ns}).result_rows]
+        "HAVING countIf(a.status = 'applied' OR a.detail LIKE 'replayed %status applied)') = 0 "
+        "ORDER BY c.node, c.action", parameters={"s": since_ns}).result_rows]
     to_ack = []
     for f in faults:
         kind = detects.get(f["kind"], "")

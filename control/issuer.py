@@ -4,9 +4,11 @@ A command is valid for `ttl_ns` from when it is issued, not from its fault's eve
 a fault (a loaded worker, a restart, a report that came late) still send commands a node can apply. How old a fault
 may be and still be acted on is decided per action:
 - drain and spare: where they are decided, by the replacement allocator (`max_fault_age_ns`, 15 min by default);
-- the link actions: `ttl_ns` (`STALE_AFTER_NS`). They act on a link's state, which a later report supersedes (the
-  link detector orders again from reports), so one for a report older than that is issued already expired (valid
-  until its event time + `ttl_ns`, as before): the node refuses it and its ack says so.
+- failover and restore: `ttl_ns` (`STALE_AFTER_NS`). They act on a link's state as a report showed it, and a later
+  one may show it otherwise: the node's own watchdog fails a link over at once, and the link detector orders a
+  restore again from later reports. So one for a report older than that is issued already expired (valid until its
+  event time + `ttl_ns`, as before): the node refuses it and its ack says so. A quarantine (decided from an hour's
+  count) and a release (an operator's) are dated from issue.
 The lifetime the actuators accept (control/command_check.py, MAX_LIFETIME_NS from the event time) caps every
 expiry.
 """
@@ -23,7 +25,7 @@ from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.event import Event
 
 DEFAULT_TTL_NS = 60 * 10**9
-STALE_AFTER_NS = dict.fromkeys(("failover", "restore", "quarantine", "release"), DEFAULT_TTL_NS)
+STALE_AFTER_NS = dict.fromkeys(("failover", "restore"), DEFAULT_TTL_NS)
 
 
 class CommandIssuer:

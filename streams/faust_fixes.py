@@ -7,6 +7,14 @@ seeks only where an offset above 0 was committed, so a partition nobody ever com
 the dropped records: they were never read again (a stall at the high watermark), or later records were read and
 committed past the hole (a silent loss). Seen in the kill test of tests/test_scale_out.py, issue 17.
 
+A second race breaks the same rewind (seen in the kill test: 128 records of a repartition partition never handed
+to the agent, its commits stuck below them). Faust's fetch loop drops a record below the partition's read offset
+(`_drain_messages`, "DROPPED MESSAGE ROFF"), and `perform_seek` resets that offset. But records fetched before the
+seek were still being handed on, one await at a time, and each set the read offset past the records the seek had
+just asked for again: those were fetched again and dropped. So a batch stops being handed on once a seek happens
+after its fetch (aiokafka fetches the rest again from the new position), and the read offsets the seek set are
+put back before the first batch fetched after it is handed on.
+
 `install()` applies every fix below to each Faust consumer started afterwards. tests/test_faust_fixes.py drives
 each through Faust's real consumer against the embedded broker, with and without it.
 """
@@ -29,6 +37,7 @@ _original_seek_to_committed = AIOKafkaConsumerThread.seek_to_committed
 _original_getmany = Consumer.getmany
 _original_wait_next_records = Consumer._wait_next_records
 _original_perform_seek = Consumer.perform_seek
+fix_stale_batches = True   # the second fix (off only in tests/test_faust_fixes.py, to show the race without it)
 
 
 def position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
@@ -68,22 +77,37 @@ async def _seek_to_committed(self: AIOKafkaConsumerThread) -> Mapping[TP, int]:
 async def _wait_next_records(self: Consumer, timeout: float) -> tuple[Any, Any]:
     records, active = await _original_wait_next_records(self, timeout)
     self.clocktower_fetched = records
+    self.clocktower_seeks_at_fetch = getattr(self, "clocktower_seeks", 0)   # seeks made after this fetch count
+    read_at_seek = getattr(self, "clocktower_read_at_seek", None)
+    if read_at_seek and fix_stale_batches:   # the first fetch since a seek: the seek's read offsets again,
+        # whatever a batch fetched before it set since
+        self._read_offset.update(read_at_seek)
+        self.clocktower_read_at_seek = None
     return records, active
 
 
 async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
     """Faust's getmany, noting what it fetched and did not hand on: Faust drops those records without a word."""
     self.clocktower_fetched = None
-    seeks = getattr(self, "clocktower_seeks", 0)
     handed: dict[TP, int] = {}
-    async for tp, message in _original_getmany(self, timeout):
-        handed[tp] = message.offset
-        yield tp, message
+    stale = False
+    batch = _original_getmany(self, timeout)
+    try:
+        async for tp, message in batch:
+            if fix_stale_batches and getattr(self, "clocktower_seeks", 0) != getattr(
+                    self, "clocktower_seeks_at_fetch", 0):
+                stale = True   # a seek since this fetch moved the positions back: the rest is fetched again
+                break
+            handed[tp] = message.offset
+            yield tp, message
+    finally:
+        await batch.aclose()
     fetched, self.clocktower_fetched = self.clocktower_fetched, None
     dropped = discarded(fetched or {}, handed)
     if not dropped:
         return
-    why = "flow stopped" if not self.flow_active else "flow stopped, partition paused or generation changed"
+    why = ("a seek since the fetch" if stale else "flow stopped" if not self.flow_active
+           else "flow stopped, partition paused or generation changed")
     for tp, (first, last) in dropped.items():
         log.info("Faust discarded %s:%d offsets %d-%d (%s); the seek to committed offsets must read them again",
                  tp.topic, tp.partition, first, last, why)
@@ -91,7 +115,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, An
     for tp, (first, _last) in dropped.items():
         pending[tp] = min(first, pending.get(tp, first))
     self.clocktower_discarded = pending
-    if getattr(self, "clocktower_seeks", 0) != seeks:   # Faust's getmany sought back (perform_seek): check now
+    seeks = getattr(self, "clocktower_seeks_at_fetch", 0)
+    if getattr(self, "clocktower_seeks", 0) != seeks:   # sought back since the fetch (perform_seek): check now
         await check_discards_rewound(self)   # (else the seek at the rebalance's end does)
 
 
@@ -110,6 +135,8 @@ def discarded(fetched: Mapping[TP, list], handed: Mapping[TP, int]) -> dict[TP, 
 async def _perform_seek(self: Consumer) -> None:
     await _original_perform_seek(self)
     self.clocktower_seeks = getattr(self, "clocktower_seeks", 0) + 1
+    acked = self.app.topics.acks_enabled_for   # (changelogs' read offsets are the recovery's own)
+    self.clocktower_read_at_seek = {tp: off for tp, off in self._read_offset.items() if acked(tp.topic)}
     if getattr(self, "clocktower_discarded", None):
         await check_discards_rewound(self)
 

@@ -278,3 +278,20 @@ def test_a_late_ack_or_an_old_fault_is_not_ordered_again_and_a_replay_refusal_is
     clock2.now = T0 + 16 * 60 * S                                                  # the fault is 16 min old
     (row2,) = alloc2(ack_of(drain2, "refused", "expired 1.000 s ago", 16 * 60 - 10))
     assert "too old to order again" in row2.detail
+
+
+def test_a_replayed_refusal_counts_as_what_the_node_recorded_and_only_for_the_newest_order() -> None:
+    """A node that crashed after recording a command's outcome, before acking it, answers the redelivered copy with
+    `refused: replayed (... status X)`: that may be the only ack. A replayed copy of an older order was acked
+    before, and must not order the next one again (it would go out with a fresh expiry, however late)."""
+    clock = Clock(T0 + 5 * S)
+    alloc = Allocator(clock=clock)
+    drain, _ = intents(alloc(request("node-1")))
+    _, again = alloc(ack_of(drain, "refused", "replayed (first handled at 2026-12-04T16:33:48.915+00:00, "
+                                              "status failed)", 70))
+    assert command_id_of(again) != command_id_of(drain) and alloc.proc.reordered == 1
+    assert alloc(ack_of(again, "refused", "replayed (first handled at ..., status applied)", 71)) == []
+    assert alloc(ack_of(drain, "refused", "replayed (first handled at ..., status failed)", 72)) == []
+    clock.now = T0 + 300 * S                     # a redelivered ack, read long after: the row again, no command
+    (row,) = alloc(ack_of(drain, "failed", "drain hook exited 1", 70))
+    assert row.command_ids == [command_id_of(again)] and "ordered again (1 of" in row.detail

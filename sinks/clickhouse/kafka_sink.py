@@ -172,18 +172,23 @@ class KafkaClickHouseSink:
                       deadline: float) -> tuple[ResumePoint, int]:
         """The checked resume point of one partition and its log end, within `deadline`."""
         resume = known_resume(committed, stored)
+        unchecked = ResumePoint(resume) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)
+        if not self.check_reused_offsets and resume < 0:
+            return unchecked, -1
         try:
             timeout = min(WATERMARK_TIMEOUT_S, deadline - time.monotonic())
             if timeout <= 0:
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "search budget spent"))
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
         except KafkaException as exc:   # no log bounds: nothing can be compared, so nothing is assumed lost
+            if not self.check_reused_offsets:   # nor held back: a Kafka broker reuses no offset
+                return unchecked, -1
             log.warning("%s[%d]: no log bounds (%s)", tp.topic, tp.partition, exc)
             return (ResumePoint(resume, unchecked=True) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), -1
-        if not self.check_reused_offsets and (resume < 0 or low <= resume <= high):
+        if not self.check_reused_offsets and low <= resume <= high:
             # a Kafka broker never gives an offset to a second record: only a resume point outside the log (a topic
             # made anew, an unclean leader election) is searched, as the embedded broker's are
-            return (ResumePoint(resume) if resume >= 0 else ResumePoint(OFFSET_BEGINNING)), high
+            return unchecked, high
         point = find_resume(committed, stored, low, high,
                             lambda offset: self._same(probe, tp, offset, deadline),
                             budget_s=max(0.0, deadline - time.monotonic()))

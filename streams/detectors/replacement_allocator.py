@@ -19,7 +19,9 @@ issued (control/issuer.py), so a lag below that age does not void them. While th
 `drain` or `spare` that its node acks as expired or failed is ordered again (a new command id), at most
 `MAX_REORDERS` times, if the ack is at most `REORDER_WITHIN_NS` old and the fault within its age limit (a lagging
 allocator must not drain a node again after an undrain that it has yet to read); one refused for another reason is
-not, and the incident says why. A `replayed` refusal is a copy of a command the node already handled: ignored.
+not, and the incident says why. A `replayed` refusal (a copy of a command the node had handled) counts as the
+status the node recorded for the newest order, whose first ack a crash may have lost, and is ignored for an older
+one.
 
 Acks come from the nodes: with CLOCKTOWER_PRODUCER_KEY set, the streams act only on acks signed by the node
 they name (streams/topology.py), so a node can free only the spare that replaces it, and only on requests they
@@ -32,6 +34,7 @@ answers are kept.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -75,6 +78,15 @@ class Fleet:
     granted: list[int] = field(default_factory=list)                    # the budget's grants (processing clock)
     replaced: dict[str, Replacement] = field(default_factory=dict)      # node being replaced -> its replacement
     answered: list[tuple[str, Emitted]] = field(default_factory=list)   # withheld requests: (incident id, outputs)
+
+
+def outcome_of(ack: ControlAck) -> str:
+    """What became of the command: its ack's status, or for a `replayed` refusal (a copy of a command the node had
+    handled, whose first ack may have been lost in a crash) the status the node recorded then."""
+    if ack.status == "refused" and ack.detail.startswith("replayed"):
+        found = re.search(r"status (\w+)\)", ack.detail)
+        return found.group(1) if found else "replayed"
+    return ack.status
 
 
 class ReplacementAllocator(Processor):
@@ -166,27 +178,32 @@ class ReplacementAllocator(Processor):
             return []
         times = [r.ts_ns, *r.reorders.get(ack.action, [])]
         ids = [command_id_of(self._intent(ack.action, node, r, t)) for t in times]
-        if ack.command_id in ids[:-1]:   # redelivered: the order it caused, again
-            self.redelivered += 1
-            return self._reorder(ack, node, r, times, ids.index(ack.command_id) + 1)
-        if ack.command_id != ids[-1] or ack.detail.startswith("replayed"):
-            return []
+        outcome = outcome_of(ack)
         now = self.budget.clock_ns()
-        retry = ack.status == "failed" or ack.detail.startswith("expired")
         stale = now - ack.ts_ns > REORDER_WITHIN_NS or now - r.ts_ns > self.max_fault_age_ns
+        if ack.command_id in ids[:-1]:
+            if ack.detail.startswith("replayed"):   # a copy of an older order, refused: its own ack came before
+                return []
+            self.redelivered += 1                   # redelivered: the order it caused, again (the row only, if the
+            out = self._reorder(node, r, outcome, ack, times, ids.index(ack.command_id) + 1)   # ack is old now:
+            return out[:1] if stale else out        # that id went out, and a late copy would act late)
+        if ack.command_id != ids[-1] or outcome in ("applied", "started"):
+            return []
+        retry = outcome == "failed" or ack.detail.startswith("expired")
         if not retry or stale or len(times) > MAX_REORDERS:
             why = ("not ordered again" if not retry else "too old to order again: it needs a human" if stale
                    else f"ordered {len(times)} times: not again, it needs a human")
-            return [self._row_of(node, ack.ts_ns, r, f"{ack.action} {ack.status} by {ack.node}: {ack.detail}; {why}")]
+            return [self._row_of(node, ack.ts_ns, r, f"{ack.action} {outcome} by {ack.node}: {ack.detail}; {why}")]
         t = max(min(ack.ts_ns, now), times[-1] + 1)   # a node's clock never dates it ahead
         r.reorders[ack.action] = [*times[1:], t]
         self.reordered += 1
         state.put(FLEET, fleet, max(state.now_ns, t) + STATE_TTL_NS)
-        return self._reorder(ack, node, r, [*times, t], len(times))
+        return self._reorder(node, r, outcome, ack, [*times, t], len(times))
 
-    def _reorder(self, ack: ControlAck, node: str, r: Replacement, times: list[int], i: int) -> list[Output]:
+    def _reorder(self, node: str, r: Replacement, outcome: str, ack: ControlAck, times: list[int],
+                 i: int) -> list[Output]:
         intent = self._intent(ack.action, node, r, times[i])
-        detail = f"{ack.action} {ack.status} by {ack.node}: ordered again ({i} of {MAX_REORDERS})"
+        detail = f"{ack.action} {outcome} by {ack.node}: ordered again ({i} of {MAX_REORDERS})"
         return [self._row_of(node, times[i], r, detail, [command_id_of(intent)]), intent]
 
     @staticmethod
