@@ -11,9 +11,10 @@ A second race breaks the same rewind (seen in the kill test: 128 records of a re
 to the agent, its commits stuck below them). Faust's fetch loop drops a record below the partition's read offset
 (`_drain_messages`, "DROPPED MESSAGE ROFF"), and `perform_seek` resets that offset. But records fetched before the
 seek were still being handed on, one await at a time, and each set the read offset past the records the seek had
-just asked for again: those were fetched again and dropped. So a batch stops being handed on once a seek happens
-after its fetch (aiokafka fetches the rest again from the new position), and the read offsets the seek set are
-put back before the first batch fetched after it is handed on.
+just asked for again: those were fetched again and dropped. So the read offsets the seek set are put back before
+the first batch fetched after it is handed on (the rest of the earlier batch is handed on as before: duplicates,
+which the processors drop or re-emit). A first version also stopped handing that batch on, judged by a count of
+seeks: a fetch that returned fresh records just after a seek was taken for a stale one, and its records were lost.
 
 `install()` applies every fix below to each Faust consumer started afterwards. tests/test_faust_fixes.py drives
 each through Faust's real consumer against the embedded broker, with and without it.
@@ -38,6 +39,7 @@ _original_getmany = Consumer.getmany
 _original_wait_next_records = Consumer._wait_next_records
 _original_perform_seek = Consumer.perform_seek
 fix_stale_batches = True   # the second fix (off only in tests/test_faust_fixes.py, to show the race without it)
+
 
 
 def position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
@@ -90,24 +92,14 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, An
     """Faust's getmany, noting what it fetched and did not hand on: Faust drops those records without a word."""
     self.clocktower_fetched = None
     handed: dict[TP, int] = {}
-    stale = False
-    batch = _original_getmany(self, timeout)
-    try:
-        async for tp, message in batch:
-            if fix_stale_batches and getattr(self, "clocktower_seeks", 0) != getattr(
-                    self, "clocktower_seeks_at_fetch", 0):
-                stale = True   # a seek since this fetch moved the positions back: the rest is fetched again
-                break
-            handed[tp] = message.offset
-            yield tp, message
-    finally:
-        await batch.aclose()
+    async for tp, message in _original_getmany(self, timeout):
+        handed[tp] = message.offset
+        yield tp, message
     fetched, self.clocktower_fetched = self.clocktower_fetched, None
     dropped = discarded(fetched or {}, handed)
     if not dropped:
         return
-    why = ("a seek since the fetch" if stale else "flow stopped" if not self.flow_active
-           else "flow stopped, partition paused or generation changed")
+    why = "flow stopped" if not self.flow_active else "flow stopped, partition paused or generation changed"
     for tp, (first, last) in dropped.items():
         log.info("Faust discarded %s:%d offsets %d-%d (%s); the seek to committed offsets must read them again",
                  tp.topic, tp.partition, first, last, why)
