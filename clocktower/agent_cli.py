@@ -102,7 +102,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
 
 def _profile(args: argparse.Namespace) -> dict[str, str]:
     """--kafka-port names the embedded broker `up` runs on this host: its workarounds, unless the profile is set."""
-    if args.kafka_port is not None and "CLOCKTOWER_BROKER_PROFILE" not in os.environ:
+    if getattr(args, "kafka_port", None) is not None and "CLOCKTOWER_BROKER_PROFILE" not in os.environ:
         return {"broker_profile": "embedded"}
     return {}
 

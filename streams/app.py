@@ -109,6 +109,7 @@ async def _start() -> None:
 
 
 commit_stall = CommitStall()
+processed: dict[tuple[str, int], int] = {}   # per partition, the last record whose outputs were all sent
 
 
 @app.timer(CHECK_S)
@@ -127,7 +128,8 @@ async def _check_commits() -> None:
     except Exception:  # noqa: BLE001 - a check that fails (consumer not started, a rebalance) must not stop the worker
         log.warning("commit stall check skipped", exc_info=True)
         return
-    stalled = commit_stall.check(offsets)
+    stalled = commit_stall.check({tp: (pos, committed, processed.get((tp.topic, tp.partition)))
+                                  for tp, (pos, committed) in offsets.items()})
     if stalled:
         where = sorted(f"{tp.topic}:{tp.partition} at {offsets[tp][0]}, committed {offsets[tp][1]}" for tp in stalled)
         end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving for "
@@ -154,6 +156,7 @@ async def _process(name: str, stream: faust.StreamT) -> None:
             audit.record(name, msg.partition, msg.offset)
         for out in outs:
             await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
+        processed[(name, msg.partition)] = msg.offset   # acked as soon as the agent asks for the next record
 
 
 def _agent_for(name: str) -> None:

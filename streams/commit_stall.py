@@ -21,28 +21,35 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 CHECK_S = 10.0
-# 5 minutes. A minute was too short: on an overloaded machine (the demo beside the kill test and a CPU hog) one
-# Faust commit took 20-33 s, no commit finished for a minute, and the check restarted healthy workers (issue 17).
+# Fetched but not processed, nothing moving: 5 minutes. A minute was too short: on an overloaded machine (the demo
+# beside the kill test and a CPU hog) an agent waited over a minute to send its outputs, and the check restarted
+# healthy workers (issue 17).
 STALL_CHECKS = 30
+# Processed (outputs sent, so acked at once) but not committed, nothing moving: a minute. Faust's commits had stopped
+# below such records in a loaded kill-test run (every record of the partition handled, its commit stuck for good).
+PROCESSED_STALL_CHECKS = 6
 
 
 @dataclass
 class CommitStall:
     stall_checks: int = STALL_CHECKS
-    _seen: dict[Hashable, tuple[int, int, int]] = field(default_factory=dict)
+    processed_stall_checks: int = PROCESSED_STALL_CHECKS
+    _seen: dict[Hashable, tuple[tuple[int, int, int | None], int]] = field(default_factory=dict)
 
-    def check(self, partitions: Mapping[Hashable, tuple[int | None, int | None]]) -> list[Hashable]:
+    def check(self, partitions: Mapping[Hashable, tuple[int | None, int | None, int | None]]) -> list[Hashable]:
         """The partitions stalled now. `partitions`: per partition, the consumer's position (None: it has none
-        now, an offset reset pending) and the committed offset, or the log start where nothing was committed."""
-        seen: dict[Hashable, tuple[int, int, int]] = {}
+        now, an offset reset pending), the committed offset (or the log start where nothing was committed), and
+        the last offset the worker processed (None: none)."""
+        seen: dict[Hashable, tuple[tuple[int, int, int | None], int]] = {}
         stalled = []
-        for tp, (pos, committed) in partitions.items():
+        for tp, (pos, committed, processed) in partitions.items():
             if pos is None or committed is None or pos <= committed:
                 continue
             prev = self._seen.get(tp)
-            checks = prev[2] + 1 if prev is not None and prev[:2] == (pos, committed) else 1
-            seen[tp] = (pos, committed, checks)
-            if checks >= self.stall_checks:
+            checks = prev[1] + 1 if prev is not None and prev[0] == (pos, committed, processed) else 1
+            seen[tp] = ((pos, committed, processed), checks)
+            uncommitted = processed is not None and processed >= committed
+            if checks >= (self.processed_stall_checks if uncommitted else self.stall_checks):
                 stalled.append(tp)
         self._seen = seen
         return stalled
