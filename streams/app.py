@@ -9,6 +9,7 @@ changelog topic, so a worker that restarts or takes over partitions recovers it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -123,13 +124,17 @@ async def _check_commits() -> None:
         return
     try:
         thread = app.consumer._thread
-        offsets = await thread.call_thread(positions_and_commits, thread._ensure_consumer(),
-                                           app.topics.acks_enabled_for)
+        offsets = await asyncio.wait_for(thread.call_thread(positions_and_commits, thread._ensure_consumer(),
+                                                            app.topics.acks_enabled_for), CHECK_S)
     except Exception:  # noqa: BLE001 - a check that fails (consumer not started, a rebalance) must not stop the worker
-        log.warning("commit stall check skipped", exc_info=True)
+        log.warning("commit stall check skipped", exc_info=True)   # (a timeout too: the consumer thread is busy)
         return
     stalled = commit_stall.check({tp: (pos, committed, processed.get((tp.topic, tp.partition)))
                                   for tp, (pos, committed) in offsets.items()})
+    for tp, (state, checks) in commit_stall.counting().items():
+        if checks >= 3:   # what the next session needs to see a stall coming (issue 17)
+            log.warning("%s:%d fetched ahead of its commit, nothing moving for %d checks (position, committed, "
+                        "processed: %s)", tp.topic, tp.partition, checks, state)
     if stalled:
         where = sorted(f"{tp.topic}:{tp.partition} at {offsets[tp][0]}, committed {offsets[tp][1]}" for tp in stalled)
         end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving for "

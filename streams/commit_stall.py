@@ -53,3 +53,7 @@ class CommitStall:
                 stalled.append(tp)
         self._seen = seen
         return stalled
+
+    def counting(self) -> dict[Hashable, tuple[tuple[int, int, int | None], int]]:
+        """Per partition now counted: its (position, committed, processed) and the checks it has not moved for."""
+        return dict(self._seen)

@@ -96,7 +96,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, An
         handed[tp] = message.offset
         yield tp, message
     fetched, self.clocktower_fetched = self.clocktower_fetched, None
-    dropped = discarded(fetched or {}, handed)
+    acked = self.app.topics.acks_enabled_for   # (a changelog's records are the recovery's: it seeks them itself)
+    dropped = {tp: span for tp, span in discarded(fetched or {}, handed).items() if acked(tp.topic)}
     if not dropped:
         return
     why = "flow stopped" if not self.flow_active else "flow stopped, partition paused or generation changed"

@@ -29,6 +29,7 @@ def test_records_processed_but_never_committed_are_a_stall_sooner() -> None:
     s = CommitStall(stall_checks=30, processed_stall_checks=3)
     for _ in range(2):
         assert s.check({"stuck": (1297, 435, 1296), "slow": (50, 40, 39)}) == []
+    assert s.counting() == {"stuck": ((1297, 435, 1296), 2), "slow": ((50, 40, 39), 2)}   # what the worker logs
     assert s.check({"stuck": (1297, 435, 1296), "slow": (50, 40, 39)}) == ["stuck"]
 
 
