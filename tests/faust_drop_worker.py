@@ -1,15 +1,10 @@
 """A Faust worker that meets a rebalance mid-fetch, for tests/test_faust_fixes.py.
 
-`python tests/faust_drop_worker.py BOOTSTRAP TOPIC EXPECT OUT FIXES [RACE]`: one agent reads TOPIC (never
-committed before) and writes the offsets it was handed to OUT as JSON once it has EXPECT of them, or once 8 s pass
-with nothing new. FIXES: `all` (streams/faust_fixes), `log-only` (its discard report, without the rewind of
-never-committed partitions), `no-stale-batch` (without the second fix) or `none` (upstream Faust). RACE:
-- `stop-flow` (the default): the first fetch that returns records of TOPIC stops Faust's flow before Faust looks
-  at them, as a rebalance starting while a fetch is in flight does, and flow resumes 1 s later;
-- `seek-mid-batch`: as a rebalance does to a batch being handed on, when record SEEK_AT of it is handed on the
-  streams are suspended and their queues cleared (the records before it that the slow agent has not taken yet
-  are dropped), and 0.5 s later Faust seeks to the committed offsets and resumes the streams, as the end of
-  recovery does (`Recovery._resume_streams`), while that record still waits to be queued.
+`python tests/faust_drop_worker.py BOOTSTRAP TOPIC EXPECT OUT FIXES`: one agent reads TOPIC (never committed
+before) and writes the offsets it was handed to OUT as JSON once it has EXPECT of them, or once 8 s pass with
+nothing new. The first fetch that returns records of TOPIC stops Faust's flow before Faust looks at them, as a
+rebalance starting while a fetch is in flight does, and flow resumes 1 s later. FIXES: `all` (streams/faust_fixes),
+`log-only` (its discard report, without the rewind of never-committed partitions) or `none` (upstream Faust).
 """
 
 from __future__ import annotations
@@ -22,50 +17,16 @@ import sys
 import time
 
 import faust
-from faust.transport.conductor import Conductor
 from faust.transport.consumer import ThreadDelegateConsumer
 
 from clocktower.streams import faust_fixes
 
 bootstrap, topic_name, expect, out_path, fixes = sys.argv[1:6]
-race = sys.argv[6] if len(sys.argv) > 6 else "stop-flow"
-SEEK_AT = 10
 if fixes != "none":
     faust_fixes.install()
-if fixes == "no-stale-batch":
-    faust_fixes.fix_stale_batches = False
 if fixes == "log-only":
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
     AIOKafkaConsumerThread.seek_to_committed = faust_fixes._original_seek_to_committed
-
-_original_compile = Conductor._compile_message_handler
-
-
-def _compile_with_seek(self):  # noqa: ANN001, ANN202 - Faust's signature
-    handler = _original_compile(self)
-
-    async def on_message(message):  # noqa: ANN001, ANN202
-        global raced
-        if race == "seek-mid-batch" and message.topic == topic_name and message.offset == SEEK_AT and not raced:
-            raced = True
-            app.flow_control.suspend()
-            app.flow_control.clear()
-            asyncio.get_running_loop().create_task(_end_recovery())
-        return await handler(message)
-
-    return on_message
-
-
-async def _end_recovery() -> None:
-    await asyncio.sleep(0.5)
-    print(f"seek while offset {SEEK_AT} is handed on", flush=True)
-    await app.consumer.perform_seek()
-    app.flow_control.resume()
-
-
-raced = False
-Conductor._compile_message_handler = _compile_with_seek
-
 
 app = faust.App(f"drop-test-{os.getpid()}", broker=f"kafka://{bootstrap}", store="memory://", web_enabled=False,
                 datadir=os.path.join(os.path.dirname(out_path), "faust-data"),   # the test's tmp dir, not the cwd
@@ -84,15 +45,10 @@ async def _getmany_then_stop_flow(self, active_partitions, timeout):  # noqa: AN
     if armed and any(tp.topic == topic_name for tp in records):
         armed = False
         last_news = time.monotonic()   # the 8 s with nothing new count from here
-        offsets = [r.offset for rs in records.values() for r in rs]
-        if race == "stop-flow":
-            print(f"flow stopped with offsets {offsets} fetched", flush=True)
-            self.stop_flow()
-            asyncio.get_running_loop().call_later(1.0, self.resume_flow)
-        else:
-            print(f"first batch with offsets {offsets} fetched", flush=True)
+        print(f"flow stopped with offsets {[r.offset for rs in records.values() for r in rs]} fetched", flush=True)
+        self.stop_flow()
+        asyncio.get_running_loop().call_later(1.0, self.resume_flow)
     return records
-
 
 
 ThreadDelegateConsumer._getmany = _getmany_then_stop_flow
@@ -113,8 +69,6 @@ async def reader(stream: faust.StreamT) -> None:
     async for event in stream.events():
         handed.append(event.message.offset)
         last_news = time.monotonic()
-        if race == "seek-mid-batch":
-            await asyncio.sleep(0.05)   # a slow agent: records queue up behind it
         if len(set(handed)) >= int(expect):
             _finish()
 
