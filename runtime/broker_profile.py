@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 
+from clocktower.runtime.idle_pacer import IDLE_FETCH_BACKOFF_S
+
 BrokerProfile = Literal["embedded", "kafka"]
 
 
@@ -53,9 +55,9 @@ class ProfileSettings:
 
 
 PROFILES: dict[str, ProfileSettings] = {
-    # 0.25 s keeps the idle stack under 5 % of a core (benchmarks/idle_cpu.py); 25 ms keeps an actuator's
-    # command latency low (one consumer per node)
-    "embedded": ProfileSettings(idle_fetch_backoff_s=0.25, actuator_idle_backoff_s=0.025,
+    # IDLE_FETCH_BACKOFF_S (0.25 s) keeps the idle stack under 5 % of a core (benchmarks/idle_cpu.py); 25 ms keeps
+    # an actuator's command latency low (one consumer per node)
+    "embedded": ProfileSettings(idle_fetch_backoff_s=IDLE_FETCH_BACKOFF_S, actuator_idle_backoff_s=0.025,
                                 rejoin_on_empty_assignment=True, ack_hold_s=5.0, check_reused_offsets=True),
     "kafka": ProfileSettings(idle_fetch_backoff_s=0.0, actuator_idle_backoff_s=0.0,
                              rejoin_on_empty_assignment=False, ack_hold_s=0.0, check_reused_offsets=False),

@@ -136,9 +136,11 @@ async def _check_commits() -> None:
             log.warning("%s:%d fetched ahead of its commit, nothing moving for %d checks (position, committed, "
                         "processed: %s)", tp.topic, tp.partition, checks, state)
     if stalled:
-        where = sorted(f"{tp.topic}:{tp.partition} at {offsets[tp][0]}, committed {offsets[tp][1]}" for tp in stalled)
-        end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving for "
-                        f"{commit_stall.stall_checks} checks: {where}; its restart handles them again")
+        counted = commit_stall.counting()
+        where = sorted(f"{tp.topic}:{tp.partition} (position, committed, processed {counted[tp][0]}, "
+                       f"{counted[tp][1]} checks)" for tp in stalled)
+        end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving: {where}; "
+                        "its restart handles them again")
 
 
 def _out(topic: str) -> faust.TopicT:
