@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.standalone_broker import StandaloneBroker, running
@@ -40,45 +40,99 @@ def _stable(admin: AdminClient, group: str) -> bool:
     return str(desc.state).endswith("STABLE") and len(desc.members) == 1
 
 
-def _handed(broker: StandaloneBroker, tmp_path: Path, topic: str, fixes: str) -> tuple[list[int], str]:
-    """The offsets the worker's agent was handed, and its log."""
+def _committed(bootstrap: str, group: str, topic: str, want: int, wait_s: float) -> int | None:
+    """The group's committed offset of `topic`:0 from the broker, once it is `want` or `wait_s` pass."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            offset = reader.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+            committed = offset if offset >= 0 else None
+            if committed == want or time.monotonic() > deadline:
+                return committed
+            time.sleep(0.3)
+    finally:
+        reader.close()
+
+
+def _handed(broker: StandaloneBroker, tmp_path: Path, topic: str, fixes: str,
+            race: str = "stop-flow") -> tuple[list[int], str, int | None]:
+    """The offsets the worker's agent was handed (duplicates included), its log, and the group's commit then (once
+    it reaches every record, or after 15 s)."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
     out, log = tmp_path / "handed.json", tmp_path / "worker.log"
     with open(log, "wb") as log_file:
-        worker = subprocess.Popen([sys.executable, str(WORKER), broker.bootstrap, topic, str(RECORDS), str(out), fixes],
-                                  stdout=log_file, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+        worker = subprocess.Popen([sys.executable, str(WORKER), broker.bootstrap, topic, str(RECORDS), str(out), fixes,
+                                   race], stdout=log_file, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+    group = f"drop-test-{worker.pid}"
     try:
         deadline = time.monotonic() + 60
-        while not _stable(admin, f"drop-test-{worker.pid}"):
+        while not _stable(admin, group):
             assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
         producer = Producer({"bootstrap.servers": broker.bootstrap})
         for i in range(RECORDS):
             producer.produce(topic, key=b"k", value=b"%d" % i)
         assert producer.flush(10) == 0
-        assert worker.wait(60) == 0, log.read_text()[-3000:]
+        deadline = time.monotonic() + 60
+        while not out.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        committed = _committed(broker.bootstrap, group, topic, RECORDS, 15)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        worker.kill()
+        worker.wait()
     text = log.read_text()
-    assert "flow stopped with offsets" in text, text[-3000:]   # the injected rebalance happened
-    return json.loads(out.read_text()), text
+    assert " with offsets " in text or "rejoining the group" in text, text[-3000:]   # the injected race happened
+    return json.loads(out.read_text()), text, committed
 
 
 def test_records_discarded_on_a_never_committed_partition_are_read_again(broker: StandaloneBroker,
                                                                          tmp_path: Path) -> None:
-    handed, log = _handed(broker, tmp_path, "fixes-all", "all")
+    handed, log, committed = _handed(broker, tmp_path, "fixes-all", "all")
     assert sorted(set(handed)) == list(range(RECORDS)), log[-3000:]
+    assert committed == RECORDS, log[-3000:]
     assert "was never committed and read up to" in log
 
 
 def test_upstream_faust_loses_them_and_the_discard_report_says_so(broker: StandaloneBroker, tmp_path: Path) -> None:
     """Without the rewind (the report alone): the evidence of issue 17, and the WARNING that names it."""
-    handed, log = _handed(broker, tmp_path, "fixes-log-only", "log-only")
+    handed, log, _ = _handed(broker, tmp_path, "fixes-log-only", "log-only")
     # Offset 0 came in the discarded fetch; later records may have come in later fetches, and were handed on.
     assert 0 not in handed and len(set(handed)) < RECORDS, "upstream Faust read the discarded records again"
     assert "Faust discarded fixes-log-only:0 offsets 0-" in log
     assert "records of fixes-log-only:0 from offset 0 were discarded by Faust and not read again" in log
 
+
+
+def test_records_a_seek_asks_for_again_mid_batch_are_all_handed_on_and_committed(broker: StandaloneBroker,
+                                                                                  tmp_path: Path) -> None:
+    """The second race: Faust's recovery seeks with flow running, while a batch is being handed on."""
+    handed, log, committed = _handed(broker, tmp_path, "fixes-seek-all", "all", "seek-mid-batch")
+    assert "seek while offset 10 is handed on" in log, log[-3000:]
+    assert sorted(set(handed)) == list(range(RECORDS)), log[-3000:]
+    assert committed == RECORDS, log[-3000:]
+    assert "a seek since the fetch asked for them again" in log   # the rest of the stale batch was not handed on
+
+
+def test_without_the_skip_the_seek_mid_batch_loses_what_the_agent_had_not_taken(broker: StandaloneBroker,
+                                                                                tmp_path: Path) -> None:
+    handed, log, committed = _handed(broker, tmp_path, "fixes-seek-no-skip", "no-skip", "seek-mid-batch")
+    assert "seek while offset 10 is handed on" in log, log[-3000:]
+    assert not set(range(10)) <= set(handed), "the queued records were read again: is the second fix still needed?"
+    assert committed != RECORDS
+
+
+def test_acked_records_are_committed_before_a_revoke_forgets_them(broker: StandaloneBroker, tmp_path: Path) -> None:
+    handed, log, committed = _handed(broker, tmp_path, "fixes-revoke-all", "all", "revoke")
+    assert "rejoining the group" in log, log[-3000:]
+    assert sorted(handed) == list(range(RECORDS)), log[-3000:]   # each once: none read again after the rebalance
+    assert committed == RECORDS
+
+
+def test_without_the_commit_a_revoke_has_every_acked_record_read_again(broker: StandaloneBroker,
+                                                                       tmp_path: Path) -> None:
+    handed, log, committed = _handed(broker, tmp_path, "fixes-revoke-no-commit", "no-revoke-commit", "revoke")
+    assert "rejoining the group" in log, log[-3000:]
+    assert sorted(set(handed)) == list(range(RECORDS)) and len(handed) == 2 * RECORDS, log[-3000:]
