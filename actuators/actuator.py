@@ -15,7 +15,9 @@ the first outcome. `handle` never raises: an error while applying is a `failed` 
 
 Params (streams/detectors/link_flap.py): failover and quarantine {"from": link, "to": backup}; restore and release
 {"from": backup, "to": link}; the target is the link in all four. A release naming no backup uses the one kept
-with the quarantine mark.
+with the quarantine mark. The backup a command names is checked against the node's own (`backups`: configured, or
+discovered from its routes), never obeyed: a signed command built from a forged link report once named `lo`, and
+moving a node's default route there blackholes it.
 """
 
 from __future__ import annotations
@@ -53,8 +55,12 @@ class Actuator:
     """Applies `node`'s commands; see the module doc. Thread-safe (one command at a time)."""
 
     def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
-                 quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns) -> None:
+                 quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns, *,
+                 backups: Callable[[str], str]) -> None:
+        """`backups(link)`: the backup port this node has for `link` ("" if none), from its own configuration or
+        discovery (the agent's port topology), never from a report or a command."""
         self.node = node
+        self.backups = backups
         self.verifier = verifier
         self.routing = routing
         self.seen = seen
@@ -132,13 +138,18 @@ class Actuator:
             return self.hooks.run(cmd) or f"{cmd.action} hook ran"
         raise Refused(f"{cmd.action} is not supported by this actuator")
 
-    @staticmethod
-    def _backup(cmd: ControlCommand, key: str) -> str:
+    def _backup(self, cmd: ControlCommand, key: str) -> str:
         backup = cmd.params.get(key, "")
         if not backup:
             raise Refused(f"no backup port (params {key!r} is empty)")
         if backup == cmd.target:
             raise Refused(f"{cmd.target} cannot be its own backup")
+        own = self.backups(cmd.target)
+        if not own:
+            raise Refused(f"this node knows no backup port for {cmd.target} (configure one: "
+                          f"CLOCKTOWER_AGENT_LINK_BACKUPS={cmd.target}=PORT, or give it a backup route)")
+        if backup != own:
+            raise Refused(f"the command names {backup!r} as {cmd.target}'s backup port, but this node's is {own!r}")
         return backup
 
     def _failover(self, cmd: ControlCommand) -> str:

@@ -45,9 +45,11 @@ class Availability:
 
 
 def open_actuator(node: str, verifier: CommandVerifier, routing: LinkRouting, state_dir: Path,
-                  hooks: Hooks | None = None) -> Actuator:
-    """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts)."""
-    return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}))
+                  hooks: Hooks | None = None, *, backups: Callable[[str], str]) -> Actuator:
+    """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts); `backups(link)`
+    is the node's own backup port of `link` (see Actuator)."""
+    return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}),
+                    backups=backups)
 
 
 class ActuatorComponent:
@@ -57,12 +59,15 @@ class ActuatorComponent:
 
     def __init__(self, node: str, bootstrap: str, routing: Callable[[], LinkRouting],
                  settings: ActuatorSettings | None = None, security: KafkaSecurity | None = None,
-                 durable_publish: Callable[[list[Event]], None] | None = None) -> None:
-        """`durable_publish`, when given, takes the acks instead of the runner's `emit` and returns only once they
-        are acknowledged or on disk (the agent's spooling publisher, flushed): the consumer commits a command's
-        offset right after, so an ack still in a memory queue would be lost with the process."""
+                 durable_publish: Callable[[list[Event]], None] | None = None, *,
+                 backups: Callable[[str], str]) -> None:
+        """`backups(link)`: the node's own backup port of `link` (its port topology); a command's is checked
+        against it. `durable_publish`, when given, takes the acks instead of the runner's `emit` and returns only
+        once they are acknowledged or on disk (the agent's spooling publisher, flushed): the consumer commits a
+        command's offset right after, so an ack still in a memory queue would be lost with the process."""
         self.node = node
         self._durable_publish = durable_publish
+        self.backups = backups
         self.bootstrap = bootstrap
         self.settings = settings or ActuatorSettings()
         self.security = security
@@ -96,7 +101,7 @@ class ActuatorComponent:
             raise RuntimeError("start() before a successful check()")
         s = self.settings
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
-                                       Hooks(s.hooks(), s.hook_timeout_s))
+                                       Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups)
 
         deliver = self._durable_publish or emit
 

@@ -33,8 +33,9 @@ from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
 from clocktower.durable_acks import delivered_publisher
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
-from clocktower.producers.agent.factory import build_sources
+from clocktower.producers.agent.factory import build_sources, topology_for
 from clocktower.producers.agent.link_source import LinkSource
+from clocktower.producers.agent.port_topology import PortTopology
 from clocktower.producers.agent.runner import AgentRunner, Sink
 from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
@@ -153,7 +154,7 @@ class _Actuation:
 
     def __init__(self, node: str, bootstrap: str, netns: str | None = None,
                  durable_publish: Callable[[list[Event]], None] | None = None,
-                 profile: dict[str, str] | None = None) -> None:
+                 profile: dict[str, str] | None = None, topology: Callable[[], PortTopology] | None = None) -> None:
         self.settings = ActuatorSettings(**(profile or {}))
         self.emit: Callable[[list[Event]], None] = lambda events: None   # the runner's, once it exists
         self.routing: LinkRouting | None = None
@@ -162,8 +163,10 @@ class _Actuation:
             self.routing = kernel_routing(self.settings, netns)
         except (PermissionError, OSError) as exc:   # the component reports itself off with this reason
             self.routing_error = exc
+        topo = topology or PortTopology   # none: no backup known, so no link is moved by a command
         self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings,
-                                           durable_publish=durable_publish)
+                                           durable_publish=durable_publish,
+                                           backups=lambda link: topo().backup_of(link))
         self.watchdog = None if self.routing is None else LinkWatchdog(
             node, self.routing, {}, lambda ack: self.emit([ack]), delay_s=self.settings.watchdog_ms / 1e3)
 
@@ -204,14 +207,15 @@ def _acks_to(publisher: SpoolingPublisher | None) -> Callable[[list[Event]], Non
 
 
 def _actuation(args: argparse.Namespace, node: str, bootstrap: str | None,
-               netns: str | None = None, publisher: SpoolingPublisher | None = None) -> _Actuation | None:
+               netns: str | None = None, publisher: SpoolingPublisher | None = None,
+               topology: Callable[[], PortTopology] | None = None) -> _Actuation | None:
     """The actuator and watchdog when --actuate is given (the component's check says whether it can run here)."""
     if not args.actuate:
         return None
     if bootstrap is None:
         raise UserError("--actuate needs Kafka: it reads control.commands and acks through the publisher "
                         "(drop --stdout)")
-    return _Actuation(node, bootstrap, netns, _acks_to(publisher), _profile(args))
+    return _Actuation(node, bootstrap, netns, _acks_to(publisher), _profile(args), topology)
 
 
 def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Event) -> None:
@@ -238,14 +242,15 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         raise UserError("--json needs --duration (the counts are printed at the end of the run)")
     settings = _settings(args)
     try:
-        sources = build_sources(settings)
+        topology = topology_for(settings)   # one for the sources' reports and the actuator's check of backups
+        sources = build_sources(settings, topology)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     err = Console(stderr=True)
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
-    actuation = _actuation(args, settings.node, bootstrap, settings.netns, publisher)
+    actuation = _actuation(args, settings.node, bootstrap, settings.netns, publisher, topology)
     actuators = [] if actuation is None else [actuation.component]
     runner = AgentRunner(sources, sink, start_timeout_s=settings.start_timeout_s,
                          flush_interval_s=settings.flush_ms / 1e3,

@@ -35,13 +35,14 @@ from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.simulated_routing import SimulatedRouting
 from clocktower.control.key_files import verifier_from_file
 from clocktower.producers.kafka_publisher import KafkaPublisher
+from clocktower.producers.simulator.topology import BACKUP, PRIMARY
 from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.event import Event
 from clocktower.schemas.partitioning import partition_of
 
 log = logging.getLogger(__name__)
 SPARE_NODE = "spare-0.demo"
-INTERFACES = ("eth0", "eth1")
+INTERFACES = (PRIMARY, BACKUP)
 HOOK = (sys.executable, "-c", "import sys; print('demo hook:', *sys.argv[1:4])")   # + action, node, target, params
 ALL_NODES_UP_TO = 32
 STOP_TIMEOUT_S = 20.0
@@ -78,7 +79,8 @@ class DemoActuators:
             skip_earlier_commands(self.bootstrap, node)
             state = self.state_root / node
             private_dir(state)
-            act = open_actuator(node, verifier, self.routing[node], state, hooks)
+            act = open_actuator(node, verifier, self.routing[node], state, hooks,
+                                backups=lambda link: BACKUP if link == PRIMARY else "")   # the simulated nodes' own
             self.actuators[node] = act
             self.consumers[node] = cons = CommandConsumer(self.bootstrap, act, self._publish)
             thread = threading.Thread(target=cons.run, args=(self._stop,), name=f"actuator-{node}", daemon=True)

@@ -28,6 +28,7 @@ from tests.control_keys import TEST_SIGNER, TEST_VERIFIER, resigned
 T0 = 1_780_000_000 * 10**9
 S = 10**9
 NODE = "node-a"
+OWN_BACKUPS = {"eth0": "eth1"}   # the node's own topology: the backup a command names is checked against it
 
 
 class RecordingRouting:
@@ -73,7 +74,7 @@ def _actuator(state: Path, routing: RecordingRouting | None = None, clock: Clock
               hooks: Hooks | None = None) -> Actuator:
     clock = clock or Clock()
     return Actuator(NODE, TEST_VERIFIER, routing or RecordingRouting(), SeenCommands(state, clock=clock),
-                    Quarantine(state, clock=clock), hooks or Hooks({}), clock=clock)
+                    Quarantine(state, clock=clock), hooks or Hooks({}), clock=clock, backups=OWN_BACKUPS.get)
 
 
 @pytest.fixture
@@ -98,6 +99,7 @@ BAD = {
     "altered": (lambda: _cmd().model_copy(update={"params": {"from": "eth0", "to": "eth9"}}), "bad signature"),
     "wrong node": (lambda: _cmd(node="node-b"), "scoped to node 'node-b'"),
     "expired": (lambda: _cmd(ts_ns=T0 - 120 * S), "expired"),
+    "dated ahead": (lambda: _cmd(ts_ns=T0 + 20 * 3600 * S), "ahead of this node's clock"),   # issued then too
     "too long-lived": (lambda: resigned(_cmd().model_copy(update={"expires_ns": T0 + MAX_LIFETIME_NS + S})),
                        "more than the"),
 }
@@ -198,6 +200,27 @@ def test_a_long_running_memory_drops_expired_ids_without_a_restart(tmp_path: Pat
 def test_an_empty_backup_is_refused(act: Actuator, routing: RecordingRouting) -> None:
     ack = act.handle(_cmd(target="mlx5_0/1", params={"from": "mlx5_0/1", "to": ""}))
     assert ack.status == "refused" and "no backup port" in ack.detail
+    assert routing.calls == []
+
+
+@pytest.mark.parametrize("action", ["failover", "quarantine", "restore", "release"])
+def test_a_signed_command_naming_another_backup_is_refused(action: str, act: Actuator,
+                                                           routing: RecordingRouting) -> None:
+    """Issue 18: a forged link report naming backup "lo" got a signed failover {"to": "lo"}, and the actuator moved
+    the node's default route there. The node's own backup (eth1) is the only one a command may name."""
+    routing.sim.fail_over("eth0", "eth1")   # (restore and release have something to move back)
+    if action == "release":
+        act.quarantine.mark("eth0", "eth1", "earlier")
+    routing.calls.clear()
+    forged = {"from": "eth0", "to": "lo"} if action in ("failover", "quarantine") else {"from": "lo", "to": "eth0"}
+    ack = act.handle(_cmd(action, params=forged))
+    assert ack.status == "refused" and "names 'lo' as eth0's backup port, but this node's is 'eth1'" in ack.detail
+    assert routing.calls == []
+
+
+def test_a_link_with_no_backup_of_its_own_is_not_moved(act: Actuator, routing: RecordingRouting) -> None:
+    ack = act.handle(_cmd(target="eth1", params={"from": "eth1", "to": "eth0"}))
+    assert ack.status == "refused" and "knows no backup port for eth1" in ack.detail
     assert routing.calls == []
 
 

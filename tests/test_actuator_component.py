@@ -29,6 +29,7 @@ from tests.control_keys import TEST_PUBLIC_PEM, TEST_SIGNER
 from tests.standalone_broker import StandaloneBroker
 
 NODE = "node-a"
+OWN_BACKUPS = {"eth0": "eth1"}   # the node's own topology (the backup a command names is checked against it)
 
 
 def _key(tmp_path: Path) -> Path:
@@ -81,16 +82,17 @@ def test_hooks_are_argv_lists_from_json_or_shell_like_strings(monkeypatch: pytes
 # -- check ---------------------------------------------------------------------------------------------------------
 
 def test_check_is_off_without_a_key_or_a_routing_backend(tmp_path: Path) -> None:
-    no_key = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"))
+    no_key = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"),
+                               backups=OWN_BACKUPS.get)
     avail = no_key.check()
     assert not avail.ok and "CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE" in avail.reason
 
     def unusable() -> SimulatedRouting:
         raise PermissionError("rtnetlink: operation not permitted")
     settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "s")
-    avail = ActuatorComponent(NODE, "127.0.0.1:9", unusable, settings).check()
+    avail = ActuatorComponent(NODE, "127.0.0.1:9", unusable, settings, backups=OWN_BACKUPS.get).check()
     assert not avail.ok and "routing backend unusable: rtnetlink" in avail.reason
-    avail = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, settings).check()
+    avail = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, settings, backups=OWN_BACKUPS.get).check()
     assert avail.ok and NODE in avail.reason
 
 
@@ -105,7 +107,8 @@ def test_the_runner_reports_actuators_apart_and_checks_them(tmp_path: Path) -> N
 
         def stop(self) -> None: ...
 
-    act = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"))
+    act = ActuatorComponent(NODE, "127.0.0.1:9", SimulatedRouting, ActuatorSettings(state_dir=tmp_path / "s"),
+                            backups=OWN_BACKUPS.get)
     runner = AgentRunner([Src()], lambda events: None, actuators=[act])
     runner.start()
     assert runner.wait_started(10)
@@ -135,7 +138,7 @@ def test_the_agent_runs_the_actuator_and_delivers_its_acks(tmp_path: Path) -> No
                 delivered.extend(events)
         routing = SimulatedRouting()
         settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "state")
-        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings)
+        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings, backups=OWN_BACKUPS.get)
         runner = AgentRunner([], sink, actuators=[act])
         assert act.quarantined("eth0") is None                 # not started: nothing known
         runner.start()
@@ -260,7 +263,7 @@ def test_the_operators_release_and_undrain_reach_the_node_and_wait_for_its_ack(t
         routing = SimulatedRouting()
         settings = ActuatorSettings(public_key_file=_key(tmp_path), state_dir=tmp_path / "state",
                                     undrain_hook=(str(hook),))
-        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings)
+        act = ActuatorComponent(NODE, broker.bootstrap, lambda: routing, settings, backups=OWN_BACKUPS.get)
         runner = AgentRunner([], sink, actuators=[act], flush_interval_s=0.02)
         runner.start()
         assert runner.wait_started(10) and runner.status["actuator"].state == "running", runner.report()

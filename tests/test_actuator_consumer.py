@@ -76,7 +76,8 @@ class Run:
 
     def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting) -> None:
         self.published: list[Event] = []
-        actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}))
+        actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}),
+                            backups=lambda link: "eth9")   # every command here names eth9
         self.consumer = CommandConsumer(bootstrap, actuator, self.published.extend, metadata_refresh_s=0.5)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.consumer.run, args=(self.stop,), daemon=True)
@@ -349,7 +350,8 @@ def test_a_new_group_with_no_recent_command_starts_at_an_absolute_end(fake_log: 
     fake_log.lifetime_start = -1
     published: list[Event] = []
     state = tmp_path / "state"
-    actuator = _Actuator(NODE, TEST_VERIFIER, SimulatedRouting(), SeenCommands(state), Quarantine(state), Hooks({}))
+    actuator = _Actuator(NODE, TEST_VERIFIER, SimulatedRouting(), SeenCommands(state), Quarantine(state), Hooks({}),
+                         backups=lambda link: "eth9")
     consumer = CommandConsumer("fake:9092", actuator, published.extend)
     assert consumer._assign_own()
     assert [tp.offset for tp in fake_log.consumers[0].assigned] == [1] and fake_log.end_lookups == 1

@@ -51,7 +51,8 @@ def test_bad_commands_leave_the_kernel_routes_unchanged(tmp_path: Path) -> None:
         assert (DST, 24, "pri", 4, None) in before
         with KernelRouting(tmp_path / "routes.json", netns=ns) as routing:
             state = tmp_path / "state"
-            act = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}))
+            act = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}),
+                           backups={"pri": "bkp"}.get)
             genuine = _cmd()
             bad = {
                 "unsigned": genuine.model_copy(update={"signature": "-"}),

@@ -71,12 +71,13 @@ BUILDERS: dict[str, Callable[[AgentSettings, TopologyCache], Source]] = {
 assert set(BUILDERS) == set(ALL_SOURCES)
 
 
-def build_sources(settings: AgentSettings) -> list[Source]:
+def build_sources(settings: AgentSettings, topology: TopologyCache | None = None) -> list[Source]:
+    """The sources `settings` name, sharing `topology` (the node's port topology; built from `settings` if None)."""
     unknown = set(settings.sources) - set(BUILDERS)
     if unknown:
         raise ValueError(f"unknown source(s) {sorted(unknown)}: choose from {', '.join(ALL_SOURCES)}")
     out: list[Source] = []
-    topology = topology_for(settings)
+    topology = topology or topology_for(settings)
     for name in settings.sources:
         try:
             out.append(BUILDERS[name](settings, topology))
