@@ -36,10 +36,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import clickhouse_connect
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clocktower.actuators.malformed import MAX_IDS, named_commands
 from clocktower.producers.clock import wire
 from clocktower.producers.clock.admission import Admission
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file, load_key
@@ -981,3 +983,13 @@ def test_the_standalone_agent_refuses_to_run_without_a_key(tmp_path: Path) -> No
     r = subprocess.run(cmd + ["--bind", "0.0.0.0:0"], cwd=REPO, capture_output=True, text=True, timeout=60,
                        env={**env, "CLOCKTOWER_CLOCK_KEY_FILE": str(tmp_path / "k")})
     assert r.returncode == 2 and "every interface" in r.stderr
+
+
+# -- issue 18: what a local user with no keys could still do ------------------------------------------------------
+
+def test_a_malformed_command_record_naming_many_ids_gets_few_acks() -> None:
+    """One malformed record naming 100 command ids got 100 refused acks: each forged record was an amplifier."""
+    record = orjson.dumps([{"command_id": f"forged-{i}", "node": "node-a", "action": "failover"} for i in range(100)])
+    named = named_commands(record, "node-a")
+    assert len(named) == MAX_IDS <= 4
+    assert [n.command_id for n in named] == [f"forged-{i}" for i in range(MAX_IDS)]
