@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from clocktower.data_dir import open_log
+from clocktower.runtime.private_file import private_dir
+
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _prctl = _libc.prctl                       # bound here, in the parent: the forked child only calls it
@@ -52,8 +55,8 @@ class ChildProcess:
         self.stop_signal = stop_signal
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        private_dir(self.log_path.parent)
+        log = os.fdopen(open_log(self.log_path), "ab")   # never through a planted symlink
         try:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from clocktower.child_process import ChildProcess, stop_all
 from clocktower.config import Settings
-from clocktower.data_dir import DataDirLock
+from clocktower.data_dir import DataDirLock, checked_data_dir, private_subdirs
 from clocktower.generated_secrets import ensure_secrets
 from clocktower.ports import ensure_free, wait_open
 from clocktower.runtime.credentials import DASHBOARDS_USER, control_key_path, credentials_path
@@ -72,7 +72,7 @@ class Stack:
                  fresh_stream_state: bool = False, extra_env: Mapping[str, str] | None = None) -> None:
         self.s = settings
         self.fresh_stream_state = fresh_stream_state   # the demo: a new simulated fleet on every run
-        self.data_dir = settings.data_dir.resolve()
+        self.data_dir = checked_data_dir(settings.data_dir)   # a symlink is refused, not followed
         self.logs = self.data_dir / "logs"
         self.lock = DataDirLock(self.data_dir)
         self.with_streams = with_streams
@@ -103,6 +103,7 @@ class Stack:
 
     def _start(self, on_step) -> None:  # noqa: ANN001
         s = self.s
+        private_subdirs(self.data_dir)   # 0700, and none a symlink or another user's
         ensure_secrets(self.data_dir, clickhouse_users=s.embedded_clickhouse)  # first start only; kept after
         if s.embedded_kafka:
             ensure_free(s.host, s.kafka_port, "the embedded Kafka broker", "--kafka-port")
@@ -111,7 +112,6 @@ class Stack:
         if s.embedded_kafka:
             on_step(f"starting the embedded Kafka broker on {s.bootstrap}")
             kafka_dir = self.data_dir / "kafka"
-            kafka_dir.mkdir(parents=True, exist_ok=True)
             self._spawn("broker", [noida_binary(s.noida_bin), "start", "--only", "kafka", "--host", s.host,
                                    "--kafka-port", str(s.kafka_port), "--data-dir", str(kafka_dir)],
                         stop_signal=signal.SIGINT)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from clocktower.child_process import ChildProcess
 from clocktower.config import Settings
-from clocktower.data_dir import DataDirLock
+from clocktower.data_dir import DataDirLock, checked_data_dir, private_subdirs
 from clocktower.generated_secrets import ensure_secrets
 from clocktower.runtime.credentials import (
     ADMIN_USER,
@@ -122,3 +124,57 @@ def test_a_data_dir_of_another_user_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="belongs to uid 65534"):
         DataDirLock(theirs).acquire()
     assert mode(theirs) == 0o777 and not (theirs / "clocktower.lock").exists()  # left as it was
+
+
+# -- issue 18 finding 10: the data dir and what is planted in it ------------------------------------------------
+
+def test_a_data_dir_given_as_a_symlink_is_refused_before_it_is_resolved(tmp_path: Path) -> None:
+    """`up --data-dir LINK` made the link's target 0700 and filled it with secrets (with root and /etc, fatal)."""
+    target = tmp_path / "etc-like"
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UserError, match="is a symlink"):
+        checked_data_dir(tmp_path / "link")
+    assert mode(target) == 0o755 and list(target.iterdir()) == []
+    assert checked_data_dir(target) == target.resolve()
+
+
+def test_a_planted_subdir_symlink_is_refused(tmp_path: Path) -> None:
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    data.mkdir()
+    elsewhere.mkdir()
+    (data / "logs").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="logs is not a directory"):
+        private_subdirs(data)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_planted_subdir_of_another_user_is_refused(tmp_path: Path) -> None:
+    """The broker once used a `kafka/` dir planted in a 0777 data dir by another user."""
+    data = tmp_path / "data"
+    (data / "kafka").mkdir(parents=True)
+    os.chown(data / "kafka", 65534, 65534)
+    with pytest.raises(UserError, match="belongs to uid 65534"):
+        private_subdirs(data)
+
+
+def test_a_planted_log_symlink_is_never_written_through(tmp_path: Path) -> None:
+    """A planted `logs/broker.log` symlink had the broker's log appended to its target."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "broker.log").symlink_to(victim)
+    child = ChildProcess("broker", [sys.executable, "-c", "print('log line')"], tmp_path / "logs" / "broker.log")
+    with pytest.raises(UserError, match="cannot open the log"):
+        child.start()
+    assert victim.read_bytes() == b"precious\n" and child.proc is None
+
+
+def test_a_log_is_created_private_and_appended(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "sink.log"
+    for _ in range(2):
+        child = ChildProcess("sink", [sys.executable, "-c", "print('log line')"], log)
+        child.start()
+        assert child.proc is not None and child.proc.wait(10) == 0
+    assert log.read_text() == "log line\nlog line\n" and mode(log) == 0o600 and mode(log.parent) == 0o700
