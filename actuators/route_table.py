@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -45,6 +46,8 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from clocktower.actuators.link_routing import RoutingError
 from clocktower.actuators.route_writer import RouteSpec, RouteWriter
+from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import private_dir, read_checked_file, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -352,11 +355,17 @@ class KernelRouting:
                 raise RoutingError(f"cannot {what} {r.text()}{self._where()}: {os.strerror(code)}")
 
     # -- state file ----------------------------------------------------------------------------
+    # A planted routes.json once made root install the routes it named, and a planted symlink at the temporary
+    # file's name had root overwrite its target with JSON (issue 18): the file must be this user's and writable
+    # by no one else, and the temporary file is created afresh (O_EXCL), never through a symlink (O_NOFOLLOW).
 
     def _load(self) -> dict[str, _LinkRecord]:
-        try:
-            raw = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
+        if not self.state_path.exists() and not self.state_path.is_symlink():
+            return {}
+        try:   # refuses a symlink, another user's file or one others may write: it says which routes to install
+            raw = json.loads(read_checked_file(self.state_path, _owned_and_not_shared))
+        except UserError as e:
+            log.warning("routing: state file %s refused (%s); starting without remembered routes", self.state_path, e)
             return {}
         except (OSError, ValueError) as e:
             log.warning("routing: state file %s unreadable (%s); starting without remembered routes",
@@ -387,22 +396,33 @@ class KernelRouting:
             link: {"backup": rec.backup, "on_backup": rec.on_backup, "routes": [asdict(r) for r in rec.routes]}
             for link, rec in self._links.items()}}
         path = self.state_path
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
+            private_dir(path.parent)   # 0700, and not a symlink or another user's
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()           # a leftover of a crash (a planted symlink is removed, never followed)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                write_synced(fd, json.dumps(data, indent=1, sort_keys=True).encode())
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
             fd = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as e:
+        except (OSError, UserError) as e:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             log.warning("routing: cannot write the state file %s: %s", path, e)
             return f" (state file not written: {e})"
         return ""
+
+
+def _owned_and_not_shared(st: os.stat_result) -> None:
+    """The state file must be this user's, and writable by no one else (read_checked_file's check)."""
+    if st.st_uid != os.geteuid():
+        raise UserError(f"it belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & 0o022:
+        raise UserError(f"others may write it (mode {stat.S_IMODE(st.st_mode):o})")

@@ -43,6 +43,7 @@ from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.broker_profile import profile_settings
 from clocktower.runtime.errors import UserError
+from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import LinkState
 
@@ -135,6 +136,7 @@ def kernel_routing(settings: ActuatorSettings, netns: str | None = None) -> Link
     from clocktower.actuators.route_table import KernelRouting  # pyroute2 only where it is used
     if not _has_net_admin():
         raise PermissionError("changing routes needs CAP_NET_ADMIN: run the agent as root, or grant it the capability")
+    private_dir(settings.state_dir)   # before KernelRouting reads routes.json there: 0700, this user's, no symlink
     return KernelRouting(settings.state_dir / "routes.json", netns=netns)
 
 
@@ -161,7 +163,8 @@ class _Actuation:
         self.routing_error: Exception | None = None
         try:
             self.routing = kernel_routing(self.settings, netns)
-        except (PermissionError, OSError) as exc:   # the component reports itself off with this reason
+        except (PermissionError, OSError, UserError) as exc:   # the component reports itself off with this reason,
+            # and no watchdog runs (it shares this routing: a state dir the actuator refuses is refused for both)
             self.routing_error = exc
         topo = topology or PortTopology   # none: no backup known, so no link is moved by a command
         self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings,

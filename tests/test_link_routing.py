@@ -4,6 +4,7 @@ and a restart of the agent (the state file)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,7 @@ def test_malformed_state_file_is_ignored_with_a_warning(tmp_path: Path, caplog: 
     state = tmp_path / "routing.json"
     state.write_text(json.dumps({"version": 1, "links": {"pri": {"backup": "bkp", "on_backup": True,
                                                                    "routes": [{"dst": 5}]}}}))
+    state.chmod(0o600)
     with failover_bed("rtf") as bed, bed.routing("a", state) as routing:
         assert not routing.on_backup(PRIMARY)
         assert "malformed" in caplog.text
@@ -160,3 +162,35 @@ def test_a_re_created_backup_port_is_looked_up_again(tmp_path: Path) -> None:
         assert add_spare() != first                           # same name, a new index
         assert "moved 1 route(s) of pri to spare0" in routing.fail_over(PRIMARY, "spare0")
         assert bed.route_to_peer("a") == ("spare0", None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_planted_state_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18: a routes file planted in the state dir made root install the routes it named."""
+    first = tmp_path / "mine" / "routing.json"
+    with failover_bed("rtp") as bed:
+        with bed.routing("a", first) as routing:
+            routing.fail_over(PRIMARY, BACKUP)            # a genuine state file, then given away as a planted one
+        before = bed.route_to_peer("a")
+        planted = tmp_path / "planted.json"
+        planted.write_bytes(first.read_bytes())
+        os.chown(planted, 65534, 65534)
+        with bed.routing("a", planted) as routing:
+            assert not routing.on_backup(PRIMARY), "the planted file was believed"
+        assert "refused" in caplog.text and "belongs to uid 65534" in caplog.text
+        assert bed.route_to_peer("a") == before   # nothing installed from it
+
+
+def test_a_planted_symlink_at_the_temporary_file_is_not_written_through(tmp_path: Path) -> None:
+    """Issue 18: a symlink planted at the state file's temporary name had root overwrite its target with JSON."""
+    state = tmp_path / "state" / "routing.json"
+    state.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's file\n")
+    (state.parent / f".{state.name}.{os.getpid()}.tmp").symlink_to(victim)
+    with failover_bed("rtl") as bed, bed.routing("a", state) as routing:
+        routing.fail_over(PRIMARY, BACKUP)
+        assert json.loads(state.read_text())["links"][PRIMARY]["on_backup"] is True
+        routing.restore(PRIMARY, BACKUP)
+    assert victim.read_bytes() == b"root's file\n"
+    assert (state.stat().st_mode & 0o777) == 0o600
