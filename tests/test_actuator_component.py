@@ -4,6 +4,7 @@ sources, reported apart, its acks going out through the agent's own delivery."""
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from collections import Counter
@@ -191,6 +192,21 @@ def test_the_cli_builds_the_actuator_only_with_actuate_and_kafka(tmp_path: Path,
     routing = agent_cli.kernel_routing(ActuatorSettings(state_dir=tmp_path))
     assert isinstance(routing, KernelRouting) and routing.state_path == tmp_path / "routes.json"
     routing.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CAP_NET_ADMIN) to build the kernel routing backend")
+def test_no_watchdog_or_actuator_runs_on_a_state_dir_the_actuator_refuses(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18: the watchdog once loaded routes.json from a state dir that the actuator had refused."""
+    from clocktower import agent_cli
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (tmp_path / "state").symlink_to(planted)
+    monkeypatch.setenv("CLOCKTOWER_ACTUATOR_STATE_DIR", str(tmp_path / "state"))
+    actuation = agent_cli._actuation(argparse.Namespace(actuate=True), NODE, "127.0.0.1:9")
+    assert actuation is not None and actuation.routing is None and actuation.watchdog is None
+    assert "is not a directory" in str(actuation.routing_error)
+    assert not actuation.component.check().ok
 
 
 def test_the_agent_returns_from_an_ack_only_once_the_broker_acknowledged_it() -> None:
