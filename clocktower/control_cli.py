@@ -7,6 +7,10 @@
   node's ack. The actuator then restores the link's routes.
 - `undrain NODE` returns a drained node to service: the same way, an `undrain` command whose actuator runs the
   operator's undrain hook (CLOCKTOWER_ACTUATOR_UNDRAIN_HOOK: Slurm `resume`, `kubectl uncordon`).
+
+With CLOCKTOWER_PRODUCER_KEY set, only an ack signed by the node (`ct-node-mac`) is believed: anyone who can
+produce to control.acks once made `release` print "applied" and exit 0 with a forged, unsigned one (issue 18).
+Without it, the ack is shown as unverified.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
@@ -32,6 +38,7 @@ from clocktower.schemas.codec import DecodeError, decode_batch, encode_batch
 from clocktower.schemas.control import ControlAck, ControlCommand
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.partitioning import partition_of
+from clocktower.schemas.record_mac import NodeSigning, check
 from clocktower.schemas.topics import BY_MODEL
 
 RELEASE_TTL_NS = 120 * 10**9     # an operator's command is valid this long (release and undrain)
@@ -80,19 +87,27 @@ def _operator_command(args: argparse.Namespace, settings: Settings, console: Con
     bootstrap = running_bootstrap(settings)
     login = KafkaSecurity().librdkafka()
     acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
+    producer_key = NodeSigning().producer_key_bytes()
+    vouch = partial(check, producer_key) if producer_key else None
+    ignored: list[str] = []
     try:
         _send(bootstrap, login, cmd)
         what = escape(args.node) if target == args.node else f"{escape(args.node)}/{escape(target)}"
         console.print(f"sent {action} of {what}: command {escape(cmd.command_id)}", highlight=False)
         if acks is None:
             return 0
-        ack = _wait_ack(acks, cmd, args.wait)
+        ack = _wait_ack(acks, cmd, args.wait, vouch, ignored)
     finally:
         if acks is not None:
             acks.close()
+    for reason in ignored:
+        console.print(f"[yellow]ignored an ack for this command that the node did not sign: {escape(reason)}"
+                      "[/yellow]", highlight=False)
     if ack is None:
-        raise UserError(f"no ack from {args.node} within {args.wait:g} s: is its agent running with --actuate?")
-    console.print(f"{escape(args.node)}: {ack.status}: {escape(ack.detail)}", highlight=False)
+        raise UserError(f"no ack from {args.node} within {args.wait:g} s"
+                        + (" signed by the node" if ignored else "") + ": is its agent running with --actuate?")
+    unverified = "" if vouch is not None else " (unverified: set CLOCKTOWER_PRODUCER_KEY to check the node's MAC)"
+    console.print(f"{escape(args.node)}: {ack.status}: {escape(ack.detail)}{unverified}", highlight=False)
     return 0 if ack.status == "applied" else 1
 
 
@@ -122,7 +137,13 @@ def _ack_reader(bootstrap: str, login: dict[str, str]) -> Consumer:
     return consumer
 
 
-def _wait_ack(consumer: Consumer, cmd: ControlCommand, wait_s: float) -> ControlAck | None:
+Vouch = Callable[[str, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]], str | None]
+
+
+def _wait_ack(consumer: Consumer, cmd: ControlCommand, wait_s: float, vouch: Vouch | None = None,
+              ignored: list[str] | None = None) -> ControlAck | None:
+    """The node's ack of `cmd`; with `vouch`, only one in a record the node signed (the reasons others were not
+    believed go to `ignored`)."""
     deadline = time.monotonic() + wait_s
     while (left := deadline - time.monotonic()) > 0:
         for msg in consumer.consume(num_messages=100, timeout=min(left, 0.5)):
@@ -134,6 +155,10 @@ def _wait_ack(consumer: Consumer, cmd: ControlCommand, wait_s: float) -> Control
                 continue
             for ack in events:
                 if isinstance(ack, ControlAck) and ack.command_id == cmd.command_id and ack.node == cmd.node:
-                    return ack
+                    refused = vouch(msg.topic(), msg.key(), msg.value(), msg.headers() or []) if vouch else None
+                    if refused is None:
+                        return ack
+                    if ignored is not None:
+                        ignored.append(refused)
         time.sleep(0.05)   # the embedded broker answers empty fetches at once
     return None

@@ -33,6 +33,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import clickhouse_connect
@@ -993,3 +994,42 @@ def test_a_malformed_command_record_naming_many_ids_gets_few_acks() -> None:
     named = named_commands(record, "node-a")
     assert len(named) == MAX_IDS <= 4
     assert [n.command_id for n in named] == [f"forged-{i}" for i in range(MAX_IDS)]
+
+
+def test_the_cli_believes_only_an_ack_the_node_signed(tmp_path: Path) -> None:
+    """`clocktower control release` printed "applied" and exited 0 for a forged, unsigned ack (with the producer
+    key set, the node's MAC is checked)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from clocktower.control_cli import _ack_reader, _wait_ack
+    from clocktower.producers.kafka_publisher import KafkaPublisher
+    from clocktower.schemas.codec import encode_batch
+    from clocktower.schemas.control import ControlAck, ControlCommand
+    from clocktower.schemas.record_mac import check, node_key
+    from tests.standalone_broker import running
+
+    producer_key = b"k" * 32
+    cmd = ControlCommand(node="node-a", ts_ns=time.time_ns(), command_id="operator-release-1", action="release",
+                         target="eth0", expires_ns=time.time_ns() + 60 * 10**9, signature="x")
+
+    def ack(status: str) -> ControlAck:
+        return ControlAck(node="node-a", ts_ns=time.time_ns(), command_id=cmd.command_id, status=status,
+                          detail=f"{status} by whoever sent it", action="release", target="eth0")
+
+    with running(tmp_path / "kafka") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("control.acks", 1, 1)])["control.acks"].result(10)
+        reader = _ack_reader(broker.bootstrap, {})
+        forger = Producer({"bootstrap.servers": broker.bootstrap})
+        key, value, headers = encode_batch([ack("applied")])
+        forger.produce("control.acks", key=key, value=value, headers=headers)   # no ct-node-mac
+        assert forger.flush(10) == 0
+        node = KafkaPublisher(broker.bootstrap, node_key=node_key(producer_key, "node-a"))
+        node.publish([ack("refused")])
+        assert node.producer.flush(10) == 0
+        ignored: list[str] = []
+        got = _wait_ack(reader, cmd, 15, partial(check, producer_key), ignored)
+        assert got is not None and got.status == "refused", "the forged 'applied' ack was believed"
+        assert ignored == ["record is not signed (ct-node-mac header missing)"]
+        reader.close()
