@@ -1033,3 +1033,44 @@ def test_the_cli_believes_only_an_ack_the_node_signed(tmp_path: Path) -> None:
         assert got is not None and got.status == "refused", "the forged 'applied' ack was believed"
         assert ignored == ["record is not signed (ct-node-mac header missing)"]
         reader.close()
+
+
+SMUGGLING = {   # the first request's framing headers; its body, then a second request, follow on the connection
+    "CL and TE": "Content-Length: {n}\r\nTransfer-Encoding: chunked\r\n",
+    "two Content-Lengths": "Content-Length: 5\r\nContent-Length: {n}\r\n",
+    "xchunked": "Transfer-Encoding: xchunked\r\n",
+    "chunked, then identity": "Transfer-Encoding: chunked, identity\r\n",
+    "a signed length": "Content-Length: +{n}\r\n",
+}
+
+
+@pytest.mark.parametrize("framing", SMUGGLING)
+def test_ambiguous_framing_is_refused_and_nothing_is_smuggled(endpoint: ClickHouseHttpEndpoint, framing: str) -> None:
+    """Issue 18: a request hidden in the body of one with ambiguous framing was run as a second request."""
+    auth = "Basic " + base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode()
+    host = f"127.0.0.1:{endpoint.port}"
+    smuggled = (f"GET /?query=SELECT%20424242 HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\n\r\n").encode()
+    body = b"0\r\n\r\n" + smuggled
+    head = (f"POST /?query=SELECT%201 HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\n"
+            + SMUGGLING[framing].format(n=len(body)) + "\r\n").encode()
+    with socket.create_connection(("127.0.0.1", endpoint.port), timeout=10) as conn:
+        conn.sendall(head + body)
+        answer = b""
+        while chunk := conn.recv(65536):   # the server closes the connection after its one answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.") and answer.split(b" ", 2)[1] == b"400", answer[:300]
+    assert answer.count(b"HTTP/1.") == 1 and b"424242" not in answer, answer
+
+
+def test_plain_chunked_and_sized_requests_still_work(endpoint: ClickHouseHttpEndpoint) -> None:
+    auth = "Basic " + base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode()
+    for framing, body, want in (("Transfer-Encoding: Chunked\r\n", b"8\r\nSELECT 7\r\n0\r\n\r\n", b"7\n"),
+                                ("Content-Length: 8\r\nContent-Length: 8\r\n", b"SELECT 8", b"8\n")):
+        head = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{endpoint.port}\r\nAuthorization: {auth}\r\n"
+                f"Connection: close\r\n{framing}\r\n")
+        with socket.create_connection(("127.0.0.1", endpoint.port), timeout=10) as conn:
+            conn.sendall(head.encode() + body)
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.split(b" ", 2)[1] == b"200" and answer.endswith(b"\r\n\r\n" + want), answer

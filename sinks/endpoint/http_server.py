@@ -41,6 +41,7 @@ from clocktower.sinks.endpoint.errors import STD_EXCEPTION, TOO_MANY_SIMULTANEOU
 from clocktower.sinks.endpoint.limits import EndpointLimits
 from clocktower.sinks.endpoint.protocol import ClickHouseProtocol, Reply
 from clocktower.sinks.endpoint.request_body import RequestBody
+from clocktower.sinks.endpoint.request_framing import framing_problem
 from clocktower.sinks.endpoint.request_params import RequestParams, parse_params
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         slots.started(self.connection, self.server.header_timeout_s)
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        """The stdlib's parse, then the body's framing (request_framing.py): an ambiguous one is answered 400
+        and the connection closed, so nothing after it on the connection is read as another request."""
+        if not super().parse_request():
+            return False
+        problem = framing_problem(self.headers)
+        if problem is not None:
+            self.close_connection = True
+            self.send_error(400, "Bad Request", problem)
+            return False
+        return True
 
     def do_GET(self) -> None:
         self._dispatch()

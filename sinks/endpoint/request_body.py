@@ -112,7 +112,7 @@ class RequestBody:
 
     def __init__(self, rfile: IO[bytes], headers: Mapping[str, str]) -> None:
         self._rfile = rfile
-        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        chunked = headers.get("Transfer-Encoding", "").strip().lower() == "chunked"   # (request_framing.py)
         length = headers.get("Content-Length")
         if not chunked and length is not None and not length.strip().isdigit():
             raise ClickHouseError(CANNOT_READ_ALL_DATA, f"Invalid Content-Length: {length}")
