@@ -128,6 +128,22 @@ def test_an_applied_undrain_of_the_replaced_node_frees_its_spare() -> None:
     assert "already being replaced by spare-1" in again.detail
 
 
+def test_a_request_replayed_after_the_repair_orders_nothing_and_spends_no_budget() -> None:
+    """Issue 18: a captured signed request replayed after the undrain was granted again, spent budget, and the
+    node's next real fault got "already being replaced"."""
+    table: dict[bytes, bytes] = {}
+    alloc = Allocator(table, max_per_hour=2, spares=("spare-1",))
+    genuine = request("node-1")
+    assert spares_of(alloc(genuine)) == ["spare-1"]
+    alloc(undrain_ack("node-1"))                                    # repaired, back in service at T0 + 100 s
+    restarted = Allocator(table, max_per_hour=2, spares=("spare-1",))   # (kept in the table)
+    (row,) = restarted(genuine)
+    assert "dated before the node returned to service" in row.detail and row.command_ids == []
+    assert len(restarted.store.get("fleet").granted) == 1           # no budget spent
+    real = request("node-1", 200, gpu=2)                            # a new fault, after the repair
+    assert spares_of(restarted(real)) == ["spare-1"]
+
+
 def test_a_redelivered_request_gets_the_same_answer_without_asking_the_budget_again() -> None:
     table: dict[bytes, bytes] = {}
     first = Allocator(table, max_per_hour=1)(request("node-1"))

@@ -11,7 +11,9 @@ granted one orders `drain` (to the faulty node) and `spare` {"replaces": node} t
 configured pool that replaces no other node and is not itself being replaced (never the faulty node). The
 answer is an `update` row of the requesting incident naming the commands (or saying why there are none). A
 spare is free again once the node it replaces acks an applied `undrain` dated after the grant
-(`clocktower control undrain NODE`, after the repair).
+(`clocktower control undrain NODE`, after the repair). That undrain's time is kept per node (the newest `RETURNED`
+nodes): a request for a fault dated before it orders nothing, so a captured request replayed after the repair is
+not granted again (it once was: it spent budget, and its node's next real fault got "already being replaced").
 
 A request for a fault older than `max_fault_age_ns` on the allocator's wall clock (the streams lagged, or the
 report came late) orders nothing: the incident says so, and a human decides. Commands are valid from when they are
@@ -58,6 +60,7 @@ ANSWERED = 32                      # newest withheld answers kept for redelivere
 MAX_REORDERS = 5                   # a drain or spare acked expired or failed is ordered again at most this often
 REORDER_WITHIN_NS = 60 * 10**9     # ... and only if its ack is this recent on the allocator's clock (a command's TTL)
 DEFAULT_MAX_FAULT_AGE_NS = 15 * 60 * 10**9
+RETURNED = 4096                    # nodes whose return to service (undrain) is remembered, newest first
 STATE_TTL_NS = 365 * 24 * 3600 * 10**9   # the fleet's entry is rewritten by every request; never let it lapse
 
 
@@ -78,6 +81,7 @@ class Fleet:
     granted: list[int] = field(default_factory=list)                    # the budget's grants (processing clock)
     replaced: dict[str, Replacement] = field(default_factory=dict)      # node being replaced -> its replacement
     answered: list[tuple[str, Emitted]] = field(default_factory=list)   # withheld requests: (incident id, outputs)
+    returned: dict[str, int] = field(default_factory=dict)              # node -> its last undrain (ack ts_ns)
 
 
 def outcome_of(ack: ControlAck) -> str:
@@ -133,6 +137,11 @@ class ReplacementAllocator(Processor):
         if held is not None:
             self.redelivered += 1
             return list(held)
+        back = fleet.returned.get(event.node)
+        if back is not None and event.ts_ns <= back:
+            return [self._row(event, f"drain and spare not ordered: the fault is dated before the node returned to "
+                                     f"service ({(back - event.ts_ns) / 1e9:.0f} s later, undrain acked): a "
+                                     "replayed or stale request")]
         age_ns = self.budget.clock_ns() - event.ts_ns
         if age_ns > self.max_fault_age_ns:
             out = [self._row(event, f"drain and spare not ordered: the fault was reported {age_ns / 1e9:.0f} s ago, "
@@ -160,6 +169,9 @@ class ReplacementAllocator(Processor):
         if fleet is None or granted is None or ack.ts_ns <= granted.ts_ns:
             return
         del fleet.replaced[ack.node]
+        fleet.returned[ack.node] = ack.ts_ns
+        if len(fleet.returned) > RETURNED:
+            fleet.returned = dict(sorted(fleet.returned.items(), key=lambda kv: kv[1])[-RETURNED:])
         self.spares_freed += 1
         state.put(FLEET, fleet, max(state.now_ns, ack.ts_ns) + STATE_TTL_NS)
 
@@ -242,9 +254,11 @@ class ReplacementAllocator(Processor):
         return orjson.dumps({"granted": value.granted,
                              "replaced": {n: [r.spare, r.ts_ns, r.incident_id, r.reason, r.gpu, r.reorders]
                                           for n, r in value.replaced.items()},
-                             "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered]})
+                             "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered],
+                             "returned": value.returned})
 
     def decode_state(self, data: bytes) -> Fleet:
         d = orjson.loads(data)
         return Fleet(d["granted"], {n: Replacement(*r) for n, r in d["replaced"].items()},
-                     [(i, [decode_output(o) for o in out]) for i, out in d["answered"]])
+                     [(i, [decode_output(o) for o in out]) for i, out in d["answered"]],
+                     d.get("returned", {}))   # (a state written before it was kept has none)
