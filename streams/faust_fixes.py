@@ -17,6 +17,11 @@ A first attempt put the seek's read offsets back but still handed the rest of th
 gap between the read offset and those records, marked it done, and the duplicates it later added to its acked list
 held commits back one offset per commit (3 of 8 loaded kill-test runs stalled).
 
+A fourth: a table partition whose local store has persisted an offset past its changelog's end (the broker lost
+records in a kill -9: the embedded broker's durability) made every recovery raise ConsistencyError, and the worker
+crash-looped (24 restarts, nothing detected; issue 18). Such a partition's local store is dropped and recovered
+from the changelog, as a new worker's would be, with one WARNING line.
+
 A third: `Consumer.on_partitions_revoked` forgets the acked offsets of revoked partitions before it runs the app's
 handler that commits, so every record acked since the last periodic commit was read again by the partition's next
 owner (duplicates). The acked offsets are committed first.
@@ -28,11 +33,13 @@ each through Faust's real consumer against the embedded broker, with and without
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
@@ -44,6 +51,7 @@ _original_getmany = Consumer.getmany
 _original_wait_next_records = Consumer._wait_next_records
 _original_perform_seek = Consumer.perform_seek
 _original_on_partitions_revoked = Consumer.on_partitions_revoked
+_original_build_offsets = Recovery._build_offsets
 skip_sought_back = True   # the second fix (off only in tests/test_faust_fixes.py, to show the race without it)
 
 
@@ -186,6 +194,37 @@ async def _on_partitions_revoked(self: Consumer, revoked: set[TP]) -> None:
     await _original_on_partitions_revoked(self, revoked)
 
 
+async def _build_offsets(self: Recovery, consumer: Any, tps: set[TP], destination: Any, title: str) -> None:
+    """Faust's, after dropping the local store of every partition that is ahead of its changelog (upstream
+    bug: recovery raises ConsistencyError for it on every start, and the worker crash-loops)."""
+    stored = [tp for tp in tps if destination.get(tp) is not None]
+    if stored:
+        highwaters = await consumer.highwaters(*stored)
+        for tp in stored:
+            last = (highwaters.get(tp) or 0) - 1
+            if destination[tp] > last:
+                table = self.tp_to_table[tp]
+                log.warning("the local store of %s (%s:%d) is at changelog offset %d, past the changelog's last "
+                            "offset %d (the broker lost records): dropped, recovering it from the changelog",
+                            table.name, tp.topic, tp.partition, destination[tp], last)
+                drop_local_partition(table.data, tp.partition)
+                destination[tp] = None
+    await _original_build_offsets(self, consumer, tps, destination, title)
+
+
+def drop_local_partition(store: Any, partition: int) -> None:
+    """Remove one partition of a table's local store (a rocksdb one; a memory store persists nothing): closed,
+    its files deleted, opened afresh and empty on next use."""
+    dbs = getattr(store, "_dbs", None)
+    if dbs is None:
+        return
+    db = dbs.pop(partition, None)
+    if db is not None:
+        db.close()
+    shutil.rmtree(store.partition_path(partition), ignore_errors=True)
+    store._key_index.clear()   # key -> partition, now stale
+
+
 def install() -> None:
     """Apply the fixes to every Faust consumer (they patch classes: call before the app starts)."""
     AIOKafkaConsumerThread.seek_to_committed = _seek_to_committed
@@ -193,6 +232,7 @@ def install() -> None:
     Consumer.getmany = _getmany
     Consumer.perform_seek = _perform_seek
     Consumer.on_partitions_revoked = _on_partitions_revoked
+    Recovery._build_offsets = _build_offsets
 
 
 def uninstall() -> None:
@@ -202,3 +242,4 @@ def uninstall() -> None:
     Consumer.getmany = _original_getmany
     Consumer.perform_seek = _original_perform_seek
     Consumer.on_partitions_revoked = _original_on_partitions_revoked
+    Recovery._build_offsets = _original_build_offsets

@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from rocksdict import Rdict
 
 from tests.standalone_broker import StandaloneBroker, running
 
 pytestmark = pytest.mark.e2e
 RECORDS = 40
 WORKER = Path(__file__).with_name("faust_drop_worker.py")
+TABLE_WORKER = Path(__file__).with_name("faust_table_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +138,69 @@ def test_without_the_commit_a_revoke_has_every_acked_record_read_again(broker: S
     handed, log, committed = _handed(broker, tmp_path, "fixes-revoke-no-commit", "no-revoke-commit", "revoke")
     assert "rejoining the group" in log, log[-3000:]
     assert sorted(set(handed)) == list(range(RECORDS)) and len(handed) == 2 * RECORDS, log[-3000:]
+
+
+def _table_worker(broker: StandaloneBroker, topic: str, datadir: Path, fixes: str, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as log_file:
+        return subprocess.Popen([sys.executable, str(TABLE_WORKER), broker.bootstrap, topic, str(datadir), fixes],
+                                stdout=log_file, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+
+
+def _wait_for(worker: subprocess.Popen, log: Path, text: str, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _store_ahead_of_its_changelog(broker: StandaloneBroker, tmp_path: Path, fixes: str) -> tuple[bool, str]:
+    """Count 10 records into a rocksdb table, stop, move the store's persisted changelog offset past the
+    changelog's end (what a broker that lost records in a kill -9 leaves), start again and count one more.
+    Whether the 11th was counted, and the second run's log."""
+    topic = f"table-in-{fixes}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for name in (topic, "table-test-counts-changelog"):
+        admin.create_topics([NewTopic(name, 1, 1)])[name].result(10)
+    datadir, first_log, second_log = tmp_path / "faust", tmp_path / "first.log", tmp_path / "second.log"
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    worker = _table_worker(broker, topic, datadir, fixes, first_log)
+    try:
+        for _ in range(10):
+            producer.produce(topic, key=b"k", value=b"x")
+        assert producer.flush(10) == 0
+        assert _wait_for(worker, first_log, "counted k 10"), first_log.read_text()[-3000:]
+        time.sleep(3)   # the changelog records sent and their offset persisted in the store
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    (db_path,) = datadir.rglob("counts-0.db")
+    db = Rdict(str(db_path))
+    assert db.get(b"__faust\0offset__") is not None, "the store persisted no changelog offset"
+    db[b"__faust\0offset__"] = b"100000"
+    db.close()
+    worker = _table_worker(broker, topic, datadir, fixes, second_log)
+    try:
+        producer.produce(topic, key=b"k", value=b"x")
+        assert producer.flush(10) == 0
+        return _wait_for(worker, second_log, "counted k 11"), second_log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.terminate()
+            worker.wait(30)
+
+
+def test_a_store_ahead_of_its_changelog_is_dropped_and_recovered(tmp_path: Path) -> None:
+    """Issue 18: after a broker kill -9, a worker whose store was ahead of the changelog crash-looped on
+    ConsistencyError. Its own broker: the app id and changelog are fixed."""
+    with running(tmp_path / "kafka") as broker:
+        counted, log = _store_ahead_of_its_changelog(broker, tmp_path, "all")
+    assert counted, log[-3000:]
+    assert "past the changelog's last offset" in log and "dropped, recovering it from the changelog" in log
+
+
+def test_upstream_faust_crashes_on_a_store_ahead_of_its_changelog(tmp_path: Path) -> None:
+    with running(tmp_path / "kafka") as broker:
+        counted, log = _store_ahead_of_its_changelog(broker, tmp_path, "none")
+    assert not counted and "ConsistencyError" in log, log[-3000:]
