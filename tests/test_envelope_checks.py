@@ -57,7 +57,10 @@ def test_keyless_record_is_refused(key: bytes | None) -> None:
 
 
 # --- event time ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("ahead", "ok"), [(0, True), (HOUR, True), (DAY - 1, True), (DAY + 1, False),
+SKEW = 30 * 10**9   # the default: node clocks must agree within 30 s (issue 18: a day let future readings blind)
+
+
+@pytest.mark.parametrize(("ahead", "ok"), [(0, True), (SKEW - 1, True), (SKEW + 1, False), (23 * HOUR, False),
                                            (365 * DAY, False)])
 def test_future_ts_ns_is_refused_beyond_the_default_skew(ahead: int, ok: bool) -> None:
     key, value, headers = encode_batch([_link(0), _link(1, ts_ns=NOW + ahead)])
@@ -103,7 +106,7 @@ def test_control_command_expiry_may_be_in_the_future() -> None:
 
 def test_skew_setting_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLOCKTOWER_MAX_FUTURE_SKEW_S", raising=False)
-    assert Settings().max_future_skew_ns == DAY
+    assert Settings().max_future_skew_ns == SKEW
     monkeypatch.setenv("CLOCKTOWER_MAX_FUTURE_SKEW_S", "90")
     assert Settings().max_future_skew_ns == 90 * 10**9
 
@@ -171,11 +174,11 @@ def test_streams_handler_decodes_with_its_configured_skew() -> None:
     def failures() -> float:
         return REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.links"}) or 0
 
-    k, v, h = encode_batch([_link(ts_ns=time.time_ns() + HOUR)])
+    k, v, h = encode_batch([_link(ts_ns=time.time_ns() + 10 * 10**9)])
     before = failures()
-    RecordHandler(Processors(TEST_SIGNER)).handle("telemetry.links", 0, 1, k, v, h)   # default: 1 day
+    RecordHandler(Processors(TEST_SIGNER)).handle("telemetry.links", 0, 1, k, v, h)   # default: 30 s
     assert failures() == before
-    assert RecordHandler(Processors(TEST_SIGNER), max_future_skew_ns=60 * 10**9).handle(
+    assert RecordHandler(Processors(TEST_SIGNER), max_future_skew_ns=5 * 10**9).handle(
         "telemetry.links", 0, 2, k, v, h) == []
     assert failures() == before + 1
 
