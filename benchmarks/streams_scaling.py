@@ -89,7 +89,8 @@ def throughput(workers: int, nodes: int, seconds: float, root: Path) -> dict[str
     stack = _stack(root / f"w{workers}", with_sink=False)
     try:
         bootstrap = stack.s.bootstrap
-        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=3))
+        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=3),   # in the past: nothing is stamped
+                             start_ns=time.time_ns() - int(seconds * 1e9))          # beyond the 30 s future skew
         published = run_simulation(sim, KafkaPublisher(bootstrap), seconds, realtime=False)
         events = sum(published.values())
         children = [stack.start_worker("streams", i) for i in range(1, workers + 1)]

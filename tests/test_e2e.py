@@ -31,7 +31,7 @@ def test_pipeline_counts_are_exact_flap_is_remediated_and_bad_records_are_dead_l
     s, client = pipeline.settings, pipeline.client
     _wait_tables(client)
     publisher = KafkaPublisher(s.bootstrap)
-    sim = FleetSimulator(SimConfig(nodes=3, duration_s=10, seed=7))
+    sim = FleetSimulator(SimConfig(nodes=3, duration_s=10, seed=7), start_ns=time.time_ns() - 15 * 10**9)   # (past)
     produced = run_simulation(sim, publisher, 10, realtime=False)
     # Two malformed records in the middle of good traffic: bad JSON, and an unknown schema version.
     publisher.publish_raw("telemetry.links", b"node-0", b"{broken json",
