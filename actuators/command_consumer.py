@@ -12,7 +12,10 @@ produced in between. Records of the other nodes sharing the partition are skippe
 
 The loop is the sink's (runtime/consume_loop.py): the acks of the handled records are handed to `publish` (the
 agent's spooling path) before their offsets are committed. A record that fails decoding is never applied: the
-ids it names get `refused` acks; one naming none becomes a dead letter. No record stops the consumer.
+ids it names get `refused` acks; one naming none becomes a dead letter. No record stops the consumer. Refused
+acks are published at most `REFUSED_ACKS_PER_S` a second (burst `REFUSED_ACKS_BURST`); the others are counted
+(`refused_acks_dropped`) and logged, not published: 261k forged commands once made the actuator publish as many
+refused acks, and genuine commands waited 44 s behind them (issue 18).
 
 Nothing else stops it either: any exception out of the loop (a failed synchronous commit, a broker restarting) is
 logged and counted (`loop_restarts`, `last_error`), and the consumer is rebuilt and resumes after a backoff (0.5 s
@@ -39,6 +42,7 @@ from clocktower.actuators.malformed import named_commands
 from clocktower.control.command_check import MAX_LIFETIME_NS
 from clocktower.runtime.consume_loop import Offsets, consume_loop
 from clocktower.runtime.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
+from clocktower.runtime.rate_limit import TokenBucket
 from clocktower.schemas.codec import DecodeError, bounded, dead_letter, decode_batch
 from clocktower.schemas.control import ControlCommand
 from clocktower.schemas.event import Event
@@ -50,6 +54,8 @@ RDKAFKA_LOG = logging.getLogger("rdkafka")
 TOPIC = "control.commands"
 METADATA_REFRESH_S = 30.0
 METADATA_TIMEOUT_S = 5.0
+REFUSED_ACKS_PER_S = 20.0      # refused acks published per second at most, after a burst of REFUSED_ACKS_BURST
+REFUSED_ACKS_BURST = 200.0
 RETRY_S = (0.5, 10.0)         # assigning, and rebuilding after a failed loop: retried, doubling up to the maximum
 
 Publish = Callable[[list[Event]], None]
@@ -75,6 +81,7 @@ class CommandConsumer:
         self.counts: Counter[str] = Counter()    # handled, foreign, malformed, deadlettered, acks_<status>, ...
         self.partitions: list[int] = []          # assigned, in the order they were added
         self._acks: list[Event] = []             # handled, not yet handed to publish
+        self._refused_acks = TokenBucket(REFUSED_ACKS_PER_S, REFUSED_ACKS_BURST, clock())
         self._offsets: dict[tuple[str, int], int] = {}
         self._refresh_at = 0.0
         self._position: dict[tuple[str, int], int] = {}   # after the last record handled by this process
@@ -303,8 +310,20 @@ class CommandConsumer:
             ack = self.actuator.handle(cmd)
             self._count("handled")
             self._count(f"acks_{ack.status}")
-            acks.append(ack)
+            if ack.status != "refused" or self._may_refuse():
+                acks.append(ack)
         return acks
+
+    def _may_refuse(self) -> bool:
+        """Whether a refused ack may be published now (the rate limit); counts and logs the ones that may not."""
+        if self._refused_acks.take(self.clock()):
+            return True
+        self._count("refused_acks_dropped")
+        dropped = self.counts["refused_acks_dropped"]
+        if dropped & (dropped - 1) == 0:   # 1, 2, 4, 8, ...: a flood is logged, not one line per command
+            log.warning("%d refused acks not published: more than %g a second (a flood of bad commands?)",
+                        dropped, REFUSED_ACKS_PER_S)
+        return False
 
     def _malformed(self, msg: Message, reason: str) -> list[Event]:
         self._count("malformed")
@@ -314,7 +333,7 @@ class CommandConsumer:
         if named:
             self._count("acks_refused", len(named))
             return [self.actuator.refuse(n.command_id, f"malformed command: {reason}", n.action, n.target)
-                    for n in named]
+                    for n in named if self._may_refuse()]
         self._count("deadlettered")
         return [dead_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason,
                             f"actuator-{self.node}")]

@@ -366,3 +366,42 @@ def test_a_new_group_with_no_recent_command_starts_at_an_absolute_end(fake_log: 
         stop.set()
         thread.join(10)
     assert [(a.command_id, a.status) for a in published] == [(fresh.command_id, "applied")]  # type: ignore[attr-defined]
+
+
+def test_a_flood_of_forged_commands_gets_few_refused_acks_and_the_genuine_one_is_applied(
+        broker: StandaloneBroker, tmp_path: Path) -> None:
+    """Issue 18: every one of 261k forged commands got a refused ack, and genuine commands waited 44 s behind
+    them. Refused acks are rate-limited; the genuine command after the flood is applied and acked."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from clocktower.actuators.command_consumer import REFUSED_ACKS_BURST, REFUSED_ACKS_PER_S
+    from clocktower.control.signing import CommandSigner
+
+    forger = CommandIssuer(CommandSigner(Ed25519PrivateKey.generate()))
+    now = time.time_ns()
+    flood = [forger.issue(CommandIntent(NODE, "failover", "eth0", now + i, f"forged-{i}", {"from": "eth0",
+                                                                                             "to": "eth9"}))
+             for i in range(1000)]
+    genuine = _command(NODE, "eth1", 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for start in range(0, len(flood), 100):   # 100 forged commands a record
+        key, value, headers = encode_batch(flood[start:start + 100])
+        p.produce(TOPIC, key=key, value=value, headers=headers, partition=partition_of(NODE, PARTITIONS))
+    assert p.flush(15) == 0
+    _send(broker.bootstrap, [_encoded(genuine)])
+    started = time.monotonic()
+    run = Run(broker.bootstrap, tmp_path / "state", SimulatedRouting())
+    try:
+        deadline = time.monotonic() + 30
+        while not any(getattr(e, "command_id", "") == genuine.command_id for e in run.published):
+            assert time.monotonic() < deadline, run.consumer.stats()
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+    finally:
+        run.close()
+    refused = [e for e in run.published if isinstance(e, ControlAck) and e.status == "refused"]
+    assert all("bad signature" in a.detail for a in refused)
+    assert len(refused) <= REFUSED_ACKS_BURST + REFUSED_ACKS_PER_S * elapsed + 1, (len(refused), elapsed)
+    stats = run.consumer.stats()
+    assert stats["acks_refused"] == 1000 and stats["refused_acks_dropped"] == 1000 - len(refused)
+    assert [a.status for a in run.published if getattr(a, "command_id", "") == genuine.command_id] == ["applied"]

@@ -47,8 +47,8 @@ from clocktower.producers.clock import wire
 from clocktower.producers.clock.admission import Admission
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file, load_key
 from clocktower.producers.clock.probe_agent import ProbeAgent, ProbeAgentConfig
-from clocktower.producers.clock.rate_limit import TokenBucket
 from clocktower.producers.clock.replay import ReplayGuard, SendClock
+from clocktower.runtime.rate_limit import TokenBucket
 from clocktower.schemas.telemetry import ClockProbe
 from clocktower.sinks.endpoint import ChdbEngine, ClickHouseError, ClickHouseHttpEndpoint, sql_guard
 from clocktower.sinks.endpoint import protocol as protocol_module

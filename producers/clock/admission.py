@@ -19,9 +19,9 @@ import logging
 import time
 from collections.abc import Iterable
 
-from clocktower.producers.clock.rate_limit import TokenBucket
 from clocktower.producers.clock.replay import ReplayGuard
 from clocktower.producers.clock.wire import AuthError, Message, WireError, decode
+from clocktower.runtime.rate_limit import TokenBucket
 
 log = logging.getLogger(__name__)
 _LOGGED_PER_KIND = 10

@@ -1,7 +1,8 @@
-"""Token buckets: how many datagrams one source may make an agent handle per second.
+"""Token buckets: how many datagrams one source may make an agent handle per second, how many refused acks an
+actuator publishes per second.
 
-A bucket holds up to `burst` tokens and refills at `rate` per second; each datagram takes one, and one
-that finds the bucket empty is dropped (and counted by the caller). Time is passed in, so the logic is
+A bucket holds up to `burst` tokens and refills at `rate` per second; each datagram (each refused ack) takes one,
+and one that finds the bucket empty is dropped (and counted by the caller). Time is passed in, so the logic is
 testable without sleeping.
 """
 
