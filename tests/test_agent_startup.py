@@ -159,7 +159,7 @@ def test_duration_counts_from_when_the_sources_are_running(monkeypatch: pytest.M
     """`clocktower agent --duration 0.6` with a source that takes 1 s to start: the slow source runs its
     0.6 s too, and the table on stderr says at once that it is starting, then when it runs."""
     slow, fast = TickingSource("slow", start_delay=1.0, tick_s=0.05), TickingSource("fast", tick_s=0.05)
-    monkeypatch.setattr(agent_cli, "build_sources", lambda settings: [slow, fast])
+    monkeypatch.setattr(agent_cli, "build_sources", lambda settings, topology=None: [slow, fast])
     monkeypatch.setattr(agent_cli.signal, "signal", lambda *args: None)   # leave pytest's handlers alone
     t0 = time.monotonic()
     assert cli.main(["agent", "--stdout", "--duration", "0.6", "--json"]) == 0
