@@ -33,13 +33,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.malformed import named_commands
 from clocktower.control.command_check import MAX_LIFETIME_NS
+from clocktower.runtime.broker_profile import PROFILES
 from clocktower.runtime.consume_loop import Offsets, consume_loop
 from clocktower.runtime.idle_pacer import CONSUMER_SETTINGS as IDLE_CONSUMER_SETTINGS
 from clocktower.runtime.rate_limit import TokenBucket
@@ -70,7 +71,10 @@ class CommandConsumer:
 
     def __init__(self, bootstrap: str, actuator: Actuator, publish: Publish, *, security: KafkaSecurity | None = None,
                  topic: str = TOPIC, metadata_refresh_s: float = METADATA_REFRESH_S,
-                 clock: Callable[[], int] = time.time_ns, idle_backoff_s: float = 0.025) -> None:
+                 clock: Callable[[], int] = time.time_ns, idle_backoff_s: float = 0.025,
+                 consumer_extra: Mapping[str, object] | None = None) -> None:
+        """`idle_backoff_s` and `consumer_extra` (librdkafka settings) are the broker profile's
+        (runtime/broker_profile.py); the defaults are the embedded broker's."""
         self.node = actuator.node
         self.idle_backoff_s = idle_backoff_s   # what an idle actuator adds to a command's latency, at most
         self.actuator = actuator
@@ -101,6 +105,7 @@ class CommandConsumer:
             "fetch.wait.max.ms": 100,
             "logger": RDKAFKA_LOG,
             **IDLE_CONSUMER_SETTINGS,          # the embedded broker answers fetches at once: pause while idle
+            **(PROFILES["embedded"].librdkafka_consumer() if consumer_extra is None else consumer_extra),
             **(security or KafkaSecurity()).librdkafka(),
         }
         self.consumer = Consumer(self._config)

@@ -26,6 +26,7 @@ from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.settings import ActuatorSettings
 from clocktower.control.key_files import verifier_from_file
 from clocktower.control.signing import CommandVerifier
+from clocktower.runtime.broker_profile import profile_settings
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.event import Event
@@ -110,7 +111,8 @@ class ActuatorComponent:
             self.counts.update(type(e).SCHEMA for e in events)
 
         self.consumer = CommandConsumer(self.bootstrap, self._actuator, publish, security=self.security,
-                                        idle_backoff_s=s.idle_backoff_s)
+                                        idle_backoff_s=s.idle_backoff_s,
+                                        consumer_extra=profile_settings(s.broker_profile).librdkafka_consumer())
         self._thread = threading.Thread(target=self.consumer.run, args=(self._stop,), name=f"actuator-{self.node}",
                                         daemon=True)
         self._thread.start()

@@ -37,6 +37,10 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("hold acknowledged records", "producers/ack_hold.py (the agent's spooling publisher)",
                "acknowledges (acks=all) before it writes: a kill -9 loses the last second or more",
                "acknowledges acks=all once the in-sync replicas have the record"),
+    Workaround("accept oversized fetch responses", "actuators/command_consumer.py, sinks/clickhouse/kafka_sink.py",
+               "ignores fetch.max.bytes: 110 MiB written to one partition came back as one 108-204 MB response, "
+               "over librdkafka's 100 MB receive.message.max.bytes, and the consumer never read again",
+               "caps a response at the fetch.max.bytes the consumer asks for (librdkafka: 50 MiB)"),
     Workaround("check for reused offsets", "sinks/clickhouse/resume.py, kafka_sink.py",
                "after such a loss, gives the lost offsets to new records",
                "never reuses an offset (with unclean leader election off, its default)"),
@@ -52,13 +56,25 @@ class ProfileSettings:
     rejoin_on_empty_assignment: bool
     ack_hold_s: float
     check_reused_offsets: bool
+    fetch_response_max_bytes: int | None = None   # librdkafka's receive.message.max.bytes; None: its default
+
+    def librdkafka_consumer(self) -> dict[str, int]:
+        """What a librdkafka consumer adds to its configuration under this profile."""
+        limit = self.fetch_response_max_bytes
+        return {} if limit is None else {"receive.message.max.bytes": limit}
+
+
+# librdkafka's own maximum for receive.message.max.bytes: a response up to 2 GiB is read, and the buffer for it is
+# allocated only when one that size comes. The broker's memory (it builds the whole response) runs out before that.
+LIBRDKAFKA_MAX_RESPONSE_BYTES = 2_147_483_647
 
 
 PROFILES: dict[str, ProfileSettings] = {
     # IDLE_FETCH_BACKOFF_S (0.25 s) keeps the idle stack under 5 % of a core (benchmarks/idle_cpu.py); 25 ms keeps
     # an actuator's command latency low (one consumer per node)
     "embedded": ProfileSettings(idle_fetch_backoff_s=IDLE_FETCH_BACKOFF_S, actuator_idle_backoff_s=0.025,
-                                rejoin_on_empty_assignment=True, ack_hold_s=5.0, check_reused_offsets=True),
+                                rejoin_on_empty_assignment=True, ack_hold_s=5.0, check_reused_offsets=True,
+                                fetch_response_max_bytes=LIBRDKAFKA_MAX_RESPONSE_BYTES),
     "kafka": ProfileSettings(idle_fetch_backoff_s=0.0, actuator_idle_backoff_s=0.0,
                              rejoin_on_empty_assignment=False, ack_hold_s=0.0, check_reused_offsets=False),
 }

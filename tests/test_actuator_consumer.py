@@ -74,11 +74,12 @@ def _encoded(cmd: ControlCommand) -> tuple[str, bytes, bytes, list]:
 class Run:
     """One actuator consumer on a thread, with the events it publishes collected."""
 
-    def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting) -> None:
+    def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting, **consumer: object) -> None:
         self.published: list[Event] = []
         actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}),
                             backups=lambda link: "eth9")   # every command here names eth9
-        self.consumer = CommandConsumer(bootstrap, actuator, self.published.extend, metadata_refresh_s=0.5)
+        self.consumer = CommandConsumer(bootstrap, actuator, self.published.extend, metadata_refresh_s=0.5,
+                                        **consumer)  # type: ignore[arg-type]
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.consumer.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -405,3 +406,30 @@ def test_a_flood_of_forged_commands_gets_few_refused_acks_and_the_genuine_one_is
     stats = run.consumer.stats()
     assert stats["acks_refused"] == 1000 and stats["refused_acks_dropped"] == 1000 - len(refused)
     assert [a.status for a in run.published if getattr(a, "command_id", "") == genuine.command_id] == ["applied"]
+
+
+def test_a_fetch_response_over_100_mb_does_not_wedge_the_actuator(broker: StandaloneBroker, tmp_path: Path) -> None:
+    """Issue 18 finding 1: the embedded broker ignores fetch.max.bytes, so 110 MiB written to a node's partition
+    came back as one response over librdkafka's 100 MB receive.message.max.bytes, and the actuator never read (or
+    acked) again. Under the embedded profile (CommandConsumer's default) the ceiling is librdkafka's maximum; with
+    `consumer_extra={}` (librdkafka's default ceiling) this test fails: nothing is acked."""
+    import os
+
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.size": 1_000_000})
+    junk = os.urandom(900_000)                         # under the topic's 1 MiB record limit; names no command
+    for _ in range(125):                               # 112 MB
+        p.produce(TOPIC, key=NODE.encode(), value=junk, partition=partition_of(NODE, PARTITIONS))
+        p.poll(0)
+    assert p.flush(60) == 0
+    genuine = _command(NODE, "eth1", 1)
+    _send(broker.bootstrap, [_encoded(genuine)])
+    run = Run(broker.bootstrap, tmp_path / "state", SimulatedRouting())
+    try:
+        deadline = time.monotonic() + 60
+        while not any(getattr(e, "command_id", "") == genuine.command_id for e in run.published):
+            assert time.monotonic() < deadline, run.consumer.stats()
+            time.sleep(0.1)
+    finally:
+        run.close()
+    assert [a.status for a in run.published if getattr(a, "command_id", "") == genuine.command_id] == ["applied"]
+    assert run.consumer.stats()["deadlettered"] == 125

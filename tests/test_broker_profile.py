@@ -80,6 +80,23 @@ def test_the_sink_checks_for_reused_offsets_only_when_asked() -> None:
                                deadline=deadline)
 
 
+@pytest.mark.parametrize("profile", ["kafka", "embedded"])
+def test_the_sink_accepts_fetch_responses_over_100_mb_only_with_the_embedded_broker(
+        monkeypatch: pytest.MonkeyPatch, profile: str) -> None:
+    """Issue 18 finding 1 (the actuator's half runs against the broker in test_actuator_consumer.py): a 108 MB
+    response froze the sink's lag in every table. Its consumer and its probe consumer take the profile's ceiling."""
+    from clocktower.sinks.clickhouse import __main__ as sink_main
+    from clocktower.sinks.clickhouse import kafka_sink
+
+    configs: list[dict] = []
+    monkeypatch.setattr(kafka_sink, "Consumer", lambda conf: configs.append(conf))
+    monkeypatch.setattr(kafka_sink, "Producer", lambda conf: None)
+    sink = sink_main.sink_for(SinkSettings(broker_profile=profile), None)  # type: ignore[arg-type]
+    configs.append(sink._probe_config)
+    ceilings = [c.get("receive.message.max.bytes") for c in configs]
+    assert ceilings == ([2_147_483_647] * 2 if profile == "embedded" else [None] * 2)
+
+
 def test_the_stream_worker_rejoins_on_an_empty_assignment_only_with_the_embedded_broker() -> None:
     original = group_coordinator.CoordinatorGroupRebalance
     routine = group_coordinator.GroupCoordinator._coordination_routine

@@ -20,6 +20,15 @@ from clocktower.sinks.clickhouse.settings import SinkSettings
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 
+def sink_for(s: SinkSettings, writer: TableWriter) -> KafkaClickHouseSink:
+    """The sink `s` configures, with its broker profile's workarounds."""
+    return KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
+                               instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns,
+                               idle_backoff_s=s.workarounds.idle_fetch_backoff_s,
+                               check_reused_offsets=s.workarounds.check_reused_offsets,
+                               consumer_extra=s.workarounds.librdkafka_consumer())
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
     watch_parent()
@@ -29,10 +38,7 @@ def main() -> None:
     client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
     writer = TableWriter(client)
     writer.ensure_schema()
-    sink = KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
-                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns,
-                                idle_backoff_s=s.workarounds.idle_fetch_backoff_s,
-                                check_reused_offsets=s.workarounds.check_reused_offsets)
+    sink = sink_for(s, writer)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

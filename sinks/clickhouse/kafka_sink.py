@@ -23,6 +23,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -68,9 +69,9 @@ class KafkaClickHouseSink:
                  group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
                  instance_id: str | None = None, security: KafkaSecurity | None = None,
                  max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, idle_backoff_s: float = IDLE_FETCH_BACKOFF_S,
-                 check_reused_offsets: bool = True) -> None:
-        """`idle_backoff_s` and `check_reused_offsets` make up for the embedded broker (runtime/broker_profile.py);
-        the sink's main passes the broker profile's."""
+                 check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None) -> None:
+        """`idle_backoff_s`, `check_reused_offsets` and `consumer_extra` (librdkafka settings) make up for the
+        embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's."""
         self.writer = writer
         self.idle_backoff_s = idle_backoff_s
         self.check_reused_offsets = check_reused_offsets
@@ -79,8 +80,9 @@ class KafkaClickHouseSink:
         self.batches = BatchSet(policy, salt=secrets.token_hex(4))
         login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
         self._group_id = group_id
+        extra = dict(consumer_extra or {})
         self._probe_config = {"bootstrap.servers": bootstrap, "enable.auto.commit": False, "logger": RDKAFKA_LOG,
-                              **login}
+                              **extra, **login}
         self.rows_inserted = 0
         self.deadlettered = 0
         self._recheck_at: float | None = None   # when to retry a failed or unanswered check (None: none pending)
@@ -103,6 +105,7 @@ class KafkaClickHouseSink:
             "group.instance.id": instance_id or f"{group_id}-{socket.gethostname()}",
             "logger": RDKAFKA_LOG,
             **IDLE_CONSUMER_SETTINGS,   # the broker answers fetches at once: an idle sink pauses (idle_pacer.py)
+            **extra,
             **login,
         })
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
