@@ -71,7 +71,7 @@ app = faust.App(
     producer_compression_type="lz4",
     producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
 )
-clocks = ClockBroadcast(settings.bootstrap, security.librdkafka())
+clocks = ClockBroadcast(settings.bootstrap, {**security.librdkafka(), **settings.workarounds.librdkafka_consumer()})
 use_command_partitions(command_partitions(settings.bootstrap, security.librdkafka()))
 budget = RemediationBudget(settings.remediation_max_per_hour)
 processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget))
