@@ -87,7 +87,7 @@ def cmd_up(args: argparse.Namespace, console: Console) -> int:
     # Stop cleanly on SIGTERM and SIGHUP too, and on SIGINT even when started with it ignored (`cmd &` in a
     # script): the children, each in its own session, are stopped in order and the data dir released.
     stop_on_signals()
-    stack = Stack(settings)
+    stack = Stack(settings, sign_records=True)   # the streams act only on records their node signed
     stack.start(on_step=lambda msg: console.print(f"[dim]•[/dim] {msg}"))
     console.print(f"[green]up[/green]: Kafka {settings.bootstrap}, ClickHouse {settings.clickhouse}, "
                   f"data {stack.data_dir}. Ctrl-C stops.")

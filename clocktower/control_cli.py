@@ -32,13 +32,14 @@ from clocktower.control.issuer import CommandIssuer
 from clocktower.control.key_files import signer_from
 from clocktower.generated_secrets import ensure_control_keys
 from clocktower.running_broker import running_bootstrap
+from clocktower.runtime.credentials import producer_key_of
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.codec import DecodeError, decode_batch, encode_batch
 from clocktower.schemas.control import ControlAck, ControlCommand
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.partitioning import partition_of
-from clocktower.schemas.record_mac import NodeSigning, check
+from clocktower.schemas.record_mac import check
 from clocktower.schemas.topics import BY_MODEL
 
 RELEASE_TTL_NS = 120 * 10**9     # an operator's command is valid this long (release and undrain)
@@ -87,7 +88,7 @@ def _operator_command(args: argparse.Namespace, settings: Settings, console: Con
     bootstrap = running_bootstrap(settings)
     login = KafkaSecurity().librdkafka()
     acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
-    producer_key = NodeSigning().producer_key_bytes()
+    producer_key = producer_key_of(settings.data_dir)   # configured, else the one `up` made in the data dir
     vouch = partial(check, producer_key) if producer_key else None
     ignored: list[str] = []
     try:

@@ -35,7 +35,10 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
              seed: int = 0, ack_timeout: float = ACK_TIMEOUT_S) -> dict:
     # A new simulated fleet: last run's stream state is not its. A lost GPU's node is replaced from the demo's
     # spare, whose actuator runs below.
-    stack = Stack(settings, fresh_stream_state=True, extra_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE})
+    # Every simulated node signs its records with its own key, from the producer key the stack makes (or is given):
+    # the streams act on nothing unsigned.
+    stack = Stack(settings, fresh_stream_state=True, extra_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE},
+                  sign_records=True)
     errors: list[str] = []
     actuators: DemoActuators | None = None
     try:
@@ -50,10 +53,10 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
                       f"spare {SPARE_NODE}")
         actuators = DemoActuators(settings.bootstrap, actuated,
                                   ActuatorSettings(data_dir=stack.data_dir).public_key_path(),
-                                  stack.data_dir / "demo-actuators")
+                                  stack.data_dir / "demo-actuators", producer_key=stack.producer_key)
         actuators.start()
         sim = FleetSimulator(config)
-        publisher = KafkaPublisher(settings.bootstrap)
+        publisher = KafkaPublisher(settings.bootstrap, producer_key=stack.producer_key)
         stop = threading.Event()
         produced: Counter[str] = Counter()
         sim_error: list[BaseException] = []

@@ -58,8 +58,11 @@ def actuated_nodes(fleet: Sequence[str], faulty: Iterable[str]) -> list[str]:
 class DemoActuators:
     """One real actuator per node in `nodes`, with its state under `state_root` (emptied at `start`)."""
 
-    def __init__(self, bootstrap: str, nodes: Sequence[str], public_key: Path, state_root: Path) -> None:
+    def __init__(self, bootstrap: str, nodes: Sequence[str], public_key: Path, state_root: Path,
+                 producer_key: bytes | None = None) -> None:
+        """`producer_key`: each node's acks are signed with that node's key, derived from it, as its agent would."""
         self.bootstrap = bootstrap
+        self.producer_key = producer_key
         self.nodes = list(dict.fromkeys(nodes))
         self.public_key = public_key
         self.state_root = state_root
@@ -73,7 +76,7 @@ class DemoActuators:
     def start(self) -> None:
         verifier = verifier_from_file(self.public_key)
         shutil.rmtree(self.state_root, ignore_errors=True)
-        self.publisher = KafkaPublisher(self.bootstrap)
+        self.publisher = KafkaPublisher(self.bootstrap, producer_key=self.producer_key)
         hooks = Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
         for node in self.nodes:
             skip_earlier_commands(self.bootstrap, node)

@@ -20,6 +20,7 @@ from clocktower.runtime.credentials import (
     control_key_path,
     control_public_key_path,
     credentials_path,
+    producer_key_path,
 )
 from clocktower.runtime.private_file import create_private_file, private_dir
 
@@ -58,3 +59,13 @@ def ensure_control_keys(directory: Path) -> bool:
     os.chmod(public, 0o644)
     create_private_file(private, private_pem)   # last: its presence says the pair is complete
     return True
+
+
+def ensure_producer_key(data_dir: Path) -> Path:
+    """Write a random producer key (producer.key, 0600, 64 hex characters) unless one is there; its path.
+
+    With it, the streams act only on records signed by the node they are keyed by (schemas/record_mac.py); every
+    publisher that `up` and `demo` start signs with it, or with a node key derived from it."""
+    path = producer_key_path(data_dir)
+    create_private_file(path, secrets.token_hex(32).encode() + b"\n")   # O_EXCL: an existing one (or link) stays
+    return path

@@ -21,11 +21,12 @@ from pathlib import Path
 from clocktower.child_process import ChildProcess, stop_all
 from clocktower.config import Settings
 from clocktower.data_dir import DataDirLock, checked_data_dir, private_subdirs
-from clocktower.generated_secrets import ensure_secrets
+from clocktower.generated_secrets import ensure_producer_key, ensure_secrets
 from clocktower.ports import ensure_free, wait_open
 from clocktower.runtime.credentials import DASHBOARDS_USER, control_key_path, credentials_path
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.owner_note import write_owner
+from clocktower.schemas.record_mac import NodeSigning
 from clocktower.shutdown_signals import ignoring_stop_signals
 from clocktower.stream_state import reset_stream_state
 from clocktower.topic_admin import ensure_topics
@@ -69,8 +70,13 @@ SERVICES = ("broker", "clickhouse")
 
 class Stack:
     def __init__(self, settings: Settings, with_streams: bool = True, with_sink: bool = True,
-                 fresh_stream_state: bool = False, extra_env: Mapping[str, str] | None = None) -> None:
+                 fresh_stream_state: bool = False, extra_env: Mapping[str, str] | None = None,
+                 sign_records: bool = False) -> None:
+        """`sign_records` (`up`, `demo`): with the embedded broker and no producer key configured, one is made in the
+        data dir and named to the workers, so the streams act only on records their node signed."""
         self.s = settings
+        self.sign_records = sign_records
+        self.producer_key: bytes | None = None   # what the stack's streams check records with (None: nothing)
         self.fresh_stream_state = fresh_stream_state   # the demo: a new simulated fleet on every run
         self.data_dir = checked_data_dir(settings.data_dir)   # a symlink is refused, not followed
         self.logs = self.data_dir / "logs"
@@ -105,6 +111,7 @@ class Stack:
         s = self.s
         private_subdirs(self.data_dir)   # 0700, and none a symlink or another user's
         ensure_secrets(self.data_dir, clickhouse_users=s.embedded_clickhouse)  # first start only; kept after
+        self.producer_key = self._producer_key()
         if s.embedded_kafka:
             ensure_free(s.host, s.kafka_port, "the embedded Kafka broker", "--kafka-port")
         if s.embedded_clickhouse:
@@ -139,6 +146,16 @@ class Stack:
             on_step("starting the Faust stream processors" + (f" ({n} workers)" if n > 1 else ""))
             for i in range(1, n + 1):
                 self.start_worker("streams", i)
+
+    def _producer_key(self) -> bytes | None:
+        """The producer key of this process's settings (the workers inherit them), else with `sign_records` and the
+        embedded broker the data dir's, made on first start and named to the workers (CLOCKTOWER_PRODUCER_KEY_FILE)."""
+        configured = NodeSigning().producer_key_bytes()   # unfit: a ValidationError, one line from the CLI
+        if configured is not None or not (self.sign_records and self.s.embedded_kafka):
+            return configured
+        path = ensure_producer_key(self.data_dir)
+        self.env["CLOCKTOWER_PRODUCER_KEY_FILE"] = str(path)
+        return NodeSigning(producer_key_file=path).producer_key_bytes()
 
     def start_worker(self, name: str, index: int = 1) -> str:
         """Start one worker ("sink" or "streams") of a started stack, e.g. one left out by with_sink=False;

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from clocktower.schemas.batch_split import EncodedRecord, encode_records
 from clocktower.schemas.event import Event
 from clocktower.schemas.kafka_security import KafkaSecurity
-from clocktower.schemas.record_mac import NodeSigning, sign
+from clocktower.schemas.record_mac import NodeSigning, node_key, sign
 from clocktower.schemas.topics import BY_NAME, MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, topic_for
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,15 @@ class KafkaPublisher:
 
     def __init__(self, bootstrap: str, max_events_per_record: int = 1000, compression: str = "lz4",
                  extra_config: dict[str, object] | None = None, security: KafkaSecurity | None = None,
-                 node_key: bytes | None = None) -> None:
+                 node_key: bytes | None = None, producer_key: bytes | None = None) -> None:
+        """`producer_key` makes this a publisher for many nodes (the demo's simulated fleet): each record is signed
+        with the key of the node it is keyed by, derived from it. A node's own publisher gets only `node_key`."""
         self.max_events = max_events_per_record
         self.max_record_bytes = MAX_RECORD_BYTES     # the records' value limit (schemas/topics.py)
         # Records are signed with this node's key (CLOCKTOWER_NODE_KEY) so the streams can check who sent them.
         self.node_key = node_key if node_key is not None else NodeSigning().node_key_bytes()
+        self.producer_key = producer_key
+        self._node_keys: dict[bytes, bytes] = {}   # record key -> its node's key (producer_key only)
         self.acked: Counter[str] = Counter()     # events acknowledged, per schema
         self.failed: Counter[str] = Counter()    # events whose delivery failed, per schema
         self.sent: Counter[str] = Counter()      # events handed to the producer, per schema
@@ -109,8 +113,13 @@ class KafkaPublisher:
         self.sent[schema] += n
 
     def signed(self, topic: str, key: bytes, value: bytes, headers: list) -> tuple[bytes, bytes, list]:
-        """The record with this node's MAC header added, when the publisher has a node key."""
-        return key, value, sign(self.node_key, topic, key, value, headers) if self.node_key else headers
+        """The record with its node's MAC header added, when the publisher has a node (or the producer) key."""
+        key_for_node = self.node_key
+        if key_for_node is None and self.producer_key is not None:
+            key_for_node = self._node_keys.get(key)
+            if key_for_node is None:
+                key_for_node = self._node_keys[key] = node_key(self.producer_key, key.decode("utf-8", "replace"))
+        return key, value, sign(key_for_node, topic, key, value, headers) if key_for_node else headers
 
     def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers: list | None = None,
                     on_delivery=None) -> None:  # noqa: ANN001

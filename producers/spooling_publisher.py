@@ -115,7 +115,7 @@ class SpoolingPublisher(KafkaPublisher):
                  message_timeout_ms: int = 5000, probe_interval_s: float = 0.5, probe_timeout_s: float = 1.0,
                  fsync_interval_s: float = 1.0, replay_window: int = 500, dedup_scan_limit: int = 1_000_000,
                  segment_bytes: int | None = None, extra_config: dict[str, object] | None = None,
-                 ack_hold_s: float = 5.0) -> None:
+                 ack_hold_s: float = 5.0, node_key: bytes | None = None) -> None:
         if compression not in ("lz4", "zstd"):
             raise ValueError(f"compression must be lz4 or zstd, not {compression!r}")
         self._lock = threading.RLock()
@@ -124,14 +124,14 @@ class SpoolingPublisher(KafkaPublisher):
         self._hold = AckHold(ack_hold_s)
         try:
             self._init(bootstrap, max_events_per_record, compression, message_timeout_ms, probe_interval_s,
-                       probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config)
+                       probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config, node_key)
         except BaseException:
             self.spool.close()                     # release the spool's lock: a retry must be able to open it
             raise
 
     def _init(self, bootstrap: str, max_events_per_record: int, compression: str, message_timeout_ms: int,
               probe_interval_s: float, probe_timeout_s: float, fsync_interval_s: float, replay_window: int,
-              dedup_scan_limit: int, extra_config: dict[str, object] | None) -> None:
+              dedup_scan_limit: int, extra_config: dict[str, object] | None, node_key: bytes | None) -> None:
         self._compression = compression
         self._extra: dict[str, object] = {
             "message.timeout.ms": message_timeout_ms,
@@ -140,7 +140,7 @@ class SpoolingPublisher(KafkaPublisher):
             "error_cb": self._on_error,
             **(extra_config or {}),
         }
-        super().__init__(bootstrap, max_events_per_record, compression, self._extra)
+        super().__init__(bootstrap, max_events_per_record, compression, self._extra, node_key=node_key)
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.fsync_interval_s = fsync_interval_s

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import read_private_file
+from clocktower.schemas.record_mac import NodeSigning
 
 CREDENTIALS_FILE = "credentials.json"
 CONTROL_KEY_FILE = "control.key"          # Ed25519 private key (PEM, 0600): signs control commands
 CONTROL_PUBLIC_KEY_FILE = "control.pub"   # its public key (PEM): all an actuator gets
+PRODUCER_KEY_FILE = "producer.key"        # the cluster's producer key (hex, 0600): node keys derive from it
 ADMIN_USER = "clocktower"
 DASHBOARDS_USER = "dashboards"
 
@@ -28,6 +30,21 @@ def credentials_path(data_dir: Path) -> Path:
 
 def control_key_path(data_dir: Path) -> Path:
     return data_dir / CONTROL_KEY_FILE
+
+
+def producer_key_path(data_dir: Path) -> Path:
+    return data_dir / PRODUCER_KEY_FILE
+
+
+def producer_key_of(data_dir: Path | None) -> bytes | None:
+    """CLOCKTOWER_PRODUCER_KEY (or _FILE), else the producer key `up` or `demo` made in `data_dir`, else None.
+
+    A pydantic ValidationError when the configured key, or the data dir's file, is unfit (short, or readable by
+    others): the CLI prints it as one line."""
+    configured = NodeSigning().producer_key_bytes()
+    if configured is not None or data_dir is None or not producer_key_path(data_dir).exists():
+        return configured
+    return NodeSigning(producer_key_file=producer_key_path(data_dir)).producer_key_bytes()
 
 
 def control_public_key_path(data_dir: Path) -> Path:

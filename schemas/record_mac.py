@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import stat
 from collections.abc import Sequence
+from pathlib import Path
 
-from pydantic import SecretStr, field_validator
+from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 H_NODE_MAC = "ct-node-mac"
@@ -60,8 +63,27 @@ def check(producer_key: bytes, topic: str, key: bytes | None, value: bytes | Non
     return None
 
 
+def read_producer_key_file(path: Path) -> str:
+    """The producer key in `path`: a regular file of this user's, readable by no one else (a symlink is refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"CLOCKTOWER_PRODUCER_KEY_FILE {path}: cannot open it ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ValueError(f"CLOCKTOWER_PRODUCER_KEY_FILE {path}: must be a file of this user's that no one else "
+                             f"can read or write (mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid})")
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+
+
 class NodeSigning(BaseSettings):
     """CLOCKTOWER_NODE_KEY on a node (hex, from `node_key`); CLOCKTOWER_PRODUCER_KEY where records are checked.
+
+    The producer key may come from a file instead, CLOCKTOWER_PRODUCER_KEY_FILE: `clocktower up` and `demo` write one
+    into the data dir (producer.key) and name it to the processes they start.
 
     Both are checked when the settings are read, so a malformed key is a clear configuration error at start
     (never a raw ValueError when the publisher is built), and an empty or short producer key never turns the
@@ -72,6 +94,7 @@ class NodeSigning(BaseSettings):
 
     node_key: SecretStr | None = None
     producer_key: SecretStr | None = None
+    producer_key_file: Path | None = None
 
     @field_validator("node_key")
     @classmethod
@@ -99,6 +122,13 @@ class NodeSigning(BaseSettings):
             raise ValueError(f"CLOCKTOWER_PRODUCER_KEY must be at least {MIN_PRODUCER_KEY_CHARS} characters, got "
                              f"{n}; unset it to turn the producer check off (e.g. `openssl rand -hex 32`)")
         return v
+
+    @model_validator(mode="after")
+    def _key_from_file(self) -> NodeSigning:
+        if self.producer_key is None and self.producer_key_file is not None:
+            self.producer_key = self._producer_key_is_long_enough(SecretStr(read_producer_key_file(
+                self.producer_key_file)))
+        return self
 
     def node_key_bytes(self) -> bytes | None:
         return bytes.fromhex(self.node_key.get_secret_value()) if self.node_key is not None else None

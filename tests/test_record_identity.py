@@ -167,3 +167,68 @@ def test_the_streams_sign_the_replacement_requests_they_read_back_and_refuse_for
     forged = ReplacementRequest(node="node-2", ts_ns=T0, incident_id="i-2", reason="gpu_lost", gpu=0)
     out = replacements.handle("control.replacements", 0, 2, *encode_batch([forged]))
     assert "identity: record is not signed" in _reason(out)
+
+
+def test_a_producer_key_file_must_be_private_and_long_enough(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """CLOCKTOWER_PRODUCER_KEY_FILE (what `up` and `demo` name to their workers): this user's, 0600, no symlink."""
+    import os
+
+    for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    good = tmp_path / "producer.key"
+    good.write_text("k" * 64 + "\n")
+    good.chmod(0o600)
+    assert NodeSigning(producer_key_file=good).producer_key_bytes() == b"k" * 64
+    good.chmod(0o640)
+    with pytest.raises(ValidationError, match="no one else can read or write"):
+        NodeSigning(producer_key_file=good)
+    good.chmod(0o600)
+    link = tmp_path / "link.key"
+    os.symlink(good, link)
+    with pytest.raises(ValidationError, match="cannot open it"):
+        NodeSigning(producer_key_file=link)
+    short = tmp_path / "short.key"
+    short.write_text("k" * 8)
+    short.chmod(0o600)
+    with pytest.raises(ValidationError, match="at least 32 characters") as raised:
+        NodeSigning(producer_key_file=short)
+    assert "kkkkkkkk" not in str(raised.value)
+    monkeypatch.setenv("CLOCKTOWER_PRODUCER_KEY_FILE", str(good))
+    assert NodeSigning().producer_key_bytes() == b"k" * 64
+
+
+def test_a_fleet_publisher_signs_each_record_with_its_nodes_key() -> None:
+    """The demo's simulated fleet publishes for many nodes: each record carries the MAC of the node it is keyed by."""
+    from clocktower.schemas.record_mac import check
+
+    publisher = KafkaPublisher("127.0.0.1:9", producer_key=PRODUCER_KEY)
+    publisher.node_key = None   # as on a host without CLOCKTOWER_NODE_KEY
+    try:
+        signed = {node: publisher.signed(TOPIC, *_xid79(node)) for node in ("node-1", "node-2")}
+        for key, value, headers in signed.values():
+            assert check(PRODUCER_KEY, TOPIC, key, value, headers) is None
+        key, value, _ = signed["node-1"]
+        assert check(PRODUCER_KEY, TOPIC, key, value, signed["node-2"][2]) is not None   # not node-2's MAC
+    finally:
+        publisher.producer.flush(0)
+
+
+def test_an_agent_beside_up_signs_with_the_key_derived_from_ups_producer_key(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """`clocktower agent --kafka-port` (the embedded broker `up` runs here) finds `up`'s producer key in the data dir
+    and signs as its node; pointed at another Kafka it does not (there the node is given CLOCKTOWER_NODE_KEY)."""
+    from clocktower import agent_cli
+    from clocktower.generated_secrets import ensure_producer_key
+    from clocktower.producers.agent.config import AgentSettings
+
+    for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE", "CLOCKTOWER_NODE_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    data_dir = tmp_path / "ct"
+    data_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(data_dir))
+    embedded = AgentSettings(node="gpu-7", broker_profile="embedded")
+    assert agent_cli._node_key(embedded) is None            # no `up` has run here: nothing to sign with
+    ensure_producer_key(data_dir)
+    producer_key = NodeSigning(producer_key_file=data_dir / "producer.key").producer_key_bytes()
+    assert producer_key is not None
+    assert agent_cli._node_key(embedded) == node_key(producer_key, "gpu-7")
+    assert agent_cli._node_key(AgentSettings(node="gpu-7", broker_profile="kafka")) is None
