@@ -1,7 +1,8 @@
 """A fleet-wide budget for disruptive remediation (drain + spare), in processing time.
 
 A forged or buggy stream of fatal GPU faults must not drain the fleet: at most `max_per_window`
-replacements run per `window_ns` without a human; the rest are held as "needs human approval" and counted.
+replacements run per `window_ns` without a human; the rest are withheld and counted, and the allocator asks again
+for them when the window allows, while their fault is recent enough (streams/detectors/replacement_allocator.py).
 The window runs on the processing clock of the worker that decides (its wall clock), never on event time:
 event times are written by the producers, so forged timestamps spread an hour apart would each find an
 empty window, and one dated far in the future would hold the budget shut against real faults.
@@ -28,13 +29,14 @@ class RemediationBudget:
     clock_ns: Callable[[], int] = time.time_ns   # processing time; tests inject their own
     withheld: int = 0                            # replacements held for a human (this worker's count, a metric)
 
-    def allow(self, granted: list[int]) -> bool:
+    def allow(self, granted: list[int], count_withheld: bool = True) -> bool:
         """True if a replacement now fits in the budget, whose earlier grants (clock times) are `granted`;
-        drops the grants that left the window and, if allowed, adds this one."""
+        drops the grants that left the window and, if allowed, adds this one. A retry of a withheld request
+        passes `count_withheld=False`: it was counted when first withheld."""
         now = self.clock_ns()
         granted[:] = [t for t in granted if t > now - self.window_ns]
         if len(granted) < self.max_per_window:
             granted.append(now)
             return True
-        self.withheld += 1
+        self.withheld += count_withheld
         return False

@@ -108,10 +108,43 @@ def test_the_budget_is_the_fleets_and_holds_across_a_restart() -> None:
     assert spares_of(Allocator(table, max_per_hour=1, clock=clock)(request("node-1"))) == ["spare-1"]
     restarted = Allocator(table, max_per_hour=1, clock=clock)       # another worker took the partition over
     (held,) = restarted(request("node-2"))
-    assert "needs human approval" in held.detail and held.command_ids == []
+    assert "withheld: the fleet limit" in held.detail and held.command_ids == []
     assert restarted.budget.withheld == 1
-    clock.now += HOUR_NS                                             # the hour has passed
-    assert spares_of(restarted(request("node-3", 2))) == ["spare-2"]
+    clock.now += HOUR_NS                                             # the hour has passed: node-2, withheld, first
+    out = restarted(request("node-3", 2))
+    assert spares_of(out) == ["spare-2"] and [c.node for c in intents(out) if c.action == "drain"] == ["node-2"]
+    assert "withheld: the fleet limit" in out[-1].detail and out[-1].node == "node-3"
+
+
+def test_a_withheld_request_is_granted_at_the_next_input_once_the_budget_allows() -> None:
+    """Issue 18 finding 3: a real node's lost GPU got "withheld, needs human approval", and nothing asked again."""
+    clock = Clock(T0)
+    table: dict[bytes, bytes] = {}
+    alloc = Allocator(table, max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    (held,) = alloc(request("node-2", 1))
+    assert held.command_ids == [] and alloc.budget.withheld == 1
+    clock.now += 10 * 60 * S
+    assert alloc(undrain_ack("node-9", status="refused")) == []    # an unrelated ack: the hour is not over yet
+    clock.now = T0 + HOUR_NS + S                                    # (past the 15 min age limit too: dropped)
+    (dropped,) = Allocator(table, max_per_hour=1, clock=clock)(undrain_ack("node-9", status="refused"))
+    assert "withheld drain and spare not ordered: the fault is now" in dropped.detail and not dropped.command_ids
+    # within the age limit: the next input after the window frees grants it, with the ids a grant would have
+    clock.now = T0
+    alloc = Allocator({}, max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    alloc(request("node-2", 1))
+    alloc(request("node-3", 2))                                     # two withheld, in order
+    clock.now = T0 + 10 * 60 * S
+    alloc.budget.window_ns = 5 * 60 * S                             # (a 5 min window: node-1's grant has left it)
+    out = alloc(undrain_ack("node-9", status="refused"))
+    row, drain, spare = out
+    assert (drain.node, drain.action, spare.node) == ("node-2", "drain", "spare-2") and alloc.proc.retried == 1
+    assert row.command_ids == [command_id_of(drain), command_id_of(spare)]
+    assert alloc.budget.withheld == 2                                # counted once each, not again per retry
+    assert alloc(request("node-2", 1)) == out                        # redelivered: the same grant
+    fleet = alloc.store.get("fleet")
+    assert [r.node for r in fleet.withheld] == ["node-3"]            # still waiting for the budget
 
 
 def test_an_applied_undrain_of_the_replaced_node_frees_its_spare() -> None:

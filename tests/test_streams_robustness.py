@@ -126,7 +126,7 @@ def test_remediation_budget_holds_excess_drains_for_a_human() -> None:
         actions.append([e.action for e in out if isinstance(e, CommandIntent)])
         assert any(isinstance(e, Incident) for e in out), "the incident is still reported"
     assert actions == [["drain", "spare"], ["drain", "spare"], [], []]
-    assert budget.withheld == 2 and "needs human approval" in out[-1].detail
+    assert budget.withheld == 2 and "withheld: the fleet limit" in out[-1].detail
     # An hour (of the worker's clock) after the first, the budget has room again.
     clock.now_ns += 3600 * S - 3 * 150 * S
     out = d(_xid79("node-9", T0 + 3600 * S))

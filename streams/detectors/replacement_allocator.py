@@ -82,6 +82,7 @@ class Fleet:
     replaced: dict[str, Replacement] = field(default_factory=dict)      # node being replaced -> its replacement
     answered: list[tuple[str, Emitted]] = field(default_factory=list)   # withheld requests: (incident id, outputs)
     returned: dict[str, int] = field(default_factory=dict)              # node -> its last undrain (ack ts_ns)
+    withheld: list[ReplacementRequest] = field(default_factory=list)    # over budget: asked again, oldest first
 
 
 def outcome_of(ack: ControlAck) -> str:
@@ -106,6 +107,7 @@ class ReplacementAllocator(Processor):
         self.redelivered = 0
         self.spares_freed = 0
         self.reordered = 0
+        self.retried = 0
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
@@ -115,9 +117,14 @@ class ReplacementAllocator(Processor):
         return FLEET
 
     def counters(self) -> dict[str, int]:
-        return {"redelivered": self.redelivered, "spares_freed": self.spares_freed, "reordered": self.reordered}
+        return {"redelivered": self.redelivered, "spares_freed": self.spares_freed, "reordered": self.reordered,
+                "retried": self.retried}
 
     def process(self, state: Any, event: Event) -> list[Output]:
+        retried = self._retry_withheld(state)   # the budget may allow a withheld request now: the oldest first
+        return retried + self._process(state, event)
+
+    def _process(self, state: Any, event: Event) -> list[Output]:
         if isinstance(event, ControlAck):
             if event.action == "undrain" and event.status == "applied":
                 self._undrained(state, event)
@@ -150,16 +157,53 @@ class ReplacementAllocator(Processor):
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
         elif not self.budget.allow(fleet.granted):
             b = self.budget
-            out: Emitted = [self._row(event, f"drain and spare withheld, needs human approval: the fleet limit of "
-                                             f"{b.max_per_window} replacements per {b.window_ns / 1e9:g} s is reached")]
+            out: Emitted = [self._row(event, f"drain and spare withheld: the fleet limit of {b.max_per_window} "
+                                             f"replacements per {b.window_ns / 1e9:g} s is reached; asked again when "
+                                             "it allows, while the fault is recent enough, else it needs a human")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            if all(w.incident_id != event.incident_id for w in fleet.withheld):
+                fleet.withheld = [*fleet.withheld, event][-ANSWERED:]
         else:
-            busy = {r.spare for r in fleet.replaced.values()} | set(fleet.replaced)   # in use, or being replaced
-            spare = next((n for n in self.spare_nodes if n != event.node and n not in busy), "")
-            fleet.replaced[event.node] = Replacement(spare, event.ts_ns, event.incident_id, event.reason, event.gpu)
-            out = self._granted(event, spare)
+            out = self._grant(fleet, event)
         state.put(FLEET, fleet, max(state.now_ns, event.ts_ns) + STATE_TTL_NS)
         return list(out)
+
+    def _grant(self, fleet: Fleet, req: ReplacementRequest) -> Emitted:
+        busy = {r.spare for r in fleet.replaced.values()} | set(fleet.replaced)   # in use, or being replaced
+        spare = next((n for n in self.spare_nodes if n != req.node and n not in busy), "")
+        fleet.replaced[req.node] = Replacement(spare, req.ts_ns, req.incident_id, req.reason, req.gpu)
+        return self._granted(req, spare)
+
+    def _retry_withheld(self, state: Any) -> list[Output]:
+        """Withheld requests, oldest first, at the allocator's next input (a request or any ack): granted while the
+        budget allows; dropped, with a row saying so, once their fault is older than `max_fault_age_ns`, or when
+        their node is being replaced or came back since."""
+        fleet: Fleet | None = state.get(FLEET)
+        if fleet is None or not fleet.withheld:
+            return []
+        out: list[Output] = []
+        left: list[ReplacementRequest] = []
+        for i, req in enumerate(fleet.withheld):
+            age_ns = self.budget.clock_ns() - req.ts_ns
+            back = fleet.returned.get(req.node)
+            if req.node in fleet.replaced or (back is not None and req.ts_ns <= back):
+                continue                                  # answered otherwise since: nothing to ask for
+            if age_ns > self.max_fault_age_ns:
+                out.append(self._row(req, f"withheld drain and spare not ordered: the fault is now {age_ns / 1e9:.0f}"
+                                          f" s old, more than the {self.max_fault_age_ns / 1e9:.0f} s a replacement "
+                                          "may still be ordered after; it needs a human"))
+            elif self.budget.allow(fleet.granted, count_withheld=False):
+                self.retried += 1
+                fleet.answered = [(a, o) for a, o in fleet.answered if a != req.incident_id]
+                out += self._grant(fleet, req)
+            else:
+                left += fleet.withheld[i:]                # the budget is still spent: the rest wait, in order
+                break
+        if len(left) == len(fleet.withheld):
+            return []
+        fleet.withheld = left
+        state.put(FLEET, fleet, state.now_ns + STATE_TTL_NS)
+        return out
 
     def _undrained(self, state: Any, ack: ControlAck) -> None:
         """The replaced node is back: its spare is free. Only an undrain after the grant counts (the acks and
@@ -255,10 +299,13 @@ class ReplacementAllocator(Processor):
                              "replaced": {n: [r.spare, r.ts_ns, r.incident_id, r.reason, r.gpu, r.reorders]
                                           for n, r in value.replaced.items()},
                              "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered],
-                             "returned": value.returned})
+                             "returned": value.returned,
+                             "withheld": [[r.node, r.ts_ns, r.incident_id, r.reason, r.gpu] for r in value.withheld]})
 
     def decode_state(self, data: bytes) -> Fleet:
         d = orjson.loads(data)
         return Fleet(d["granted"], {n: Replacement(*r) for n, r in d["replaced"].items()},
                      [(i, [decode_output(o) for o in out]) for i, out in d["answered"]],
-                     d.get("returned", {}))   # (a state written before it was kept has none)
+                     d.get("returned", {}),   # (a state written before it was kept has none)
+                     [ReplacementRequest(node=n, ts_ns=t, incident_id=i, reason=r, gpu=g)
+                      for n, t, i, r, g in d.get("withheld", [])])
