@@ -189,8 +189,13 @@ def test_a_held_request_redelivered_after_the_hour_stays_held_and_only_the_newes
     clock = Clock()
     alloc = Allocator(max_per_hour=0, clock=clock)
     held = [alloc(request(f"node-{i}")) for i in range(ANSWERED + 5)]
-    kept = [incident_id for incident_id, _ in alloc.store.get("fleet").answered]
-    assert kept == [f"inc-node-{i}-0-0" for i in range(5, ANSWERED + 5)]
+    fleet = alloc.store.get("fleet")
+    assert [r.node for r in fleet.withheld] == [f"node-{i}" for i in range(5, ANSWERED + 5)]   # the newest wait
+    for i in range(5):                      # the oldest were pushed out of the queue, each with a row saying so
+        pushed = held[ANSWERED + i][1]
+        assert pushed.node == f"node-{i}" and "more than 32 requests were waiting" in pushed.detail
+    kept = [incident_id for incident_id, _ in fleet.answered]
+    assert len(kept) == ANSWERED and f"inc-node-{ANSWERED + 4}-0-0" in kept
     clock.now += 2 * HOUR_NS
     assert alloc(request(f"node-{ANSWERED + 4}")) == held[-1] and alloc.budget.withheld == ANSWERED + 5
 
@@ -344,3 +349,35 @@ def test_a_replayed_refusal_counts_as_what_the_node_recorded_and_only_for_the_ne
     clock.now = T0 + 300 * S                     # a redelivered ack, read long after: the row again, no command
     (row,) = alloc(ack_of(drain, "failed", "drain hook exited 1", 70))
     assert row.command_ids == [command_id_of(again)] and "ordered again (1 of" in row.detail
+
+
+def test_what_an_input_let_through_is_given_again_when_that_input_is_redelivered() -> None:
+    """The state that records a retried grant can be written before its commands are sent (a crash between): the
+    input that let it through, read again, gives the same commands again, not nothing."""
+    clock = Clock(T0)
+    table: dict[bytes, bytes] = {}
+    alloc = Allocator(table, max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    alloc(request("node-2", 1))
+    clock.now = T0 + 10 * 60 * S
+    alloc.budget.window_ns = 5 * 60 * S
+    trigger = undrain_ack("node-9", status="refused")
+    first = alloc(trigger)
+    assert [c.node for c in intents(first) if c.action == "drain"] == ["node-2"]
+    restarted = Allocator(table, max_per_hour=1, clock=clock)       # crashed after the state write
+    restarted.budget.window_ns = 5 * 60 * S
+    assert restarted(trigger) == first and restarted.proc.retried == 0
+
+
+def test_an_undrain_of_a_node_whose_request_is_withheld_settles_it_without_a_drain() -> None:
+    """A human repaired the node while its request waited: the undrain must not be what lets the old request
+    through (the retry ran before the ack was handled, and an undrain of a node not being replaced was ignored)."""
+    clock = Clock(T0)
+    alloc = Allocator(max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    alloc(request("node-2", 1))
+    clock.now = T0 + 10 * 60 * S
+    alloc.budget.window_ns = 5 * 60 * S
+    (row,) = alloc(undrain_ack("node-2"))                           # dated T0 + 100 s, after the fault
+    assert "returned to service since" in row.detail and row.command_ids == []
+    assert intents(alloc(request("node-2", 1))) == [] and alloc.store.get("fleet").withheld == []

@@ -83,6 +83,7 @@ class Fleet:
     answered: list[tuple[str, Emitted]] = field(default_factory=list)   # withheld requests: (incident id, outputs)
     returned: dict[str, int] = field(default_factory=dict)              # node -> its last undrain (ack ts_ns)
     withheld: list[ReplacementRequest] = field(default_factory=list)    # over budget: asked again, oldest first
+    retries: list[tuple[str, Emitted]] = field(default_factory=list)    # input -> the withheld it let through
 
 
 def outcome_of(ack: ControlAck) -> str:
@@ -92,6 +93,14 @@ def outcome_of(ack: ControlAck) -> str:
         found = re.search(r"status (\w+)\)", ack.detail)
         return found.group(1) if found else "replayed"
     return ack.status
+
+
+def _trigger_key(event: Event) -> str:
+    """An input's identity, the same when it is redelivered."""
+    if isinstance(event, ControlAck):
+        return f"ack\0{event.command_id}\0{event.status}\0{event.ts_ns}"
+    assert isinstance(event, ReplacementRequest)
+    return f"request\0{event.incident_id}"
 
 
 class ReplacementAllocator(Processor):
@@ -121,8 +130,11 @@ class ReplacementAllocator(Processor):
                 "retried": self.retried}
 
     def process(self, state: Any, event: Event) -> list[Output]:
-        retried = self._retry_withheld(state)   # the budget may allow a withheld request now: the oldest first
-        return retried + self._process(state, event)
+        """The event's own outputs, and the withheld requests it lets through. A request lets the older withheld
+        ones go first (oldest first); an ack is handled first (an undrain settles its node's withheld request)."""
+        if isinstance(event, ControlAck):
+            return self._process(state, event) + self._retry_withheld(state, event)
+        return self._retry_withheld(state, event) + self._process(state, event)
 
     def _process(self, state: Any, event: Event) -> list[Output]:
         if isinstance(event, ControlAck):
@@ -162,7 +174,11 @@ class ReplacementAllocator(Processor):
                                              "it allows, while the fault is recent enough, else it needs a human")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
             if all(w.incident_id != event.incident_id for w in fleet.withheld):
-                fleet.withheld = [*fleet.withheld, event][-ANSWERED:]
+                fleet.withheld = [*fleet.withheld, event]
+                for pushed in fleet.withheld[:-ANSWERED]:     # more than ANSWERED waiting: the oldest give up
+                    out.append(self._dropped(fleet, pushed, state, f"withheld drain and spare not ordered: more than "
+                                             f"{ANSWERED} requests were waiting for the budget; it needs a human"))
+                fleet.withheld = fleet.withheld[-ANSWERED:]
         else:
             out = self._grant(fleet, event)
         state.put(FLEET, fleet, max(state.now_ns, event.ts_ns) + STATE_TTL_NS)
@@ -174,43 +190,78 @@ class ReplacementAllocator(Processor):
         fleet.replaced[req.node] = Replacement(spare, req.ts_ns, req.incident_id, req.reason, req.gpu)
         return self._granted(req, spare)
 
-    def _retry_withheld(self, state: Any) -> list[Output]:
+    def _retry_withheld(self, state: Any, trigger: Event) -> list[Output]:
         """Withheld requests, oldest first, at the allocator's next input (a request or any ack): granted while the
         budget allows; dropped, with a row saying so, once their fault is older than `max_fault_age_ns`, or when
-        their node is being replaced or came back since."""
+        their node is being replaced or came back since. What an input let through is kept under its identity
+        (newest `ANSWERED`): the same input redelivered after a crash gives the same outputs again, as the state
+        that recorded them may have been written before they were sent."""
         fleet: Fleet | None = state.get(FLEET)
-        if fleet is None or not fleet.withheld:
+        if fleet is None:
             return []
-        out: list[Output] = []
+        key = _trigger_key(trigger)
+        again = next((out for k, out in fleet.retries if k == key), None)
+        if again is not None:
+            self.redelivered += 1
+            return list(again)
+        if not fleet.withheld:
+            return []
+        out: Emitted = []
         left: list[ReplacementRequest] = []
         for i, req in enumerate(fleet.withheld):
+            if isinstance(trigger, ReplacementRequest) and req.incident_id == trigger.incident_id:
+                left.append(req)                          # itself, redelivered: answered as withheld; next time
+                continue
             age_ns = self.budget.clock_ns() - req.ts_ns
             back = fleet.returned.get(req.node)
-            if req.node in fleet.replaced or (back is not None and req.ts_ns <= back):
-                continue                                  # answered otherwise since: nothing to ask for
-            if age_ns > self.max_fault_age_ns:
-                out.append(self._row(req, f"withheld drain and spare not ordered: the fault is now {age_ns / 1e9:.0f}"
-                                          f" s old, more than the {self.max_fault_age_ns / 1e9:.0f} s a replacement "
-                                          "may still be ordered after; it needs a human"))
+            being = fleet.replaced.get(req.node)
+            if being is not None or (back is not None and req.ts_ns <= back):
+                why = (f"the node is being replaced since (incident {being.incident_id})" if being is not None
+                       else "the node was returned to service since (undrain acked)")
+                out.append(self._dropped(fleet, req, state, f"withheld drain and spare not ordered: {why}"))
+            elif age_ns > self.max_fault_age_ns:
+                out.append(self._dropped(fleet, req, state, f"withheld drain and spare not ordered: the fault is now "
+                                         f"{age_ns / 1e9:.0f} s old, more than the {self.max_fault_age_ns / 1e9:.0f}"
+                                         " s a replacement may still be ordered after; it needs a human"))
             elif self.budget.allow(fleet.granted, count_withheld=False):
                 self.retried += 1
                 fleet.answered = [(a, o) for a, o in fleet.answered if a != req.incident_id]
                 out += self._grant(fleet, req)
             else:
-                left += fleet.withheld[i:]                # the budget is still spent: the rest wait, in order
+                left += [r for r in fleet.withheld[i:] if r not in left]   # the budget is still spent: they wait
                 break
         if len(left) == len(fleet.withheld):
             return []
         fleet.withheld = left
+        if out:
+            fleet.retries = [*fleet.retries, (key, out)][-ANSWERED:]
         state.put(FLEET, fleet, state.now_ns + STATE_TTL_NS)
-        return out
+        return list(out)
+
+    def _dropped(self, fleet: Fleet, req: ReplacementRequest, state: Any, detail: str) -> Incident:
+        """The row for a withheld request given up; a redelivered copy of the request gets this row too."""
+        row = self._row_of(req.node, max(state.now_ns, req.ts_ns + 1), self._replacement_of(req), detail)
+        fleet.answered = [*[(a, o) for a, o in fleet.answered if a != req.incident_id], (req.incident_id, [row])]
+        fleet.answered = fleet.answered[-ANSWERED:]
+        return row
+
+    @staticmethod
+    def _replacement_of(req: ReplacementRequest) -> Replacement:
+        return Replacement("", req.ts_ns, req.incident_id, req.reason, req.gpu)
 
     def _undrained(self, state: Any, ack: ControlAck) -> None:
         """The replaced node is back: its spare is free. Only an undrain after the grant counts (the acks and
         the requests come on two topics, each replayed from its own commit after a crash)."""
         fleet: Fleet | None = state.get(FLEET)
-        granted = fleet.replaced.get(ack.node) if fleet is not None else None
-        if fleet is None or granted is None or ack.ts_ns <= granted.ts_ns:
+        if fleet is None:
+            return
+        granted = fleet.replaced.get(ack.node)
+        if granted is None:   # a node repaired while its request was withheld: that request orders nothing now
+            if any(w.node == ack.node and w.ts_ns < ack.ts_ns for w in fleet.withheld):
+                fleet.returned[ack.node] = max(ack.ts_ns, fleet.returned.get(ack.node, 0))
+                state.put(FLEET, fleet, max(state.now_ns, ack.ts_ns) + STATE_TTL_NS)
+            return
+        if ack.ts_ns <= granted.ts_ns:
             return
         del fleet.replaced[ack.node]
         fleet.returned[ack.node] = ack.ts_ns
@@ -300,7 +351,8 @@ class ReplacementAllocator(Processor):
                                           for n, r in value.replaced.items()},
                              "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered],
                              "returned": value.returned,
-                             "withheld": [[r.node, r.ts_ns, r.incident_id, r.reason, r.gpu] for r in value.withheld]})
+                             "withheld": [[r.node, r.ts_ns, r.incident_id, r.reason, r.gpu] for r in value.withheld],
+                             "retries": [[k, [encode_output(o) for o in out]] for k, out in value.retries]})
 
     def decode_state(self, data: bytes) -> Fleet:
         d = orjson.loads(data)
@@ -308,4 +360,5 @@ class ReplacementAllocator(Processor):
                      [(i, [decode_output(o) for o in out]) for i, out in d["answered"]],
                      d.get("returned", {}),   # (a state written before it was kept has none)
                      [ReplacementRequest(node=n, ts_ns=t, incident_id=i, reason=r, gpu=g)
-                      for n, t, i, r, g in d.get("withheld", [])])
+                      for n, t, i, r, g in d.get("withheld", [])],
+                     [(k, [decode_output(o) for o in out]) for k, out in d.get("retries", [])])
