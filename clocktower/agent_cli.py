@@ -42,11 +42,9 @@ from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
 from clocktower.runtime.broker_profile import profile_settings
-from clocktower.runtime.credentials import producer_key_of
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.event import Event
-from clocktower.schemas.record_mac import NodeSigning, node_key
 from clocktower.schemas.telemetry import LinkState
 
 ACK_FLUSH_S = 5.0
@@ -122,23 +120,13 @@ def _bootstrap(args: argparse.Namespace) -> str:
     return Settings().bootstrap
 
 
-def _node_key(settings: AgentSettings) -> bytes | None:
-    """CLOCKTOWER_NODE_KEY, else for an agent beside `up` (the embedded broker) this node's key derived from the
-    producer key `up` made in its data dir (CLOCKTOWER_DATA_DIR, default .clocktower): `up`'s streams act only on
-    records their node signed."""
-    own = NodeSigning().node_key_bytes()   # a malformed one: the CLI's one-line settings error
-    if own is not None or settings.broker_profile != "embedded":
-        return own
-    producer_key = producer_key_of(Settings().data_dir)
-    return None if producer_key is None else node_key(producer_key, settings.node)
-
-
 def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
     try:
         return SpoolingPublisher(bootstrap, settings.spool_dir, compression=settings.compression,
                                  ack_hold_s=profile_settings(settings.broker_profile).ack_hold_s,
                                  max_spool_bytes=int(settings.spool_max_mb * 2**20),
-                                 extra_config={"linger.ms": AGENT_LINGER_MS}, node_key=_node_key(settings))
+                                 extra_config={"linger.ms": AGENT_LINGER_MS})   # signs: CLOCKTOWER_NODE_KEY,
+                                 # else beside `up` with `up`'s key (runtime/local_signing.py)
     except SpoolInUse as exc:
         raise UserError(f"{exc} (--spool-dir)") from None
 

@@ -32,6 +32,7 @@ from clocktower.control.issuer import CommandIssuer
 from clocktower.control.key_files import signer_from
 from clocktower.generated_secrets import ensure_control_keys
 from clocktower.running_broker import running_bootstrap
+from clocktower.runtime.broker_profile import LIBRDKAFKA_MAX_RESPONSE_BYTES
 from clocktower.runtime.credentials import producer_key_of
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
@@ -129,7 +130,9 @@ def _ack_reader(bootstrap: str, login: dict[str, str]) -> Consumer:
     """A consumer of control.acks from their current end (set before the command is sent: no ack is missed)."""
     topic = BY_MODEL[ControlAck].name
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"clocktower-cli-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, **login})
+                         "enable.auto.commit": False,
+                         "receive.message.max.bytes": LIBRDKAFKA_MAX_RESPONSE_BYTES,   # (runtime/broker_profile.py)
+                         **login})
     meta = consumer.list_topics(timeout=10).topics.get(topic)
     parts = sorted(meta.partitions) if meta is not None and meta.partitions else [0]
     ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]

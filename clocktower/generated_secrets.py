@@ -67,5 +67,14 @@ def ensure_producer_key(data_dir: Path) -> Path:
     With it, the streams act only on records signed by the node they are keyed by (schemas/record_mac.py); every
     publisher that `up` and `demo` start signs with it, or with a node key derived from it."""
     path = producer_key_path(data_dir)
-    create_private_file(path, secrets.token_hex(32).encode() + b"\n")   # O_EXCL: an existing one (or link) stays
+    if os.path.lexists(path):
+        return path                       # kept (a planted or unfit one is refused where it is read)
+    tmp = data_dir / f".producer.key.{secrets.token_hex(8)}"
+    create_private_file(tmp, secrets.token_hex(32).encode() + b"\n")   # written and synced first
+    try:
+        os.link(tmp, path)                # appears whole or not at all; a file made meanwhile stays
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
     return path

@@ -17,6 +17,7 @@ from itertools import groupby
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from clocktower.runtime.local_signing import local_producer_key
 from clocktower.schemas.batch_split import EncodedRecord, encode_records
 from clocktower.schemas.event import Event
 from clocktower.schemas.kafka_security import KafkaSecurity
@@ -43,7 +44,14 @@ class KafkaPublisher:
         self.max_events = max_events_per_record
         self.max_record_bytes = MAX_RECORD_BYTES     # the records' value limit (schemas/topics.py)
         # Records are signed with this node's key (CLOCKTOWER_NODE_KEY) so the streams can check who sent them.
-        self.node_key = node_key if node_key is not None else NodeSigning().node_key_bytes()
+        # A fleet publisher (producer_key) never takes this host's CLOCKTOWER_NODE_KEY: it would sign every node's
+        # records with one node's key. Without either, a publisher beside `up` signs with `up`'s key
+        # (runtime/local_signing.py).
+        if node_key is None and producer_key is None:
+            node_key = NodeSigning().node_key_bytes()
+            if node_key is None:
+                producer_key = local_producer_key(bootstrap)
+        self.node_key = node_key
         self.producer_key = producer_key
         self._node_keys: dict[bytes, bytes] = {}   # record key -> its node's key (producer_key only)
         self.acked: Counter[str] = Counter()     # events acknowledged, per schema

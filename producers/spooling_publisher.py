@@ -63,6 +63,7 @@ from clocktower.producers.ack_hold import AckHold
 from clocktower.producers.kafka_publisher import KafkaPublisher, check_topic
 from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
 from clocktower.producers.spool_resplit import part_rid, resplit
+from clocktower.runtime.broker_profile import LIBRDKAFKA_MAX_RESPONSE_BYTES
 from clocktower.schemas.batch_split import EncodedRecord
 from clocktower.schemas.codec import DecodeError
 from clocktower.schemas.kafka_security import KafkaSecurity
@@ -115,7 +116,7 @@ class SpoolingPublisher(KafkaPublisher):
                  message_timeout_ms: int = 5000, probe_interval_s: float = 0.5, probe_timeout_s: float = 1.0,
                  fsync_interval_s: float = 1.0, replay_window: int = 500, dedup_scan_limit: int = 1_000_000,
                  segment_bytes: int | None = None, extra_config: dict[str, object] | None = None,
-                 ack_hold_s: float = 5.0, node_key: bytes | None = None) -> None:
+                 ack_hold_s: float = 5.0) -> None:
         if compression not in ("lz4", "zstd"):
             raise ValueError(f"compression must be lz4 or zstd, not {compression!r}")
         self._lock = threading.RLock()
@@ -124,14 +125,14 @@ class SpoolingPublisher(KafkaPublisher):
         self._hold = AckHold(ack_hold_s)
         try:
             self._init(bootstrap, max_events_per_record, compression, message_timeout_ms, probe_interval_s,
-                       probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config, node_key)
+                       probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config)
         except BaseException:
             self.spool.close()                     # release the spool's lock: a retry must be able to open it
             raise
 
     def _init(self, bootstrap: str, max_events_per_record: int, compression: str, message_timeout_ms: int,
               probe_interval_s: float, probe_timeout_s: float, fsync_interval_s: float, replay_window: int,
-              dedup_scan_limit: int, extra_config: dict[str, object] | None, node_key: bytes | None) -> None:
+              dedup_scan_limit: int, extra_config: dict[str, object] | None) -> None:
         self._compression = compression
         self._extra: dict[str, object] = {
             "message.timeout.ms": message_timeout_ms,
@@ -140,7 +141,7 @@ class SpoolingPublisher(KafkaPublisher):
             "error_cb": self._on_error,
             **(extra_config or {}),
         }
-        super().__init__(bootstrap, max_events_per_record, compression, self._extra, node_key=node_key)
+        super().__init__(bootstrap, max_events_per_record, compression, self._extra)
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.fsync_interval_s = fsync_interval_s
@@ -653,7 +654,10 @@ class SpoolingPublisher(KafkaPublisher):
         """The ct-rids in `topics` from `since_ms` (less a second) on: what already reached Kafka."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
                              "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
-                             "log.connection.close": False, **KafkaSecurity().librdkafka()})
+                             "log.connection.close": False,
+                             # a read-back under a flood of 100+ MB: the embedded broker answers it in one response
+                             "receive.message.max.bytes": LIBRDKAFKA_MAX_RESPONSE_BYTES,
+                             **KafkaSecurity().librdkafka()})
         try:
             meta = consumer.list_topics(timeout=5)
             wanted = [TopicPartition(t, p, since_ms - 1000) for t in sorted(topics)

@@ -38,7 +38,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                "acknowledges (acks=all) before it writes: a kill -9 loses the last second or more",
                "acknowledges acks=all once the in-sync replicas have the record"),
     Workaround("accept oversized fetch responses",
-               "actuators/command_consumer.py, sinks/clickhouse/kafka_sink.py, streams/app.py (clock broadcast)",
+               "actuators/command_consumer.py, sinks/clickhouse/kafka_sink.py, streams/app.py (clock broadcast); "
+               "always in the agent's spool read-back and `control`'s ack reader (a ceiling only)",
                "ignores fetch.max.bytes: 110 MiB written to one partition came back as one 108-204 MB response, "
                "over librdkafka's 100 MB receive.message.max.bytes, and the consumer never read again",
                "caps a response at the fetch.max.bytes the consumer asks for (librdkafka: 50 MiB)"),

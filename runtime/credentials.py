@@ -10,6 +10,7 @@ credentials.json holds two users of the embedded ClickHouse endpoint:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from clocktower.runtime.errors import UserError
@@ -42,7 +43,7 @@ def producer_key_of(data_dir: Path | None) -> bytes | None:
     A pydantic ValidationError when the configured key, or the data dir's file, is unfit (short, or readable by
     others): the CLI prints it as one line."""
     configured = NodeSigning().producer_key_bytes()
-    if configured is not None or data_dir is None or not producer_key_path(data_dir).exists():
+    if configured is not None or data_dir is None or not os.path.lexists(producer_key_path(data_dir)):
         return configured
     return NodeSigning(producer_key_file=producer_key_path(data_dir)).producer_key_bytes()
 

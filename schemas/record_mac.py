@@ -71,7 +71,8 @@ def read_producer_key_file(path: Path) -> str:
         raise ValueError(f"CLOCKTOWER_PRODUCER_KEY_FILE {path}: cannot open it ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        owner_ok = st.st_uid == os.geteuid() or os.geteuid() == 0   # root: an agent as root beside a user's `up`
+        if not stat.S_ISREG(st.st_mode) or not owner_ok or st.st_mode & 0o077:
             raise ValueError(f"CLOCKTOWER_PRODUCER_KEY_FILE {path}: must be a file of this user's that no one else "
                              f"can read or write (mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid})")
         return os.read(fd, 4096).decode("utf-8", "replace").strip()
@@ -126,8 +127,11 @@ class NodeSigning(BaseSettings):
     @model_validator(mode="after")
     def _key_from_file(self) -> NodeSigning:
         if self.producer_key is None and self.producer_key_file is not None:
-            self.producer_key = self._producer_key_is_long_enough(SecretStr(read_producer_key_file(
-                self.producer_key_file)))
+            text = read_producer_key_file(self.producer_key_file)
+            if len(text.encode()) < MIN_PRODUCER_KEY_CHARS:
+                raise ValueError(f"CLOCKTOWER_PRODUCER_KEY_FILE {self.producer_key_file}: the key must be at least "
+                                 f"{MIN_PRODUCER_KEY_CHARS} characters, got {len(text.encode())}")
+            self.producer_key = SecretStr(text)
         return self
 
     def node_key_bytes(self) -> bytes | None:

@@ -284,6 +284,7 @@ def test_up_generates_private_logins_that_the_endpoint_checks(up: Up) -> None:
     creds = up.data_dir / "credentials.json"
     assert (up.data_dir.stat().st_mode & 0o777, creds.stat().st_mode & 0o777) == (0o700, 0o600)
     assert (up.data_dir / "control.key").stat().st_mode & 0o777 == 0o600
+    assert (up.data_dir / "producer.key").stat().st_mode & 0o777 == 0o600   # `up`'s streams check node signatures
     told = "".join((up.data_dir.parent / "up.out").read_text().split())  # rich wraps the line at 40 columns
     assert "".join(str(creds).split()) in told and "'dashboards'" in told, "`up` must say where the logins are"
     users = json.loads(creds.read_text())["users"]

@@ -213,22 +213,29 @@ def test_a_fleet_publisher_signs_each_record_with_its_nodes_key() -> None:
         publisher.producer.flush(0)
 
 
-def test_an_agent_beside_up_signs_with_the_key_derived_from_ups_producer_key(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    """`clocktower agent --kafka-port` (the embedded broker `up` runs here) finds `up`'s producer key in the data dir
-    and signs as its node; pointed at another Kafka it does not (there the node is given CLOCKTOWER_NODE_KEY)."""
-    from clocktower import agent_cli
+def test_a_publisher_beside_up_signs_with_ups_key_and_one_elsewhere_does_not(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """A training script's Telemetry, the clock CLI or `clocktower agent` beside `up` (a broker on this host, `up`'s
+    data dir) sign with the key derived from `up`'s producer key: `up`'s streams dead-letter unsigned records."""
     from clocktower.generated_secrets import ensure_producer_key
-    from clocktower.producers.agent.config import AgentSettings
+    from clocktower.schemas.record_mac import check
 
     for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE", "CLOCKTOWER_NODE_KEY"):
         monkeypatch.delenv(var, raising=False)
     data_dir = tmp_path / "ct"
     data_dir.mkdir(mode=0o700)
     monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(data_dir))
-    embedded = AgentSettings(node="gpu-7", broker_profile="embedded")
-    assert agent_cli._node_key(embedded) is None            # no `up` has run here: nothing to sign with
-    ensure_producer_key(data_dir)
-    producer_key = NodeSigning(producer_key_file=data_dir / "producer.key").producer_key_bytes()
+    assert KafkaPublisher("127.0.0.1:9").producer_key is None        # no `up` has run here: nothing to sign with
+    key_file = ensure_producer_key(data_dir)
+    producer_key = NodeSigning(producer_key_file=key_file).producer_key_bytes()
     assert producer_key is not None
-    assert agent_cli._node_key(embedded) == node_key(producer_key, "gpu-7")
-    assert agent_cli._node_key(AgentSettings(node="gpu-7", broker_profile="kafka")) is None
+    for bootstrap, signs in (("127.0.0.1:9", True), ("localhost:9,[::1]:9", True), ("10.1.2.3:9092", False)):
+        publisher = KafkaPublisher(bootstrap)
+        assert publisher.producer_key == (producer_key if signs else None), bootstrap
+        if signs:
+            key, value, headers = publisher.signed(TOPIC, *_xid79("gpu-7"))
+            assert check(producer_key, TOPIC, key, value, headers) is None
+    key_file.chmod(0o644)                                            # unfit: named in a warning, not used
+    assert KafkaPublisher("127.0.0.1:9").producer_key is None
+    monkeypatch.setenv("CLOCKTOWER_NODE_KEY", node_key(producer_key, "gpu-7").hex())   # its own key comes first
+    own = KafkaPublisher("127.0.0.1:9")
+    assert own.producer_key is None and own.node_key == node_key(producer_key, "gpu-7")
