@@ -5,6 +5,9 @@
 - `release NODE IFACE` lifts a link's quarantine: it signs a `release` command with the streams' private key (the
   operator's CLI is the only other holder), sends it to NODE's partition of control.commands, and waits for the
   node's ack. The actuator then restores the link's routes.
+- `approve NODE INCIDENT` approves a replacement the fleet's budget withheld: the request, signed with the control
+  key, goes to the allocator, which orders the drain and spare outside the budget (control/approval.py); it waits for
+  the node's ack of the drain.
 - `undrain NODE` returns a drained node to service: the same way, an `undrain` command whose actuator runs the
   operator's undrain hook (CLOCKTOWER_ACTUATOR_UNDRAIN_HOOK: Slurm `resume`, `kubectl uncordon`).
 
@@ -27,17 +30,19 @@ from rich.console import Console
 from rich.markup import escape
 
 from clocktower.config import Settings
-from clocktower.control.intent import CommandIntent
+from clocktower.control.approval import approve
+from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.key_files import signer_from
 from clocktower.generated_secrets import ensure_control_keys
+from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.running_broker import running_bootstrap
 from clocktower.runtime.broker_profile import LIBRDKAFKA_MAX_RESPONSE_BYTES
 from clocktower.runtime.credentials import producer_key_of
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
 from clocktower.schemas.codec import DecodeError, decode_batch, encode_batch
-from clocktower.schemas.control import ControlAck, ControlCommand
+from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
 from clocktower.schemas.kafka_security import KafkaSecurity
 from clocktower.schemas.partitioning import partition_of
 from clocktower.schemas.record_mac import check
@@ -61,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction, common: object) -> None:
     u.add_argument("--wait", type=float, default=45.0,
                    help="seconds to wait for the node's ack (0: do not wait; the hook may take its timeout)")
     common(u)   # type: ignore[operator]
+    a = csub.add_parser("approve", help="approve a node replacement (drain + spare) the fleet's budget withheld")
+    a.add_argument("node")
+    a.add_argument("incident", help="the incident id of the withheld request (its `incidents` row)")
+    a.add_argument("--wait", type=float, default=60.0,
+                   help="seconds to wait for the node's ack of the drain (0: do not wait)")
+    common(a)   # type: ignore[operator]
 
 
 def cmd_control(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -71,6 +82,8 @@ def cmd_control(args: argparse.Namespace, settings: Settings, console: Console) 
         console.print(f"wrote {escape(str(args.dir))}/control.key (0600: the streams' signing key, keep it there) "
                       "and control.pub (copy it to every node's actuator)", highlight=False)
         return 0
+    if args.control_command == "approve":
+        return _approve(args, settings, console)
     if args.control_command == "undrain":
         if not args.node:
             raise UserError("undrain needs a node")
@@ -113,6 +126,58 @@ def _operator_command(args: argparse.Namespace, settings: Settings, console: Con
     return 0 if ack.status == "applied" else 1
 
 
+def _approve(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    """Sign the withheld request of `args.node` for `args.incident` with the control key, send it to the fleet's
+    allocator (control.replacements, node-signed where a producer key is in force), wait for the drain's ack."""
+    from clocktower.query import open_client
+    from clocktower.streams.detectors.replacement_allocator import Replacement, ReplacementAllocator
+
+    rows = open_client(settings).query(
+        "SELECT ts_ns, reason, gpu FROM replacement_requests FINAL "
+        "WHERE node = {n:String} AND incident_id = {i:String}",
+        parameters={"n": args.node, "i": args.incident}).result_rows
+    if not rows:
+        raise UserError(f"no replacement request of {args.node} for incident {args.incident}: the withheld ones are "
+                        "in `clocktower query \"SELECT node, incident_id, detail FROM incidents WHERE detail LIKE "
+                        "'%withheld%'\"`")
+    ts_ns, reason, gpu = rows[0]
+    req = approve(signer_from(settings), ReplacementRequest(node=args.node, ts_ns=ts_ns, incident_id=args.incident,
+                                                            reason=reason, gpu=gpu))
+    bootstrap = running_bootstrap(settings)
+    login = KafkaSecurity().librdkafka()
+    acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
+    producer_key = producer_key_of(settings.data_dir)
+    try:
+        publisher = KafkaPublisher(bootstrap, producer_key=producer_key)   # signed in the node's name
+        publisher.publish([req])
+        if publisher.flush(15) != 0 or publisher.failed:
+            raise UserError(f"the broker at {bootstrap} did not take the approval within 15 s: {publisher.errors[:1]}")
+        console.print(f"sent the approval of {escape(args.node)}'s replacement (incident {escape(args.incident)})",
+                      highlight=False)
+        if acks is None:
+            return 0
+        drain = command_id_of(ReplacementAllocator._intent(  # noqa: SLF001 - the id the allocator orders it under
+            "drain", args.node, Replacement("", ts_ns, args.incident, reason, gpu), ts_ns))
+        vouch = partial(check, producer_key) if producer_key else None
+        ignored: list[str] = []
+        ack = _wait_ack(acks, _Awaited(drain, args.node), args.wait, vouch, ignored)
+    finally:
+        if acks is not None:
+            acks.close()
+    if ack is None:
+        raise UserError(f"no ack of the drain from {args.node} within {args.wait:g} s: see the incident's rows "
+                        "(a forged or stale approval orders nothing)")
+    console.print(f"{escape(args.node)}: drain {ack.status}: {escape(ack.detail)}", highlight=False)
+    return 0 if ack.status == "applied" else 1
+
+
+class _Awaited:
+    """The command whose ack `_wait_ack` waits for: its id and node."""
+
+    def __init__(self, command_id: str, node: str) -> None:
+        self.command_id, self.node = command_id, node
+
+
 def _send(bootstrap: str, login: dict[str, str], cmd: ControlCommand) -> None:
     spec = BY_MODEL[ControlCommand]
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **login})
@@ -144,7 +209,7 @@ def _ack_reader(bootstrap: str, login: dict[str, str]) -> Consumer:
 Vouch = Callable[[str, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]], str | None]
 
 
-def _wait_ack(consumer: Consumer, cmd: ControlCommand, wait_s: float, vouch: Vouch | None = None,
+def _wait_ack(consumer: Consumer, cmd: ControlCommand | _Awaited, wait_s: float, vouch: Vouch | None = None,
               ignored: list[str] | None = None) -> ControlAck | None:
     """The node's ack of `cmd`; with `vouch`, only one in a record the node signed (the reasons others were not
     believed go to `ignored`)."""

@@ -65,7 +65,9 @@ class ReplacementRequest(Event):
     The GPU detector runs per node and cannot see the other nodes' replacements, so it asks; the allocator
     (streams/detectors/replacement_allocator.py, one key for the whole fleet) grants it within the fleet's
     budget, picks a spare no other replacement holds, and orders the `drain` and `spare` commands.
-    `incident_id` is the incident that asked; `gpu` the GPU that failed.
+    `incident_id` is the incident that asked; `gpu` the GPU that failed. `approval` is set only on an operator's
+    approval of a request the budget withheld (`clocktower control approve`): the control key's signature of the
+    request (control/approval.py), which the allocator checks before it orders anything outside the budget.
     """
 
     SCHEMA = "replacement_request"
@@ -75,3 +77,5 @@ class ReplacementRequest(Event):
     incident_id: Name
     reason: IncidentKind
     gpu: UInt8
+    approval: str = Field(default="", max_length=128, description="an operator's approval of a withheld request: "
+                          "the control key's Ed25519 signature of it (base64url); empty on the detectors' requests")

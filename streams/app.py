@@ -74,7 +74,8 @@ app = faust.App(
 clocks = ClockBroadcast(settings.bootstrap, {**security.librdkafka(), **settings.workarounds.librdkafka_consumer()})
 use_command_partitions(command_partitions(settings.bootstrap, security.librdkafka()))
 budget = RemediationBudget(settings.remediation_max_per_hour)
-processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget))
+processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget,
+                                         approval_verifier=signer.verifier()))
 tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes)
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 

@@ -27,6 +27,7 @@ class ProcessorContext:
     link_quarantine_flaps: int = 8           # more flaps than this in a sliding hour: quarantine
     spare_nodes: tuple[str, ...] = ()        # the pool a node with a lost GPU is replaced from
     max_fault_age_ns: int = 15 * 60 * 10**9  # a replacement is ordered only for a fault reported this recently
+    approval_verifier: Any = None            # CommandVerifier of the control key: operators' approvals (or None)
 
 
 def context_from_settings(settings: StreamsSettings, **shared: Any) -> ProcessorContext:

@@ -35,7 +35,7 @@ class Processors:
         self.budget = remediation_budget or RemediationBudget(clock_ns=clock_ns)
         ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
-                               remediation_budget=self.budget)
+                               remediation_budget=self.budget, approval_verifier=signer.verifier())
         issuer = CommandIssuer(signer, clock_ns=clock_ns)
         self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
 

@@ -381,3 +381,30 @@ def test_an_undrain_of_a_node_whose_request_is_withheld_settles_it_without_a_dra
     (row,) = alloc(undrain_ack("node-2"))                           # dated T0 + 100 s, after the fault
     assert "returned to service since" in row.detail and row.command_ids == []
     assert intents(alloc(request("node-2", 1))) == [] and alloc.store.get("fleet").withheld == []
+
+
+def test_an_operators_approval_signed_with_the_control_key_orders_a_withheld_replacement() -> None:
+    """Issue 18 finding 3: "withheld, needs human approval", and no command existed to approve it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from clocktower.control.approval import approve
+    from clocktower.control.signing import CommandSigner
+
+    clock = Clock(T0)
+    alloc = Allocator(max_per_hour=0, clock=clock)
+    alloc.proc.approval_verifier = TEST_SIGNER.verifier()
+    withheld = request("node-1")
+    (held,) = alloc(withheld)
+    assert "withheld" in held.detail
+    forged = approve(CommandSigner(Ed25519PrivateKey.generate()), withheld)     # another key: a node's, a forger's
+    (refused,) = alloc(forged)
+    assert "not signed by the control key" in refused.detail and refused.command_ids == []
+    altered = approve(TEST_SIGNER, withheld).model_copy(update={"gpu": 5})
+    assert "not signed by the control key" in alloc(altered)[0].detail
+    clock.now = T0 + 20 * 60 * S                                    # older than the age limit: a human checked it
+    approved = approve(TEST_SIGNER, withheld)
+    out = alloc(approved)
+    assert [(c.node, c.action) for c in intents(out)] == [("node-1", "drain"), ("spare-1", "spare")]
+    assert alloc.proc.approved == 1 and len(alloc.store.get("fleet").granted) == 1   # counted in the window
+    assert alloc(approved) == out                                   # redelivered: the same grant
+    assert alloc.store.get("fleet").withheld == []

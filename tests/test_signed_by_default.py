@@ -28,18 +28,36 @@ from tests.event_samples import GPU_READINGS, gpu_health
 LOST = {**{k: [] if isinstance(v, list) else None for k, v in GPU_READINGS.items()}, "lost": True, "xid": 79}
 
 
+def _signed_stack(data_dir: Path, monkeypatch: pytest.MonkeyPatch, **worker_env: str) -> Stack:
+    for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE", "CLOCKTOWER_NODE_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
+                        clickhouse_url=None, flush_interval_s=0.5)
+    stack = Stack(settings, sign_records=True, extra_env=worker_env)   # as `up` and `demo` build theirs
+    stack.start()
+    return stack
+
+
 @pytest.fixture
 def signed_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    settings = Settings(data_dir=tmp_path / "ct", kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
-                        clickhouse_url=None, flush_interval_s=0.5)
-    stack = Stack(settings, sign_records=True)   # as `up` and `demo` build theirs
-    stack.start()
+    stack = _signed_stack(tmp_path / "ct", monkeypatch)
     try:
         yield stack
     finally:
         stack.stop()
+
+
+def _rows(stack: Stack, sql: str) -> list[tuple]:
+    s = stack.s
+    client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
+    return [tuple(r) for r in client.query(sql).result_rows]
+
+
+def _wait_rows(stack: Stack, sql: str, timeout: float = 90) -> list[tuple]:
+    deadline = time.monotonic() + timeout
+    while not (found := _rows(stack, sql)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
 
 
 def test_the_stack_makes_a_private_producer_key_and_an_unsigned_xid79_drains_nothing(signed_stack: Stack) -> None:
@@ -69,7 +87,58 @@ def test_the_stack_makes_a_private_producer_key_and_an_unsigned_xid79_drains_not
     time.sleep(2.0)   # anything the ghost's records would cause has had its time too
     assert rows("SELECT node FROM control_commands WHERE action = 'drain'") == [("node-real",)]
     assert {n for (n,) in rows("SELECT DISTINCT node FROM incidents")} == {"node-real"}
+    assert rows("SELECT node FROM replacement_requests") == [("node-real",)]   # the ghost asked for nothing
     dead = rows("SELECT node, reason FROM deadletter WHERE node = 'node-ghost'")
     assert dead and all(reason.startswith("identity: ") for _, reason in dead), dead
     # stored and shown all the same: the sink lands the ghost's readings, which the dead letters name as unsigned
     assert rows("SELECT count() FROM gpu_health WHERE node = 'node-ghost'") == [(2,)]
+
+
+def test_control_approve_orders_a_withheld_replacement_and_a_forged_approval_orders_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 finding 3: a lost GPU over the fleet's budget was "withheld, needs human approval", and no command
+    could approve it. `clocktower control approve NODE INCIDENT` signs the request with the control key; a request
+    "approved" with any other key (a node's, a forger's) orders nothing."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from clocktower.control.approval import approve
+    from clocktower.control.signing import CommandSigner
+    from clocktower.schemas.control import ReplacementRequest
+    from tests.test_cli import _env, clocktower
+
+    stack = _signed_stack(tmp_path / "ct", monkeypatch, CLOCKTOWER_REMEDIATION_MAX_PER_HOUR="0")
+    try:
+        s = stack.s
+        _wait_for_tables(http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database), stack)
+        fleet = KafkaPublisher(s.bootstrap, producer_key=stack.producer_key)
+        now = time.time_ns()
+        for node in ("node-a", "node-b"):
+            fleet.publish([gpu_health(node, now - 2 * 10**9, gpu=1), gpu_health(node, now - 10**9, gpu=1, **LOST)])
+        assert fleet.flush(10) == 0
+        requests = _wait_rows(stack, "SELECT node, incident_id, ts_ns, reason, gpu FROM replacement_requests "
+                                     "ORDER BY node")
+        deadline = time.monotonic() + 60
+        while len(requests) < 2 and time.monotonic() < deadline:
+            requests = _rows(stack, "SELECT node, incident_id, ts_ns, reason, gpu FROM replacement_requests "
+                                    "ORDER BY node")
+            time.sleep(0.5)
+        assert [r[0] for r in requests] == ["node-a", "node-b"]
+        assert _wait_rows(stack, "SELECT 1 FROM incidents WHERE detail LIKE 'drain and spare withheld%'")
+        (node_a, inc_a, *_), (node_b, inc_b, ts_b, reason_b, gpu_b) = requests
+        forged = approve(CommandSigner(Ed25519PrivateKey.generate()),
+                         ReplacementRequest(node=node_b, ts_ns=ts_b, incident_id=inc_b, reason=reason_b, gpu=gpu_b))
+        fleet.publish([forged])                                     # node-signed, but not by the control key
+        assert fleet.flush(10) == 0
+        r = clocktower("control", "approve", node_a, inc_a, "--wait", "0", "--data-dir", str(s.data_dir),
+                       env=_env())
+        assert r.returncode == 0 and "sent the approval" in r.stdout, r.stderr
+        assert _wait_rows(stack, "SELECT node FROM control_commands WHERE action = 'drain'") == [(node_a,)]
+        assert _wait_rows(stack, f"SELECT 1 FROM incidents WHERE incident_id = '{inc_b}' "
+                                 "AND detail LIKE '%not signed by the control key%'")
+        time.sleep(2.0)
+        assert _rows(stack, "SELECT node FROM control_commands WHERE action = 'drain'") == [(node_a,)]
+        missing = clocktower("control", "approve", node_a, "inc-nope", "--wait", "0", "--data-dir", str(s.data_dir),
+                             env=_env())
+        assert missing.returncode == 2 and "no replacement request of node-a for incident inc-nope" in missing.stderr
+    finally:
+        stack.stop()

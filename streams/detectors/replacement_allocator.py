@@ -15,6 +15,10 @@ spare is free again once the node it replaces acks an applied `undrain` dated af
 nodes): a request for a fault dated before it orders nothing, so a captured request replayed after the repair is
 not granted again (it once was: it spent budget, and its node's next real fault got "already being replaced").
 
+A request over the budget is withheld and asked for again, oldest first, at the allocator's next input once the
+budget allows (while its fault is within `max_fault_age_ns`); an operator's approval (a request signed with the
+control key, control/approval.py: `clocktower control approve`) is granted whatever the budget and the age say.
+
 A request for a fault older than `max_fault_age_ns` on the allocator's wall clock (the streams lagged, or the
 report came late) orders nothing: the incident says so, and a human decides. Commands are valid from when they are
 issued (control/issuer.py), so a lag below that age does not void them. While the node is being replaced, a
@@ -42,7 +46,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from clocktower.control.approval import is_approved
 from clocktower.control.intent import CommandIntent, command_id_of
+from clocktower.control.signing import CommandVerifier
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ReplacementRequest
@@ -100,7 +106,7 @@ def _trigger_key(event: Event) -> str:
     if isinstance(event, ControlAck):
         return f"ack\0{event.command_id}\0{event.status}\0{event.ts_ns}"
     assert isinstance(event, ReplacementRequest)
-    return f"request\0{event.incident_id}"
+    return f"request\0{event.incident_id}\0{event.approval}"   # an approval is an input of its own
 
 
 class ReplacementAllocator(Processor):
@@ -109,7 +115,10 @@ class ReplacementAllocator(Processor):
     key_by: ClassVar[str] = "fleet"
 
     def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
-                 max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS) -> None:
+                 max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS, approval_verifier: CommandVerifier | None = None
+                 ) -> None:
+        """`approval_verifier` checks operators' approvals (control/approval.py); without it none is believed."""
+        self.approval_verifier = approval_verifier
         self.budget = budget if budget is not None else RemediationBudget()
         self.spare_nodes = tuple(spare_nodes)
         self.max_fault_age_ns = max_fault_age_ns
@@ -117,17 +126,19 @@ class ReplacementAllocator(Processor):
         self.spares_freed = 0
         self.reordered = 0
         self.retried = 0
+        self.approved = 0
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
-        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes, max_fault_age_ns=ctx.max_fault_age_ns)
+        return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes, max_fault_age_ns=ctx.max_fault_age_ns,
+                   approval_verifier=ctx.approval_verifier)
 
     def partition_key(self, event: Event) -> str:
         return FLEET
 
     def counters(self) -> dict[str, int]:
         return {"redelivered": self.redelivered, "spares_freed": self.spares_freed, "reordered": self.reordered,
-                "retried": self.retried}
+                "retried": self.retried, "approved": self.approved}
 
     def process(self, state: Any, event: Event) -> list[Output]:
         """The event's own outputs, and the withheld requests it lets through. A request lets the older withheld
@@ -152,6 +163,8 @@ class ReplacementAllocator(Processor):
         if granted is not None:
             return [self._row(event, "the node is already being replaced" + (
                 f" by {granted.spare}" if granted.spare else "") + ": no second drain or spare")]
+        if event.approval:
+            return self._approved(state, fleet, event)
         held = next((out for incident_id, out in fleet.answered if incident_id == event.incident_id), None)
         if held is not None:
             self.redelivered += 1
@@ -182,6 +195,22 @@ class ReplacementAllocator(Processor):
         else:
             out = self._grant(fleet, event)
         state.put(FLEET, fleet, max(state.now_ns, event.ts_ns) + STATE_TTL_NS)
+        return list(out)
+
+    def _approved(self, state: Any, fleet: Fleet, req: ReplacementRequest) -> list[Output]:
+        """An operator's approval (control/approval.py): granted whatever the budget and the fault's age say (a
+        human checked), and counted in the budget's window; a forged or altered one orders nothing."""
+        if self.approval_verifier is None or not is_approved(self.approval_verifier, req):
+            return [self._row(req, "an approval not signed by the control key (forged or altered): nothing ordered")]
+        back = fleet.returned.get(req.node)
+        if back is not None and req.ts_ns <= back:
+            return [self._row(req, "approval of a fault dated before the node returned to service: nothing ordered")]
+        fleet.granted.append(self.budget.clock_ns())
+        fleet.withheld = [w for w in fleet.withheld if w.incident_id != req.incident_id]
+        fleet.answered = [(a, o) for a, o in fleet.answered if a != req.incident_id]
+        self.approved += 1
+        out = self._grant(fleet, req)
+        state.put(FLEET, fleet, max(state.now_ns, req.ts_ns) + STATE_TTL_NS)
         return list(out)
 
     def _grant(self, fleet: Fleet, req: ReplacementRequest) -> Emitted:
