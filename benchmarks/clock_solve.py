@@ -84,7 +84,9 @@ def clock_solve_ms(n_nodes: int = 1024) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1024)
-    n = ap.parse_args().nodes
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 64 nodes")
+    args = ap.parse_args()
+    n = 64 if args.quick else args.nodes
     t0 = time.perf_counter()
     m = measure(n)
     out = {f"clock_solve_ms_{n}_nodes": round(m["clock_solve_ms"], 1), "edges": m["edges"],

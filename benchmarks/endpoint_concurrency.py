@@ -100,7 +100,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 20,000 rows, 3 rounds")
     args = ap.parse_args()
+    if args.quick:
+        args.rows, args.rounds = 20_000, 3
     if args.serve:
         _serve(args.serve)
         return

@@ -338,7 +338,10 @@ def main() -> None:
                         help="skip the pipeline-deciding part (no pipeline_* keys)")
     parser.add_argument("--stable-s", type=float, default=1.0,
                         help="T_stable of the pipeline part (CLOCKTOWER_STREAMS_LINK_STABLE_S; default 1)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 flaps")
     args = parser.parse_args()
+    if args.quick:
+        args.flaps = 2
     out: dict[str, Any] = {"flaps": args.flaps, "mode": args.mode, "watchdog_delay_ms": args.watchdog_ms,
                            "rto_min_ms": args.rto_min_ms}
     with (tempfile.TemporaryDirectory(prefix="ct-failover-") as tmp,

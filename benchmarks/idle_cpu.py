@@ -88,7 +88,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="how long to measure (default 30)")
     ap.add_argument("--settle", type=float, default=10.0, help="wait after the workers are up (default 10)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 3 s measured after 1 s")
     args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.settle = 3.0, 1.0
     tmp = Path(tempfile.mkdtemp(prefix="ct-idle-"))
     settings = Settings(data_dir=tmp, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
                         clickhouse_url=None)

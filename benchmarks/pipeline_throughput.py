@@ -113,7 +113,7 @@ def main() -> None:
     args = ap.parse_args()
     nodes, seconds = (8, 4.0) if args.quick else (args.nodes, args.seconds)
     events = generate(nodes, seconds)
-    payloads = [(k, v, h) for _, k, v, h in records(events)]
+    payloads = [(r.key, r.value, r.headers) for r in records(events)]
     per_record = len(events) / len(payloads)
     tmp = Path(tempfile.mkdtemp(prefix="ct-bench-"))
     settings = Settings(data_dir=tmp, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
