@@ -54,6 +54,10 @@ class StreamsSettings(RuntimeSettings):
         default_factory=list, description="spare nodes (comma-separated or a JSON list) that replace a node whose GPU "
         "is lost: the `spare` command goes to one of them, picked by the failed node's name; empty = no spare "
         "command, the incident says so")
+    streams_fleet_nodes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="the fleet's nodes (comma-separated or a JSON list): when set, a "
+        "replacement is ordered only for a listed node (an invented name spends no budget; `clocktower control "
+        "approve` still can); empty = any node")
     streams_max_fault_age_s: float = Field(
         default=900.0, gt=0, le=3000, description="a lost GPU's drain and spare are ordered only if its report is at "
         "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "
@@ -67,7 +71,7 @@ class StreamsSettings(RuntimeSettings):
         default="warn", description="the stream worker's log level (info shows rebalances and table recovery)")
 
 
-    @field_validator("streams_spare_nodes", mode="before")
+    @field_validator("streams_spare_nodes", "streams_fleet_nodes", mode="before")
     @classmethod
     def _spare_nodes(cls, value: Any) -> list[str]:
         return parse_node_list(value)

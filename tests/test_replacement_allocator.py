@@ -408,3 +408,20 @@ def test_an_operators_approval_signed_with_the_control_key_orders_a_withheld_rep
     assert alloc.proc.approved == 1 and len(alloc.store.get("fleet").granted) == 1   # counted in the window
     assert alloc(approved) == out                                   # redelivered: the same grant
     assert alloc.store.get("fleet").withheld == []
+
+
+def test_with_a_fleet_list_an_invented_node_spends_no_budget() -> None:
+    """Issue 18 finding 3: XID 79s from two invented node names used the budget of 2 per hour, and a real node's
+    lost GPU was then withheld. With CLOCKTOWER_STREAMS_FLEET_NODES set, only listed nodes spend it."""
+    from clocktower.streams.processor_context import context_from_settings
+    from clocktower.streams.settings import StreamsSettings
+
+    settings = StreamsSettings(streams_fleet_nodes="node-1, node-2", control_private_key_file=None)
+    assert context_from_settings(settings).fleet_nodes == frozenset({"node-1", "node-2"})
+    alloc = Allocator(max_per_hour=1, clock=Clock(T0))
+    alloc.proc.fleet_nodes = frozenset({"node-1", "node-2"})
+    for ghost in ("ghost-1", "ghost-2"):
+        (row,) = alloc(request(ghost))
+        assert "not one of the fleet's" in row.detail and row.command_ids == []
+    assert alloc.store.get("fleet").granted == [] and alloc.budget.withheld == 0
+    assert [c.action for c in intents(alloc(request("node-2")))] == ["drain", "spare"]

@@ -115,10 +115,12 @@ class ReplacementAllocator(Processor):
     key_by: ClassVar[str] = "fleet"
 
     def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
-                 max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS, approval_verifier: CommandVerifier | None = None
-                 ) -> None:
-        """`approval_verifier` checks operators' approvals (control/approval.py); without it none is believed."""
+                 max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS, approval_verifier: CommandVerifier | None = None,
+                 fleet_nodes: frozenset[str] = frozenset()) -> None:
+        """`approval_verifier` checks operators' approvals (control/approval.py); without it none is believed.
+        `fleet_nodes`, when not empty, are the only nodes a request may spend the budget on."""
         self.approval_verifier = approval_verifier
+        self.fleet_nodes = fleet_nodes
         self.budget = budget if budget is not None else RemediationBudget()
         self.spare_nodes = tuple(spare_nodes)
         self.max_fault_age_ns = max_fault_age_ns
@@ -131,7 +133,7 @@ class ReplacementAllocator(Processor):
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
         return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes, max_fault_age_ns=ctx.max_fault_age_ns,
-                   approval_verifier=ctx.approval_verifier)
+                   approval_verifier=ctx.approval_verifier, fleet_nodes=ctx.fleet_nodes)
 
     def partition_key(self, event: Event) -> str:
         return FLEET
@@ -175,7 +177,12 @@ class ReplacementAllocator(Processor):
                                      f"service ({(back - event.ts_ns) / 1e9:.0f} s later, undrain acked): a "
                                      "replayed or stale request")]
         age_ns = self.budget.clock_ns() - event.ts_ns
-        if age_ns > self.max_fault_age_ns:
+        if self.fleet_nodes and event.node not in self.fleet_nodes:
+            out = [self._row(event, "drain and spare not ordered: the node is not one of the fleet's "
+                                    "(CLOCKTOWER_STREAMS_FLEET_NODES); no budget spent; `clocktower control approve` "
+                                    "orders it if it is real")]
+            fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+        elif age_ns > self.max_fault_age_ns:
             out = [self._row(event, f"drain and spare not ordered: the fault was reported {age_ns / 1e9:.0f} s ago, "
                                     f"more than the {self.max_fault_age_ns / 1e9:.0f} s a replacement may still be "
                                     "ordered after (CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S); it needs a human")]
