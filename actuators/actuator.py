@@ -34,10 +34,13 @@ from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.control.command_check import MAX_LIFETIME_NS, refusal
 from clocktower.control.signing import CommandVerifier
+from clocktower.runtime.rate_limit import TokenBucket
 from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ControlCommand
 
 log = logging.getLogger(__name__)
+REFUSAL_LINES_PER_S = 20      # refused commands logged one by one, per second (after a burst of REFUSAL_LINES_BURST)
+REFUSAL_LINES_BURST = 200
 DETAIL_LIMIT = 4000
 LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
 HOOK_ACTIONS = ("drain", "spare", "undrain")
@@ -68,6 +71,10 @@ class Actuator:
         self.hooks = hooks
         self.clock = clock
         self._lock = threading.Lock()
+        # A flood of forged commands must not become a flood of log lines (one WARNING each cost more than the
+        # signature check, and filled the log): refusals are logged at most REFUSAL_LINES_PER_S, the rest counted.
+        self._refusal_lines = TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock())
+        self.refusals_not_logged = 0
 
     def handle(self, cmd: ControlCommand) -> ControlAck:
         """The ack for `cmd`, after applying it if it may be applied. Never raises."""
@@ -118,8 +125,14 @@ class Actuator:
         return self._ack(cmd, status, detail, apply_ns)  # type: ignore[arg-type]
 
     def _ack(self, cmd: ControlCommand, status: str, detail: str, apply_ns: int = 0) -> ControlAck:
-        if status != "applied":
+        if status == "failed" or (status == "refused" and self._refusal_lines.take(self.clock())):
             log.warning("%s %s %s: %s %s", status, cmd.action, cmd.target, cmd.command_id, detail)
+        elif status == "refused":
+            self.refusals_not_logged += 1
+            n = self.refusals_not_logged
+            if n & (n - 1) == 0:   # 1, 2, 4, ...: the flood is said, not each command
+                log.warning("%d refused commands not logged one by one: more than %g a second (a flood of bad "
+                            "commands?); the last: %s", n, REFUSAL_LINES_PER_S, bounded(detail, 200))
         return ControlAck(node=self.node, ts_ns=self.clock(), command_id=cmd.command_id, status=status,  # type: ignore[arg-type]
                           detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
                           apply_ns=apply_ns)

@@ -116,6 +116,22 @@ def test_a_bad_command_is_refused_and_the_node_is_unchanged(kind: str, act: Actu
     assert len(act.seen) == 0, "a refused command is not remembered (a forged one cannot claim a genuine id)"
 
 
+def test_a_flood_of_forged_commands_is_logged_in_a_few_lines(act: Actuator, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 finding 11: every one of 261k forged commands got its own WARNING line. Now at most a burst of
+    REFUSAL_LINES_BURST (then REFUSAL_LINES_PER_S), and the rest are counted and named at powers of two."""
+    from clocktower.actuators.actuator import REFUSAL_LINES_BURST
+
+    forged = _forged()
+    with caplog.at_level("WARNING", logger="clocktower.actuators.actuator"):
+        acks = [act.handle(forged.model_copy(update={"command_id": f"forged-{i}"})) for i in range(2000)]
+    assert all(a.status == "refused" and "bad signature" in a.detail for a in acks)   # every one still refused
+    one_by_one = [r for r in caplog.records if r.getMessage().startswith("refused failover")]
+    summaries = [r for r in caplog.records if "not logged one by one" in r.getMessage()]
+    assert REFUSAL_LINES_BURST <= len(one_by_one) < REFUSAL_LINES_BURST + 20, len(one_by_one)   # act's clock is T0
+    assert act.refusals_not_logged == 2000 - len(one_by_one)
+    assert len(summaries) == act.refusals_not_logged.bit_length()   # 1, 2, 4, ... 1024
+
+
 def test_a_forged_command_does_not_block_the_genuine_one_with_its_id(act: Actuator, routing: RecordingRouting) -> None:
     genuine = _cmd()
     forged = _forged().model_copy(update={"command_id": genuine.command_id})

@@ -25,6 +25,7 @@ KEYS = {   # a key each must report: the figure it exists for
     "endpoint_concurrency.py": "ratio",
     "endpoint_insert_parse.py": "insert_2MiB_cpu_s",
     "failover.py": "local_failover_ms_p99",
+    "forged_commands.py": "forged_us_per_command",
     "idle_cpu.py": "idle_cpu_pct_total",
     "pipeline_throughput.py": "pipeline_vs_raw_events_ratio",
     "streams_scaling.py": "workers_2_over_1",
