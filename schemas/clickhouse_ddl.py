@@ -2,7 +2,10 @@
 
 Every table gets the model's columns plus the Kafka origin of each row
 (`_partition`, `_offset`, `_topic`): the sink resumes each (topic, partition)
-from its highest stored offset, which makes a crash-and-replay double nothing. `time` is a
+from its highest stored offset, which makes a crash-and-replay double nothing. `_node_mac` says whether the
+record was signed by the node it names (schemas/record_mac.py): `valid`, `none` (unsigned), `invalid` (another
+node's key, or altered), or `unchecked` (a topic nodes do not sign, or the sink has no producer key); rows from
+records no key vouches for are stored and shown, flagged, and the streams act on none of them. `time` is a
 DateTime64(9) view of `ts_ns` for Grafana and humans.
 """
 
@@ -12,7 +15,8 @@ from clocktower.schemas.columns import model_columns
 from clocktower.schemas.topics import TOPICS, TopicSpec
 
 DEDUP_WINDOW = 10_000
-KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"), ("_topic", "LowCardinality(String)"))
+KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"), ("_topic", "LowCardinality(String)"),
+                 ("_node_mac", "LowCardinality(String)"))
 
 
 def create_table_sql(spec: TopicSpec, database: str = "default") -> str:

@@ -113,7 +113,9 @@ def render() -> str:
         f"headers `{H_SCHEMA}`, `{H_VERSION}`, `{H_COUNT}`, value = a JSON array of events "
         f"(at most {MAX_RECORD_BYTES // 2**20} MiB). Each topic lands in one ClickHouse table with the "
         "model's columns plus " + ", ".join(f"`{n}` {t}" for n, t in KAFKA_COLUMNS)
-        + " (the Kafka origin) and `time` DateTime64(9) (from `ts_ns`).",
+        + " (the Kafka origin; `_node_mac`: whether the node the record names signed it: `valid`, `none`, "
+        "`invalid`, or `unchecked` where nodes sign nothing or the sink has no producer key) and `time` "
+        "DateTime64(9) (from `ts_ns`).",
         "",
         *_envelope_rules(),
         "",

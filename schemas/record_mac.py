@@ -63,6 +63,17 @@ def check(producer_key: bytes, topic: str, key: bytes | None, value: bytes | Non
     return None
 
 
+def node_mac_status(producer_key: bytes | None, topic: str, key: bytes | None, value: bytes | None,
+                    headers: Sequence[tuple[str, bytes | None]], signed_topics: frozenset[str]) -> str:
+    """What the sink writes in a row's `_node_mac`: `valid`, `none`, `invalid`, or `unchecked` (no producer key, or
+    a topic in which nodes sign nothing)."""
+    if producer_key is None or topic not in signed_topics:
+        return "unchecked"
+    if not any(k == H_NODE_MAC for k, _ in headers):
+        return "none"
+    return "valid" if check(producer_key, topic, key, value, headers) is None else "invalid"
+
+
 def read_producer_key_file(path: Path) -> str:
     """The producer key in `path`: a regular file of this user's, readable by no one else (a symlink is refused)."""
     try:

@@ -13,9 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable, MutableMapping, Sequence
 
 from clocktower.control.issuer import CommandIssuer
-from clocktower.schemas.control import ControlAck
 from clocktower.schemas.event import Event
-from clocktower.schemas.topics import BY_MODEL, TELEMETRY
+from clocktower.schemas.topics import BY_MODEL, NODE_SIGNED_TOPICS
 from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.node_signed_outputs import SIGNED_TOPICS, OutputSigner
@@ -89,7 +88,8 @@ def record_handlers(topology: Topology, identity: IdentityCheck | None, max_futu
     publish in a node's name and sign with its key (control.replacements, streams/node_signed_outputs.py), not
     on what else the streams publish and read back (analytics.clock_edges, the repartition topics): nodes do not
     sign those, and only the streams' Kafka principal may write them (ACLs)."""
-    checked = {t.name for t in TELEMETRY} | {BY_MODEL[ControlAck].name} | SIGNED_TOPICS
+    checked = NODE_SIGNED_TOPICS
+    assert checked >= SIGNED_TOPICS
     out = {name: RecordHandler(topology, identity=identity if name in checked else None,
                                max_future_skew_ns=max_future_skew_ns, sign_outputs=sign_outputs)
            for name in input_topics()}

@@ -74,10 +74,12 @@ def test_arrow_columns_follow_the_model() -> None:
                                                      target="n", params={"a": "b"}, expires_ns=T0 + 1,
                                                      signature="s")])
     gpu = bs.batches[("telemetry.gpu", 1)].to_arrow()
-    assert gpu.column_names == [c.name for c in model_columns(GpuHealth)] + ["_partition", "_offset", "_topic"]
+    assert gpu.column_names == [c.name for c in model_columns(GpuHealth)] + ["_partition", "_offset", "_topic",
+                                                                             "_node_mac"]
     assert gpu.column("nvlink_errors").type == pa.list_(pa.uint64())
     assert gpu.column("_offset").to_pylist() == [3] and gpu.column("_partition").to_pylist() == [1]
-    assert gpu.column("_topic").to_pylist() == ["telemetry.gpu"]
+    assert gpu.column("_topic").to_pylist() == ["telemetry.gpu"] and gpu.column("_node_mac").to_pylist() == [
+        "unchecked"]
     cmd = bs.batches[("control.commands", 0)].to_arrow()
     assert cmd.column("params").to_pylist() == [[("a", "b")]]
 

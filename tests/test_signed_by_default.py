@@ -90,8 +90,9 @@ def test_the_stack_makes_a_private_producer_key_and_an_unsigned_xid79_drains_not
     assert rows("SELECT node FROM replacement_requests") == [("node-real",)]   # the ghost asked for nothing
     dead = rows("SELECT node, reason FROM deadletter WHERE node = 'node-ghost'")
     assert dead and all(reason.startswith("identity: ") for _, reason in dead), dead
-    # stored and shown all the same: the sink lands the ghost's readings, which the dead letters name as unsigned
-    assert rows("SELECT count() FROM gpu_health WHERE node = 'node-ghost'") == [(2,)]
+    # stored and shown all the same, each row flagged: the sink checks the same signature the streams check
+    assert rows("SELECT node, _node_mac, count() FROM gpu_health GROUP BY node, _node_mac ORDER BY node") == [
+        ("node-ghost", "none", 2), ("node-real", "valid", 2)]
 
 
 def test_control_approve_orders_a_withheld_replacement_and_a_forged_approval_orders_nothing(

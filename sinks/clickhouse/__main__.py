@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.runtime.parent_watch import watch_parent
+from clocktower.schemas.record_mac import NodeSigning
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.settings import SinkSettings
@@ -26,7 +27,8 @@ def sink_for(s: SinkSettings, writer: TableWriter) -> KafkaClickHouseSink:
                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns,
                                idle_backoff_s=s.workarounds.idle_fetch_backoff_s,
                                check_reused_offsets=s.workarounds.check_reused_offsets,
-                               consumer_extra=s.workarounds.librdkafka_consumer())
+                               consumer_extra=s.workarounds.librdkafka_consumer(),
+                               producer_key=NodeSigning().producer_key_bytes())   # flags rows no node signed
 
 
 def main() -> None:

@@ -40,8 +40,9 @@ class BatchSet:
             batch = self.batches[key] = PartitionBatch(BY_NAME[topic], partition, self.salt)
         return batch
 
-    def add(self, topic: str, partition: int, offset: int, events: list[Event], raw: bytes | None = None) -> None:
-        self._batch(topic, partition).add(offset, events, raw)
+    def add(self, topic: str, partition: int, offset: int, events: list[Event], raw: bytes | None = None,
+            node_mac: str = "unchecked") -> None:
+        self._batch(topic, partition).add(offset, events, raw, node_mac)
         self.offsets[(topic, partition)] = offset + 1
 
     def skip(self, topic: str, partition: int, offset: int) -> None:

@@ -39,7 +39,8 @@ from clocktower.schemas.codec import (
     encode_batch,
 )
 from clocktower.schemas.kafka_security import KafkaSecurity
-from clocktower.schemas.topics import BY_NAME, TOPICS
+from clocktower.schemas.record_mac import node_mac_status
+from clocktower.schemas.topics import BY_NAME, NODE_SIGNED_TOPICS, TOPICS
 from clocktower.sinks.clickhouse import metrics
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
@@ -69,9 +70,12 @@ class KafkaClickHouseSink:
                  group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
                  instance_id: str | None = None, security: KafkaSecurity | None = None,
                  max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, idle_backoff_s: float = IDLE_FETCH_BACKOFF_S,
-                 check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None) -> None:
+                 check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None,
+                 producer_key: bytes | None = None) -> None:
         """`idle_backoff_s`, `check_reused_offsets` and `consumer_extra` (librdkafka settings) make up for the
-        embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's."""
+        embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's. With
+        `producer_key` (CLOCKTOWER_PRODUCER_KEY), each row of a node-signed topic says whether its node signed it."""
+        self.producer_key = producer_key
         self.writer = writer
         self.idle_backoff_s = idle_backoff_s
         self.check_reused_offsets = check_reused_offsets
@@ -304,7 +308,9 @@ class KafkaClickHouseSink:
         try:
             batch = decode_batch(topic, msg.key(), msg.value(), msg.headers(),
                                  max_future_skew_ns=self.max_future_skew_ns)
-            self.batches.add(topic, partition, offset, batch.events, msg.value())
+            headers = msg.headers() or []
+            mac = node_mac_status(self.producer_key, topic, msg.key(), msg.value(), headers, NODE_SIGNED_TOPICS)
+            self.batches.add(topic, partition, offset, batch.events, msg.value(), mac)
             return False
         except DecodeError as exc:
             reason = str(exc)

@@ -39,12 +39,14 @@ class PartitionBatch:
         self._columns = {n: [] for n in self._names}
         self._columns["_partition"] = []
         self._columns["_offset"] = []
+        self._columns["_node_mac"] = []
         # One C-level pass per record: a tuple of every field per event, then transposed.
         self._fields = attrgetter(*self._names)  # every model has at least node and ts_ns
         self._digest = blake2b(digest_size=8)
 
-    def add(self, offset: int, events: list[Event], raw: bytes | None = None) -> None:
-        """Add one record's events, all or nothing: a failure leaves the columns as they were."""
+    def add(self, offset: int, events: list[Event], raw: bytes | None = None, node_mac: str = "unchecked") -> None:
+        """Add one record's events, all or nothing: a failure leaves the columns as they were. `node_mac`: whether
+        the record was signed by its node (schemas/clickhouse_ddl.py)."""
         columns = list(zip(*map(self._fields, events), strict=True))
         if len(columns) != len(self._names):
             raise ValueError(f"{len(columns)} columns for {len(self._names)} fields")
@@ -54,6 +56,7 @@ class PartitionBatch:
         self._digest.update(raw if raw is not None else repr(events).encode())
         self._columns["_partition"].extend([self.partition] * n)
         self._columns["_offset"].extend([offset] * n)
+        self._columns["_node_mac"].extend([node_mac] * n)
         if self.first_offset < 0:
             self.first_offset = offset
         self.last_offset = offset
@@ -77,5 +80,6 @@ class PartitionBatch:
         arrays.append(pa.array(self._columns["_offset"], type=pa.int64()))
         arrays.append(pa.DictionaryArray.from_arrays(pa.array([0] * self.rows, type=pa.int32()),
                                                      pa.array([self.spec.name])))
-        names += ["_partition", "_offset", "_topic"]
+        arrays.append(pa.array(self._columns["_node_mac"], type=pa.string()).dictionary_encode())
+        names += ["_partition", "_offset", "_topic", "_node_mac"]
         return pa.Table.from_arrays(arrays, names=names)

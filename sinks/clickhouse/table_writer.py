@@ -29,6 +29,8 @@ class TableWriter:
         for spec in TOPICS:   # tables made before rows carried `_topic`: their rows are all from their topic
             self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_topic` "
                                 f"LowCardinality(String) DEFAULT {_quote(spec.name)} AFTER `_offset`")
+            self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_node_mac` "   # rows stored
+                                "LowCardinality(String) DEFAULT 'unchecked' AFTER `_topic`")      # before it: unknown
         # tables made by an older version: add the model's newer columns (e.g. collectives.source)
         rows = self.client.query("SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"
                                  ).result_rows
