@@ -31,6 +31,9 @@ LOST = {**{k: [] if isinstance(v, list) else None for k, v in GPU_READINGS.items
 def _signed_stack(data_dir: Path, monkeypatch: pytest.MonkeyPatch, **worker_env: str) -> Stack:
     for var in ("CLOCKTOWER_PRODUCER_KEY", "CLOCKTOWER_PRODUCER_KEY_FILE", "CLOCKTOWER_NODE_KEY"):
         monkeypatch.delenv(var, raising=False)
+    # the outsider's publisher must not find a producer key in this checkout's own .clocktower (after `make demo`,
+    # a publisher beside it signs with that key: runtime/local_signing.py)
+    monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(data_dir.parent / "no-up-here"))
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
                         clickhouse_url=None, flush_interval_s=0.5)
     stack = Stack(settings, sign_records=True, extra_env=worker_env)   # as `up` and `demo` build theirs
