@@ -71,8 +71,9 @@ class Actuator:
         self.hooks = hooks
         self.clock = clock
         self._lock = threading.Lock()
-        # A flood of forged commands must not become a flood of log lines (one WARNING each cost more than the
-        # signature check, and filled the log): refusals are logged at most REFUSAL_LINES_PER_S, the rest counted.
+        # A flood of forged commands must not become a flood of log lines (one WARNING each filled the log):
+        # unsigned and badly signed ones are logged at most REFUSAL_LINES_PER_S, the rest counted. Every other
+        # refusal (expired, replayed, another node's) is a signed command's: always logged.
         self._refusal_lines = TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock())
         self.refusals_not_logged = 0
 
@@ -125,9 +126,10 @@ class Actuator:
         return self._ack(cmd, status, detail, apply_ns)  # type: ignore[arg-type]
 
     def _ack(self, cmd: ControlCommand, status: str, detail: str, apply_ns: int = 0) -> ControlAck:
-        if status == "failed" or (status == "refused" and self._refusal_lines.take(self.clock())):
+        forged = status == "refused" and detail.startswith(("unsigned", "bad signature"))
+        if status != "applied" and (not forged or self._refusal_lines.take(self.clock())):
             log.warning("%s %s %s: %s %s", status, cmd.action, cmd.target, cmd.command_id, detail)
-        elif status == "refused":
+        elif forged:
             self.refusals_not_logged += 1
             n = self.refusals_not_logged
             if n & (n - 1) == 0:   # 1, 2, 4, ...: the flood is said, not each command

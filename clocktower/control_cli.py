@@ -128,25 +128,37 @@ def _operator_command(args: argparse.Namespace, settings: Settings, console: Con
 
 def _approve(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     """Sign the withheld request of `args.node` for `args.incident` with the control key, send it to the fleet's
-    allocator (control.replacements, node-signed where a producer key is in force), wait for the drain's ack."""
+    allocator (control.replacements, node-signed where a producer key is in force), wait for the drain's ack. The
+    allocator grants only a request it held back itself, once, so a row planted in the tables orders nothing."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
     from clocktower.query import open_client
     from clocktower.streams.detectors.replacement_allocator import Replacement, ReplacementAllocator
 
-    rows = open_client(settings).query(
-        "SELECT ts_ns, reason, gpu FROM replacement_requests FINAL "
-        "WHERE node = {n:String} AND incident_id = {i:String}",
-        parameters={"n": args.node, "i": args.incident}).result_rows
+    bootstrap = running_bootstrap(settings)
+    signer = signer_from(settings)
+    try:
+        rows = open_client(settings).query(
+            "SELECT DISTINCT ts_ns, reason, gpu FROM replacement_requests WHERE node = {n:String} AND "
+            "incident_id = {i:String} AND approval = '' AND _node_mac IN ('valid', 'unchecked')",
+            parameters={"n": args.node, "i": args.incident}).result_rows
+    except ClickHouseError as exc:
+        line = str(exc).strip().splitlines()[0]
+        raise UserError(f"cannot read the replacement requests: {line[line.find('Code: '):]}") from None
     if not rows:
         raise UserError(f"no replacement request of {args.node} for incident {args.incident}: the withheld ones are "
                         "in `clocktower query \"SELECT node, incident_id, detail FROM incidents WHERE detail LIKE "
                         "'%withheld%'\"`")
+    if len(rows) > 1:
+        raise UserError(f"{len(rows)} different requests of {args.node} for incident {args.incident} (fault times "
+                        f"{sorted(r[0] for r in rows)}): one was not the streams'; nothing approved")
     ts_ns, reason, gpu = rows[0]
-    req = approve(signer_from(settings), ReplacementRequest(node=args.node, ts_ns=ts_ns, incident_id=args.incident,
-                                                            reason=reason, gpu=gpu))
-    bootstrap = running_bootstrap(settings)
+    req = approve(signer, ReplacementRequest(node=args.node, ts_ns=ts_ns, incident_id=args.incident, reason=reason,
+                                             gpu=gpu))
     login = KafkaSecurity().librdkafka()
     acks = _ack_reader(bootstrap, login) if args.wait > 0 else None
     producer_key = producer_key_of(settings.data_dir)
+    ignored: list[str] = []
     try:
         publisher = KafkaPublisher(bootstrap, producer_key=producer_key)   # signed in the node's name
         publisher.publish([req])
@@ -159,14 +171,17 @@ def _approve(args: argparse.Namespace, settings: Settings, console: Console) -> 
         drain = command_id_of(ReplacementAllocator._intent(  # noqa: SLF001 - the id the allocator orders it under
             "drain", args.node, Replacement("", ts_ns, args.incident, reason, gpu), ts_ns))
         vouch = partial(check, producer_key) if producer_key else None
-        ignored: list[str] = []
         ack = _wait_ack(acks, _Awaited(drain, args.node), args.wait, vouch, ignored)
     finally:
         if acks is not None:
             acks.close()
+    for reason_ignored in ignored:
+        console.print(f"[yellow]ignored an ack of the drain that the node did not sign: {escape(reason_ignored)}"
+                      "[/yellow]", highlight=False)
     if ack is None:
-        raise UserError(f"no ack of the drain from {args.node} within {args.wait:g} s: see the incident's rows "
-                        "(a forged or stale approval orders nothing)")
+        raise UserError(f"no ack of the drain from {args.node} within {args.wait:g} s: the allocator orders only a "
+                        "request it held back itself, once (the streams' log names a refused approval); is the "
+                        "node's agent running with --actuate?")
     console.print(f"{escape(args.node)}: drain {ack.status}: {escape(ack.detail)}", highlight=False)
     return 0 if ack.status == "applied" else 1
 

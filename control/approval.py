@@ -35,7 +35,10 @@ def is_approved(verifier: CommandVerifier, req: ReplacementRequest) -> bool:
     if len(req.approval) != 86:
         return False
     try:
-        verifier.key.verify(base64.urlsafe_b64decode(req.approval + "=="), approved_bytes(req))
+        raw = base64.urlsafe_b64decode(req.approval + "==")
+        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != req.approval:
+            return False            # the last character's spare bits: one signature, one spelling
+        verifier.key.verify(raw, approved_bytes(req))
     except (InvalidSignature, binascii.Error, ValueError):
         return False
     return True

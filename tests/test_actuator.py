@@ -130,6 +130,10 @@ def test_a_flood_of_forged_commands_is_logged_in_a_few_lines(act: Actuator, capl
     assert REFUSAL_LINES_BURST <= len(one_by_one) < REFUSAL_LINES_BURST + 20, len(one_by_one)   # act's clock is T0
     assert act.refusals_not_logged == 2000 - len(one_by_one)
     assert len(summaries) == act.refusals_not_logged.bit_length()   # 1, 2, 4, ... 1024
+    with caplog.at_level("WARNING", logger="clocktower.actuators.actuator"):
+        expired = act.handle(_cmd(ts_ns=T0 - 120 * S))               # a signed command's refusal: always logged
+    assert expired.status == "refused" and any("expired" in r.getMessage() and expired.command_id in r.getMessage()
+                                                for r in caplog.records)
 
 
 def test_a_forged_command_does_not_block_the_genuine_one_with_its_id(act: Actuator, routing: RecordingRouting) -> None:

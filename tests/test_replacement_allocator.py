@@ -384,7 +384,9 @@ def test_an_undrain_of_a_node_whose_request_is_withheld_settles_it_without_a_dra
 
 
 def test_an_operators_approval_signed_with_the_control_key_orders_a_withheld_replacement() -> None:
-    """Issue 18 finding 3: "withheld, needs human approval", and no command existed to approve it."""
+    """Issue 18 finding 3: "withheld, needs human approval", and no command existed to approve it. Only the control
+    key approves, only a request this allocator held back itself, and only once; a refused approval writes no row
+    (it would take the place of the incident's real one) and is counted."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from clocktower.control.approval import approve
@@ -397,17 +399,26 @@ def test_an_operators_approval_signed_with_the_control_key_orders_a_withheld_rep
     (held,) = alloc(withheld)
     assert "withheld" in held.detail
     forged = approve(CommandSigner(Ed25519PrivateKey.generate()), withheld)     # another key: a node's, a forger's
-    (refused,) = alloc(forged)
-    assert "not signed by the control key" in refused.detail and refused.command_ids == []
     altered = approve(TEST_SIGNER, withheld).model_copy(update={"gpu": 5})
-    assert "not signed by the control key" in alloc(altered)[0].detail
+    planted = approve(TEST_SIGNER, request("node-7"))                 # the allocator never saw it: an operator was
+    genuine = approve(TEST_SIGNER, withheld)                          # fooled by a row planted in the tables
+    b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    last = b64[b64.index(genuine.approval[-1]) ^ 1]                  # a spare bit: the same signature, spelled anew
+    respelled = genuine.model_copy(update={"approval": genuine.approval[:-1] + last})
+    import base64
+    assert base64.urlsafe_b64decode(respelled.approval + "==") == base64.urlsafe_b64decode(genuine.approval + "==")
+    for bad in (forged, altered, planted, respelled):
+        assert alloc(bad) == [], bad
+    assert alloc.proc.approvals_refused == 4 and alloc.store.get("fleet").granted == []
     clock.now = T0 + 20 * 60 * S                                    # older than the age limit: a human checked it
-    approved = approve(TEST_SIGNER, withheld)
-    out = alloc(approved)
+    out = alloc(genuine)
     assert [(c.node, c.action) for c in intents(out)] == [("node-1", "drain"), ("spare-1", "spare")]
     assert alloc.proc.approved == 1 and len(alloc.store.get("fleet").granted) == 1   # counted in the window
-    assert alloc(approved) == out                                   # redelivered: the same grant
-    assert alloc.store.get("fleet").withheld == []
+    assert alloc(genuine) == out                                    # redelivered: the same grant
+    fleet = alloc.store.get("fleet")
+    assert fleet.withheld == [] and fleet.held_back == []
+    alloc(undrain_ack("node-1"))                                    # repaired and back: the approval replayed now
+    assert alloc(genuine) == [] and alloc.proc.approved == 1        # orders nothing (it was used)
 
 
 def test_with_a_fleet_list_an_invented_node_spends_no_budget() -> None:

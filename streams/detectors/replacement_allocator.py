@@ -40,6 +40,7 @@ answers are kept.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -61,6 +62,7 @@ from clocktower.streams.remediation_budget import RemediationBudget
 if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
+log = logging.getLogger(__name__)
 FLEET = "fleet"
 ANSWERED = 32                      # newest withheld answers kept for redelivered requests
 MAX_REORDERS = 5                   # a drain or spare acked expired or failed is ordered again at most this often
@@ -90,6 +92,7 @@ class Fleet:
     returned: dict[str, int] = field(default_factory=dict)              # node -> its last undrain (ack ts_ns)
     withheld: list[ReplacementRequest] = field(default_factory=list)    # over budget: asked again, oldest first
     retries: list[tuple[str, Emitted]] = field(default_factory=list)    # input -> the withheld it let through
+    held_back: list[ReplacementRequest] = field(default_factory=list)   # withheld or refused: what may be approved
 
 
 def outcome_of(ack: ControlAck) -> str:
@@ -101,12 +104,18 @@ def outcome_of(ack: ControlAck) -> str:
     return ack.status
 
 
+def _hold_back(fleet: Fleet, req: ReplacementRequest) -> None:
+    """Remember `req` (withheld or refused) as one an operator may approve (the newest ANSWERED)."""
+    kept = [r for r in fleet.held_back if r.incident_id != req.incident_id]
+    fleet.held_back = [*kept, req.model_copy(update={"approval": ""})][-ANSWERED:]
+
+
 def _trigger_key(event: Event) -> str:
     """An input's identity, the same when it is redelivered."""
     if isinstance(event, ControlAck):
         return f"ack\0{event.command_id}\0{event.status}\0{event.ts_ns}"
     assert isinstance(event, ReplacementRequest)
-    return f"request\0{event.incident_id}\0{event.approval}"   # an approval is an input of its own
+    return f"request\0{event.incident_id}" + ("\0approved" if event.approval else "")   # an approval: its own
 
 
 class ReplacementAllocator(Processor):
@@ -129,6 +138,7 @@ class ReplacementAllocator(Processor):
         self.reordered = 0
         self.retried = 0
         self.approved = 0
+        self.approvals_refused = 0
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
@@ -140,7 +150,7 @@ class ReplacementAllocator(Processor):
 
     def counters(self) -> dict[str, int]:
         return {"redelivered": self.redelivered, "spares_freed": self.spares_freed, "reordered": self.reordered,
-                "retried": self.retried, "approved": self.approved}
+                "retried": self.retried, "approved": self.approved, "approvals_refused": self.approvals_refused}
 
     def process(self, state: Any, event: Event) -> list[Output]:
         """The event's own outputs, and the withheld requests it lets through. A request lets the older withheld
@@ -182,17 +192,20 @@ class ReplacementAllocator(Processor):
                                     "(CLOCKTOWER_STREAMS_FLEET_NODES); no budget spent; `clocktower control approve` "
                                     "orders it if it is real")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            _hold_back(fleet, event)
         elif age_ns > self.max_fault_age_ns:
             out = [self._row(event, f"drain and spare not ordered: the fault was reported {age_ns / 1e9:.0f} s ago, "
                                     f"more than the {self.max_fault_age_ns / 1e9:.0f} s a replacement may still be "
                                     "ordered after (CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S); it needs a human")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            _hold_back(fleet, event)
         elif not self.budget.allow(fleet.granted):
             b = self.budget
             out: Emitted = [self._row(event, f"drain and spare withheld: the fleet limit of {b.max_per_window} "
                                              f"replacements per {b.window_ns / 1e9:g} s is reached; asked again when "
                                              "it allows, while the fault is recent enough, else it needs a human")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            _hold_back(fleet, event)
             if all(w.incident_id != event.incident_id for w in fleet.withheld):
                 fleet.withheld = [*fleet.withheld, event]
                 for pushed in fleet.withheld[:-ANSWERED]:     # more than ANSWERED waiting: the oldest give up
@@ -205,13 +218,25 @@ class ReplacementAllocator(Processor):
         return list(out)
 
     def _approved(self, state: Any, fleet: Fleet, req: ReplacementRequest) -> list[Output]:
-        """An operator's approval (control/approval.py): granted whatever the budget and the fault's age say (a
-        human checked), and counted in the budget's window; a forged or altered one orders nothing."""
-        if self.approval_verifier is None or not is_approved(self.approval_verifier, req):
-            return [self._row(req, "an approval not signed by the control key (forged or altered): nothing ordered")]
-        back = fleet.returned.get(req.node)
-        if back is not None and req.ts_ns <= back:
-            return [self._row(req, "approval of a fault dated before the node returned to service: nothing ordered")]
+        """An operator's approval (control/approval.py) of a request this allocator withheld or refused itself (the
+        same node, fault time, reason and GPU): granted whatever the budget and the fault's age say (a human
+        checked), counted in the budget's window, once. Anything else orders nothing and writes no row (a row would
+        take the place of the incident's real one): a forged or altered approval, one of a request the allocator
+        never held back (planted in the tables for an operator to approve), or one already granted."""
+        plain = req.model_copy(update={"approval": ""})
+        held = next((r for r in fleet.held_back if r.incident_id == req.incident_id), None)
+        why = ("not signed by the control key (forged or altered)"
+               if self.approval_verifier is None or not is_approved(self.approval_verifier, req)
+               else "of a request this allocator did not hold back (or granted already)" if held != plain
+               else "")
+        if why:
+            self.approvals_refused += 1
+            n = self.approvals_refused
+            if n & (n - 1) == 0:
+                log.warning("%d approvals refused; the last, of %s's incident %s: %s", n, req.node,
+                            bounded(req.incident_id, 100), why)
+            return []
+        fleet.held_back = [r for r in fleet.held_back if r.incident_id != req.incident_id]
         fleet.granted.append(self.budget.clock_ns())
         fleet.withheld = [w for w in fleet.withheld if w.incident_id != req.incident_id]
         fleet.answered = [(a, o) for a, o in fleet.answered if a != req.incident_id]
@@ -276,6 +301,7 @@ class ReplacementAllocator(Processor):
 
     def _dropped(self, fleet: Fleet, req: ReplacementRequest, state: Any, detail: str) -> Incident:
         """The row for a withheld request given up; a redelivered copy of the request gets this row too."""
+        _hold_back(fleet, req)
         row = self._row_of(req.node, max(state.now_ns, req.ts_ns + 1), self._replacement_of(req), detail)
         fleet.answered = [*[(a, o) for a, o in fleet.answered if a != req.incident_id], (req.incident_id, [row])]
         fleet.answered = fleet.answered[-ANSWERED:]
@@ -388,7 +414,8 @@ class ReplacementAllocator(Processor):
                              "answered": [[i, [encode_output(o) for o in out]] for i, out in value.answered],
                              "returned": value.returned,
                              "withheld": [[r.node, r.ts_ns, r.incident_id, r.reason, r.gpu] for r in value.withheld],
-                             "retries": [[k, [encode_output(o) for o in out]] for k, out in value.retries]})
+                             "retries": [[k, [encode_output(o) for o in out]] for k, out in value.retries],
+                             "held_back": [[r.node, r.ts_ns, r.incident_id, r.reason, r.gpu] for r in value.held_back]})
 
     def decode_state(self, data: bytes) -> Fleet:
         d = orjson.loads(data)
@@ -397,4 +424,6 @@ class ReplacementAllocator(Processor):
                      d.get("returned", {}),   # (a state written before it was kept has none)
                      [ReplacementRequest(node=n, ts_ns=t, incident_id=i, reason=r, gpu=g)
                       for n, t, i, r, g in d.get("withheld", [])],
-                     [(k, [decode_output(o) for o in out]) for k, out in d.get("retries", [])])
+                     [(k, [decode_output(o) for o in out]) for k, out in d.get("retries", [])],
+                     [ReplacementRequest(node=n, ts_ns=t, incident_id=i, reason=r, gpu=g)
+                      for n, t, i, r, g in d.get("held_back", [])])
