@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -42,7 +43,9 @@ def local_producer_key(bootstrap: str) -> bytes | None:
     there that is unfit, e.g. readable by others, is named in a WARNING and not used)."""
     if not _on_this_host(bootstrap):
         return None
-    path = producer_key_path(RuntimeSettings().data_dir)
+    # only the data dir is read here (all of RuntimeSettings would fail this publisher on an unrelated bad setting)
+    data_dir = os.environ.get("CLOCKTOWER_DATA_DIR") or RuntimeSettings.model_fields["data_dir"].default
+    path = producer_key_path(Path(data_dir))
     if not os.path.lexists(path):
         return None
     try:
