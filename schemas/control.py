@@ -77,5 +77,6 @@ class ReplacementRequest(Event):
     incident_id: Name
     reason: IncidentKind
     gpu: UInt8
-    approval: str = Field(default="", pattern=r"^([A-Za-z0-9_-]{86})?$", description="an operator's approval of a withheld request: "
-                          "the control key's Ed25519 signature of it (base64url); empty on the detectors' requests")
+    approval: str = Field(default="", pattern=r"^([A-Za-z0-9_-]{86})?$",
+                          description="an operator's approval of a withheld request: the control key's Ed25519 "
+                          "signature of it (base64url); empty on the detectors' requests")
