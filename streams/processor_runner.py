@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.event import Event
 from clocktower.streams import metrics
+from clocktower.streams.delivery import delivery_of
 from clocktower.streams.event_clock import PartitionClock
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.processor import Processor
@@ -26,9 +27,12 @@ class ProcessorRunner:
         self.clock = PartitionClock()
         self._expired_seen = 0
 
-    def run(self, partition: int, events: Sequence[Event], failures: list[EventFailure] | None = None) -> list[Event]:
+    def run(self, partition: int, events: Sequence[Event], failures: list[EventFailure] | None = None,
+            record: tuple[str, int, int] | None = None) -> list[Event]:
         """The signed outputs of a batch from `partition`. With `failures`, an event that raises is recorded
-        there and the others' outputs still returned (their state changes are kept); without, it raises."""
+        there and the others' outputs still returned (their state changes are kept); without, it raises.
+        `record`: the (topic, partition, offset) the batch was read from, so each event's position reaches the processor
+        (streams/delivery.py); None where there is no record (the in-memory pipeline)."""
         proc, store = self.processor, self.store
         store.partition = partition
         mine = [(i, e) for i, e in enumerate(events) if isinstance(e, proc.consumes)]
@@ -38,6 +42,7 @@ class ProcessorRunner:
         out: list = []
         try:
             for i, e in mine:
+                store.delivery = None if record is None else delivery_of(*record, i)
                 try:
                     out += proc.process(store, e)
                 except Exception as exc:  # noqa: BLE001 - reported to the caller, which dead-letters the record
@@ -51,6 +56,7 @@ class ProcessorRunner:
                     raise
                 failures.append(EventFailure(None, exc))
         finally:
+            store.delivery = None
             store.flush()
             self._export()
         return self._signed(out)

@@ -47,26 +47,31 @@ class Processors:
         old = self.runners[processor.name]
         self.runners[processor.name] = ProcessorRunner(processor, issuer=old.issuer)
 
-    def on_batch(self, events: Sequence[Event], failures: list[EventFailure] | None = None) -> list[Event]:
-        """The events derived from a batch (see ProcessorRunner.run for `failures`)."""
+    def on_batch(self, events: Sequence[Event], failures: list[EventFailure] | None = None,
+                 record: tuple[str, int, int] | None = None) -> list[Event]:
+        """The events derived from a batch (see ProcessorRunner.run for `failures` and `record`, which only the
+        batch's own events were read from)."""
         out: list[Event] = []
         batch, own = list(events), failures
         while batch:
             derived: list[Event] = []
             for runner in self.runners.values():
                 if any(isinstance(e, runner.processor.consumes) for e in batch):
-                    derived += runner.run(0, batch, own)
+                    derived += runner.run(0, batch, own, record)
                 if isinstance(runner.processor, ClockSolve):
                     derived += runner.processor.solve_now()
             self.clock_view.add_estimates([e for e in derived if isinstance(e, ClockEstimate)])
             out += derived
             batch = [e for e in derived if any(isinstance(e, r.processor.consumes) for r in self.runners.values())]
             own = None if failures is None else _Relabelled(failures)
+            record = None
         return out
 
-    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
+              offset: int | None = None) -> list[Out]:
         """The record handler's router: a decoded batch in, the records to publish out."""
-        return list(records(self.on_batch(events, failures)))
+        record = None if offset is None else (topic, partition, offset)
+        return list(records(self.on_batch(events, failures, record)))
 
     @property
     def probe_time_ns(self) -> int:

@@ -51,7 +51,7 @@ class Router(Protocol):
     budget: RemediationBudget
 
     def route(self, topic: str, partition: int, events: Sequence[Event],
-              failures: list[EventFailure]) -> list[Out]: ...
+              failures: list[EventFailure], offset: int | None = None) -> list[Out]: ...
 
 
 def _source_topic(headers: Sequence[tuple[str, bytes | None]]) -> str:
@@ -89,7 +89,7 @@ class RecordHandler:
                 metrics.IDENTITY_REJECTS.labels(topic).inc()
                 return self._dead_letter(topic, partition, offset, key, value, f"identity: {refused}")
             failures: list[EventFailure] = []
-            out = self.router.route(topic, partition, batch.events, failures)
+            out = self.router.route(topic, partition, batch.events, failures, offset)
             if self.sign_outputs is not None:
                 out = [self.sign_outputs(o) for o in out]
             if failures:

@@ -18,6 +18,8 @@ import struct
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
+from clocktower.streams.delivery import Delivery
+
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ class StateStore:
         self.backing: MutableMapping[bytes, bytes] = {} if backing is None else backing
         self.partition = 0                       # the partition whose batch is being processed
         self.now_ns = 0                          # that partition's event time (streams/event_clock.py)
+        self.delivery: Delivery | None = None    # where the event being processed was read (None: unknown)
         self._cache: dict[str, tuple[int, Any]] = {}
         self._dirty: dict[str, int] = {}          # key -> the partition it was written from
         self._deleted: set[str] = set()

@@ -56,13 +56,15 @@ class Topology:
             if r.processor.durable:
                 r.store.reload()
 
-    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
+              offset: int | None = None) -> list[Out]:
+        record = None if offset is None else (topic, partition, offset)
         runner = self._behind.get(topic)
         if runner is not None:
-            return list(records(runner.run(partition, events, failures)))
+            return list(records(runner.run(partition, events, failures, record)))
         out: list[Out] = []
         for runner in self._direct.get(topic, ()):
-            out += records(runner.run(partition, events, failures))
+            out += records(runner.run(partition, events, failures, record))
         for runner in self._regroup.get(topic, ()):
             out += self._regrouped(runner.processor, events, failures)
         return out

@@ -326,3 +326,20 @@ def test_a_replayed_xid79_re_emits_its_replacement_request() -> None:
     (first,) = one_by_one(worker(GpuFaultDetector(), table), [gpu(T0, xid=79)])
     assert [type(e).__name__ for e in first] == ["Incident", "ReplacementRequest"]
     assert worker(GpuFaultDetector(), table).run(0, [gpu(T0, xid=79)]) == first
+
+
+def test_delivery_log_keeps_positions_and_reads_entries_written_before_them() -> None:
+    from clocktower.streams.delivery import Delivery
+    from clocktower.streams.detectors.delivery_log import DeliveryLog
+
+    log = DeliveryLog()
+    inc = Incident(node="n", ts_ns=T0, incident_id="i", kind="gpu_xid", state="open", severity="info", target="t",
+                   opened_ns=T0, detail="")
+    log.applied(T0, [inc], Delivery("telemetry.gpu:3", 7, 1))
+    back = DeliveryLog.from_dict(orjson.loads(orjson.dumps(log.to_dict())))
+    assert back == log
+    assert back.was_applied(T0, Delivery("telemetry.gpu:3", 7, 1)) and back.outputs_of(T0, Delivery(
+        "telemetry.gpu:3", 7, 1)) == [inc]
+    assert not back.was_applied(T0, Delivery("telemetry.gpu:3", 7, 2))   # a later position is new
+    old = DeliveryLog.from_dict({"seen": [T0], "emitted": [[T0, [{"incident": inc.model_dump()}]]]})
+    assert old.outputs_of(T0) == [inc] and old.upto == {}

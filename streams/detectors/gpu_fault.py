@@ -72,11 +72,11 @@ class GpuFaultDetector(ReplayingDetector):
         gpu: Gpu | None = state.get(key)
         if gpu is None:
             gpu = Gpu()
-        elif gpu.log.was_applied(event.ts_ns):
+        elif gpu.log.was_applied(event.ts_ns, state.delivery):
             self.redelivered += 1
-            return list(gpu.log.outputs_of(event.ts_ns))
+            return list(gpu.log.outputs_of(event.ts_ns, state.delivery))
         out = self._apply(gpu, event)
-        gpu.log.applied(event.ts_ns, out)
+        gpu.log.applied(event.ts_ns, out, state.delivery)
         state.put(key, gpu, gpu.log.newest + self.state_ttl_ns)
         return list(out)
 

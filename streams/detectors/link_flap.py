@@ -193,12 +193,12 @@ class LinkFlapDetector(ReplayingDetector):
         if port is None:
             port = Port(up=event.up, carrier_changes=event.carrier_changes, backup=event.backup,
                         last_change_ns=event.ts_ns)
-        elif port.log.was_applied(event.ts_ns):
+        elif port.log.was_applied(event.ts_ns, state.delivery):
             self.redelivered += 1
-            return [*port.log.outputs_of(event.ts_ns), *fired_log.fired_with(state, key, event.ts_ns)]
+            return [*port.log.outputs_of(event.ts_ns, state.delivery), *fired_log.fired_with(state, key, event.ts_ns)]
         else:
             out = self._apply(state, port, event)
-        port.log.applied(event.ts_ns, out)
+        port.log.applied(event.ts_ns, out, state.delivery)
         state.put(key, port, port.log.newest + self.state_ttl_ns)
         self._applied = (key, event.ts_ns)
         return list(out)
