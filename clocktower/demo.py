@@ -36,9 +36,11 @@ def run_demo(settings: Settings, duration_s: float, nodes: int, console: Console
     # A new simulated fleet: last run's stream state is not its. A lost GPU's node is replaced from the demo's
     # spare, whose actuator runs below.
     # Every simulated node signs its records with its own key, from the producer key the stack makes (or is given):
-    # the streams act on nothing unsigned.
-    stack = Stack(settings, fresh_stream_state=True, extra_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE},
-                  sign_records=True)
+    # the streams act on nothing unsigned. The simulated fleet is listed, so its nodes are known to the allocator
+    # from their first reading (a node not listed must report for CLOCKTOWER_STREAMS_KNOWN_AFTER_S first).
+    fleet = ",".join(node_id(i) for i in range(nodes))
+    stack = Stack(settings, fresh_stream_state=True, sign_records=True,
+                  extra_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE, "CLOCKTOWER_STREAMS_FLEET_NODES": fleet})
     errors: list[str] = []
     actuators: DemoActuators | None = None
     try:

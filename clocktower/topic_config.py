@@ -7,6 +7,8 @@
   4 to 6) is grown to that count. Growing moves a node's later records to another partition, so their order
   with the earlier ones is not kept. A topic that holds stream state by partition (changelogs, repartition
   topics, the inputs of node-keyed detectors) is never grown: start-up stops and says so.
+* Byte caps: the topics the actuators and the allocator read keep at most `retention.bytes` per partition
+  (schemas/topics.py, CONTROL_RETENTION_BYTES); a topic made before the cap gets it.
 * Topic auto-creation: a broker that creates any topic a client names turns a typo'd topic into a
   silent sink for records. On the embedded broker, which clocktower owns, `auto.create.topics.enable`
   is turned off (noida-db takes it as a dynamic broker config and keeps it across restarts). An
@@ -63,6 +65,27 @@ def raise_record_limit(admin: AdminClient, topics: list[str], timeout: float) ->
     except (KafkaException, KeyError, ValueError) as exc:
         log.warning("could not raise max.message.bytes of the topics to %d (%s): records over the broker's limit "
                     "will be refused; ask the cluster's operators to raise it", MAX_MESSAGE_BYTES, exc)
+        return []
+
+
+def cap_bytes(admin: AdminClient, caps: dict[str, int], timeout: float) -> list[str]:
+    """Set `retention.bytes` of each topic of `caps` (name -> bytes per partition) where it differs; returns those
+    set. A topic made before the cap existed gets it here. A broker that refuses gets a warning, as above."""
+    if not caps:
+        return []
+    try:
+        described = admin.describe_configs([ConfigResource("topic", t) for t in caps], request_timeout=timeout)
+        off = [res.name for res, fut in described.items()
+               if fut.result(timeout)["retention.bytes"].value != str(caps[res.name])]
+        if off:
+            altered = admin.incremental_alter_configs(
+                [_set("topic", t, "retention.bytes", str(caps[t])) for t in off], request_timeout=timeout)
+            for fut in altered.values():
+                fut.result(timeout)
+        return off
+    except (KafkaException, KeyError) as exc:
+        log.warning("could not cap retention.bytes of %s (%s): a flood written there is bounded only by retention.ms "
+                    "and the disk", ", ".join(sorted(caps)), exc)
         return []
 
 

@@ -77,6 +77,9 @@ class ReplacementRequest(Event):
     incident_id: Name
     reason: IncidentKind
     gpu: UInt8
+    known_for_ns: UInt64 = Field(default=0, description="how long the failing GPU had been reporting to the "
+                                 "streams when it failed (event time): the allocator spends the fleet's budget only "
+                                 "on a node known this long (CLOCKTOWER_STREAMS_KNOWN_AFTER_S) or listed")
     approval: str = Field(default="", pattern=r"^([A-Za-z0-9_-]{86})?$",
                           description="an operator's approval of a withheld request: the control key's Ed25519 "
                           "signature of it (base64url); empty on the detectors' requests")

@@ -37,6 +37,12 @@ RECORD_OVERHEAD_BYTES = 64 * 1024
 # The topics' `max.message.bytes` and the producers' `message.max.bytes`: every record within
 # MAX_RECORD_BYTES fits, compressed or not.
 MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + RECORD_OVERHEAD_BYTES
+# `retention.bytes` of each partition of the topics that the actuators and the allocator read (issue 18, finding
+# 1): anyone who reaches the broker can write, and the embedded broker has no quotas, so a flood of records there
+# (130 forged 1 MiB commands made fetches of 130-204 MB, and the broker's RSS reached 2 GB) is bounded by what
+# the broker keeps, oldest deleted first. A real fleet's commands, acks and requests are about 1 KB each: 64 MiB
+# holds tens of thousands of them. The telemetry topics carry the fleet's volume and have no byte cap.
+CONTROL_RETENTION_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class TopicSpec:
     partitions: int
     retention_ms: int
     description: str
+    retention_bytes: int | None = None   # per partition; None: no byte cap
 
     @property
     def retention_days(self) -> int:
@@ -57,7 +64,8 @@ class TopicSpec:
     @property
     def config(self) -> dict[str, str]:
         """The topic's Kafka settings, as created (and raised to on an existing topic)."""
-        return {"retention.ms": str(self.retention_ms), "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        cap = {} if self.retention_bytes is None else {"retention.bytes": str(self.retention_bytes)}
+        return {"retention.ms": str(self.retention_ms), "max.message.bytes": str(MAX_MESSAGE_BYTES), **cap}
 
 
 TOPICS: tuple[TopicSpec, ...] = (
@@ -79,10 +87,12 @@ TOPICS: tuple[TopicSpec, ...] = (
               "compute vs communication per rank and iteration"),
     TopicSpec("analytics.incidents", Incident, "incidents", 1, 90 * DAY_MS, "detected incidents"),
     TopicSpec("control.commands", ControlCommand, "control_commands", 4, 90 * DAY_MS,
-              "signed commands, partitioned by node (schemas/partitioning.py): each actuator reads only its own"),
-    TopicSpec("control.acks", ControlAck, "control_acks", 1, 90 * DAY_MS, "actuator acknowledgements"),
+              "signed commands, partitioned by node (schemas/partitioning.py): each actuator reads only its own",
+              CONTROL_RETENTION_BYTES),
+    TopicSpec("control.acks", ControlAck, "control_acks", 1, 90 * DAY_MS, "actuator acknowledgements",
+              CONTROL_RETENTION_BYTES),
     TopicSpec("control.replacements", ReplacementRequest, "replacement_requests", 1, 90 * DAY_MS,
-              "nodes to drain and replace, for the fleet's allocator"),
+              "nodes to drain and replace, for the fleet's allocator", CONTROL_RETENTION_BYTES),
     TopicSpec("groundtruth.faults", InjectedFault, "faults_injected", 1, 90 * DAY_MS,
               "faults injected by the simulator"),
     TopicSpec("deadletter", DeadLetter, "deadletter", 1, 30 * DAY_MS, "records that failed decoding"),

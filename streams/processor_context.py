@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from clocktower.streams.settings import StreamsSettings
 
 
+KNOWN_AFTER_NS = 300 * 10**9   # CLOCKTOWER_STREAMS_KNOWN_AFTER_S
+
 @dataclass
 class ProcessorContext:
     clocks: Any = None                      # ClockCorrection for the flow join: the worker's ClockView
@@ -27,6 +29,7 @@ class ProcessorContext:
     link_quarantine_flaps: int = 8           # more flaps than this in a sliding hour: quarantine
     spare_nodes: tuple[str, ...] = ()        # the pool a node with a lost GPU is replaced from
     fleet_nodes: frozenset[str] = frozenset()  # the nodes a replacement may be ordered for (empty: any)
+    known_after_ns: int = KNOWN_AFTER_NS     # an unlisted node must have reported this long to spend the budget
     max_fault_age_ns: int = 15 * 60 * 10**9  # a replacement is ordered only for a fault reported this recently
     approval_verifier: Any = None            # CommandVerifier of the control key: operators' approvals (or None)
 
@@ -39,5 +42,5 @@ def context_from_settings(settings: StreamsSettings, **shared: Any) -> Processor
         segment_ttl_ns=round(s.streams_segment_ttl_s * 1e9),
         link_watchdog_ns=round(s.streams_link_watchdog_ms * 1e6), link_stable_ns=round(s.streams_link_stable_s * 1e9),
         link_quarantine_flaps=s.streams_link_quarantine_flaps, spare_nodes=tuple(s.streams_spare_nodes),
-        fleet_nodes=frozenset(s.streams_fleet_nodes),
+        fleet_nodes=frozenset(s.streams_fleet_nodes), known_after_ns=round(s.streams_known_after_s * 1e9),
         max_fault_age_ns=round(s.streams_max_fault_age_s * 1e9), **shared)

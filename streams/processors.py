@@ -20,7 +20,7 @@ from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.joins.clock_solve import ClockSolve
 from clocktower.streams.processor import Processor
-from clocktower.streams.processor_context import ProcessorContext
+from clocktower.streams.processor_context import KNOWN_AFTER_NS, ProcessorContext
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.registry import build
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -29,13 +29,16 @@ from clocktower.streams.remediation_budget import RemediationBudget
 class Processors:
     def __init__(self, signer: CommandSigner, *, clock_pure_tolerance_ns: float = 2_000.0,
                  clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None,
-                 segment_ttl_ns: int = 10 * 10**9, clock_ns: Callable[[], int] = time.time_ns) -> None:
-        """`clock_ns`: the wall clock of the worker this stands for (the budget's and the issuer's; tests set it)."""
+                 segment_ttl_ns: int = 10 * 10**9, clock_ns: Callable[[], int] = time.time_ns,
+                 known_after_ns: int = KNOWN_AFTER_NS) -> None:
+        """`clock_ns`: the wall clock of the worker this stands for (the budget's and the issuer's; tests set it).
+        `known_after_ns`: CLOCKTOWER_STREAMS_KNOWN_AFTER_S (0: every node is known from its first reading)."""
         self.clock_view = ClockView()
         self.budget = remediation_budget or RemediationBudget(clock_ns=clock_ns)
         ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
-                               remediation_budget=self.budget, approval_verifier=signer.verifier())
+                               remediation_budget=self.budget, approval_verifier=signer.verifier(),
+                               known_after_ns=known_after_ns)
         issuer = CommandIssuer(signer, clock_ns=clock_ns)
         self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
 

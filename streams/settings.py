@@ -58,6 +58,11 @@ class StreamsSettings(RuntimeSettings):
         default_factory=list, description="the fleet's nodes (comma-separated or a JSON list): when set, a "
         "replacement is ordered only for a listed node (an invented name spends no budget; `clocktower control "
         "approve` still can); empty = any node")
+    streams_known_after_s: float = Field(
+        default=300.0, ge=0, le=86_400, description="a node not listed in CLOCKTOWER_STREAMS_FLEET_NODES spends the "
+        "fleet's replacement budget only once its failing GPU has reported for this long (event time, from a start "
+        "that cannot be dated before the partition's time): a name invented for a forged fault is held back for "
+        "`clocktower control approve`. 0 = any node")
     streams_max_fault_age_s: float = Field(
         default=900.0, gt=0, le=3000, description="a lost GPU's drain and spare are ordered only if its report is at "
         "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "

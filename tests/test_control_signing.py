@@ -54,7 +54,7 @@ def _command(**intent: object) -> ControlCommand:
 
 
 def test_the_streams_sign_at_their_edge_and_only_the_pair_s_public_key_verifies() -> None:
-    processors = Processors(TEST_SIGNER, clock_ns=lambda: T0 + 2 * S)
+    processors = Processors(TEST_SIGNER, clock_ns=lambda: T0 + 2 * S, known_after_ns=0)
     out = processors.on_batch([_gpu(T0)]) + processors.on_batch([_gpu(T0 + S, xid=79)])
     cmds = [e for e in out if isinstance(e, ControlCommand)]
     assert [c.action for c in cmds] == ["drain"]       # no spare pool configured: no spare

@@ -31,7 +31,8 @@ def _acks(client, node: str) -> list[tuple]:  # noqa: ANN001
 
 
 def test_a_lost_gpu_reported_90_s_late_is_still_drained_and_replaced(tmp_path: Path) -> None:
-    p = start_pipeline(tmp_path / "ct", worker_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE})
+    p = start_pipeline(tmp_path / "ct", worker_env={"CLOCKTOWER_STREAMS_SPARE_NODES": SPARE_NODE,
+                                                    "CLOCKTOWER_STREAMS_KNOWN_AFTER_S": "0"})   # a fleet just started
     actuators = DemoActuators(p.settings.bootstrap, [NODE, SPARE_NODE], control_public_key_path(p.stack.data_dir),
                               tmp_path / "actuators")
     try:

@@ -28,7 +28,7 @@ def _xid79(node: str) -> tuple[bytes, bytes, list]:
 def _handler() -> RecordHandler:
     check = identity_check(NodeSigning(producer_key=PRODUCER_KEY.decode()))
     assert check is not None
-    return RecordHandler(Processors(TEST_SIGNER, clock_ns=lambda: T0), identity=check)
+    return RecordHandler(Processors(TEST_SIGNER, clock_ns=lambda: T0, known_after_ns=0), identity=check)
 
 
 def _actions(out: list) -> list[str]:
@@ -147,7 +147,7 @@ def _topology_handlers() -> dict:
     signing = NodeSigning(producer_key=PRODUCER_KEY.decode())
     tables: dict[str, dict] = {}
     budget = RemediationBudget(clock_ns=lambda: T0)   # the worker's wall clock: at the events' time
-    topology = Topology(build(ProcessorContext(remediation_budget=budget)),
+    topology = Topology(build(ProcessorContext(remediation_budget=budget, known_after_ns=0)),
                         CommandIssuer(TEST_SIGNER, clock_ns=budget.clock_ns), budget,
                         lambda p: tables.setdefault(p.name, {}))
     return record_handlers(topology, identity_check(signing), 10**9, output_signer(signing))

@@ -66,7 +66,7 @@ def test_readings_dated_a_day_ahead_do_not_hide_a_real_xid79() -> None:
     real XID 79 opened no incident. Redelivery is now told by offset (streams/delivery.py)."""
     gpus = Partition("telemetry.gpu")
     now = time.time_ns()
-    gpus.publish([gpu_health(ts_ns=now - S)])
+    gpus.publish([gpu_health(ts_ns=now - 400 * S)])
     for i in range(8):
         assert gpus.publish([gpu_health(ts_ns=now + 23 * 3600 * S + i)]) == []
     out = gpus.publish([gpu_health(ts_ns=now, lost=True, xid=79)])
@@ -78,7 +78,7 @@ def test_a_replay_by_offset_re_emits_and_applies_nothing_twice() -> None:
     """The other side of the same rule: the records a killed worker reads again (same offsets) change nothing."""
     gpus = Partition("telemetry.gpu")
     now = time.time_ns()
-    gpus.publish([gpu_health(ts_ns=now - S)])
+    gpus.publish([gpu_health(ts_ns=now - 400 * S)])     # known to the fleet for longer than the 300 s default
     first = gpus.publish([gpu_health(ts_ns=now, lost=True, xid=79)])
     assert _ids(gpus.read(1)) == _ids(first) and len(first) == 4 and gpus.read(0) == []
     assert gpus.handler.router.processor("gpu_fault").counters()["redelivered"] == 2
@@ -101,3 +101,37 @@ def test_link_reports_dated_ahead_do_not_hide_a_real_carrier_loss() -> None:
     out += links.publish([link_state(ts_ns=now + 2 * S, up=False, carrier_changes=1, backup="eth1")])
     incidents = [e for e in out if isinstance(e, Incident)]
     assert [(i.kind, i.state) for i in incidents] == [("link_down", "open")], out
+
+
+def _drains(events: list[Event]) -> list[str]:
+    return [e.node for e in events if getattr(e, "action", None) == "drain"]
+
+
+def _detail(events: list[Event]) -> str:
+    return " | ".join(e.detail for e in events if isinstance(e, Incident))
+
+
+def test_an_invented_node_spends_no_budget_until_it_has_reported_for_a_while() -> None:
+    """Before: forged XID 79s from two invented node names used the fleet's budget of 2 replacements an hour, and
+    a real node's lost GPU was then withheld. Now a node not listed must have reported for
+    CLOCKTOWER_STREAMS_KNOWN_AFTER_S (300 s) before it spends budget; until then it is held for approval."""
+    gpus = Partition("telemetry.gpu")
+    now = time.time_ns()
+    gpus.publish([gpu_health(node="real", ts_ns=now - 600 * S)])
+    ghosts = [gpus.publish([gpu_health(node=f"ghost-{i}", ts_ns=now, lost=True, xid=79)]) for i in range(3)]
+    for out in ghosts:
+        assert _drains(out) == [] and "less than the 300 s that makes it known" in _detail(out)
+    assert gpus.handler.router.budget.withheld == 0   # held back before the budget was asked
+    assert _drains(gpus.publish([gpu_health(node="real", ts_ns=now, lost=True, xid=79)])) == ["real"]
+
+
+def test_a_first_reading_dated_back_does_not_make_a_node_known() -> None:
+    """An invented node whose first reading claims to be an hour old is aged from no earlier than 120 s before its
+    partition's time (the other nodes' readings), not from the date it claims."""
+    gpus = Partition("telemetry.gpu")
+    now = time.time_ns()
+    for i in range(3):
+        gpus.publish([gpu_health(node=f"real-{i}", ts_ns=now)])
+    gpus.publish([gpu_health(node="ghost", ts_ns=now - 3600 * S)])
+    out = gpus.publish([gpu_health(node="ghost", ts_ns=now + S, lost=True, xid=79)])
+    assert _drains(out) == [] and "had reported for 121 s" in _detail(out)

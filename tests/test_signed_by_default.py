@@ -36,6 +36,8 @@ def _signed_stack(data_dir: Path, monkeypatch: pytest.MonkeyPatch, **worker_env:
     monkeypatch.setenv("CLOCKTOWER_DATA_DIR", str(data_dir.parent / "no-up-here"))
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
                         clickhouse_url=None, flush_interval_s=0.5)
+    # every node is known from its first reading, so that only the signature stands between a ghost and a drain
+    worker_env = {"CLOCKTOWER_STREAMS_KNOWN_AFTER_S": "0", **worker_env}
     stack = Stack(settings, sign_records=True, extra_env=worker_env)   # as `up` and `demo` build theirs
     stack.start()
     return stack

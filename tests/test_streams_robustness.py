@@ -66,7 +66,7 @@ def _with_spares(processors: Processors, spares: tuple[str, ...]) -> Processors:
 
 
 def test_xid79_from_a_256_char_node_drains_and_brings_a_spare() -> None:
-    pipeline = _with_spares(Processors(KEY, clock_ns=lambda: T0), ("spare-1",))
+    pipeline = _with_spares(Processors(KEY, clock_ns=lambda: T0, known_after_ns=0), ("spare-1",))
     out = pipeline.on_batch([GpuHealth(node=NODE, ts_ns=T0, gpu=7, uuid="GPU-7", **{**GPU_READINGS, "xid": 79})])
     _revalidate(out)
     inc = next(e for e in out if isinstance(e, Incident))
@@ -146,7 +146,7 @@ def _published(out: list) -> list:
 def test_forged_event_times_an_hour_apart_do_not_refill_the_budget() -> None:
     """Ten XID 79s for ten nodes, stamped t + i hours but processed at once: two replacements, not ten."""
     budget = RemediationBudget(max_per_window=2, window_ns=3600 * S, clock_ns=_Clock())
-    handler = RecordHandler(Processors(KEY, remediation_budget=budget))
+    handler = RecordHandler(Processors(KEY, remediation_budget=budget, known_after_ns=0))
     pairs = 0
     for i in range(10):
         k, v, h = encode_batch([_xid79(f"node-{i}", T0 + i * 3600 * S)])
@@ -201,7 +201,7 @@ def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> No
 
 
 def test_decode_failures_are_counted() -> None:
-    handler = RecordHandler(Processors(KEY, clock_ns=lambda: T0))
+    handler = RecordHandler(Processors(KEY, clock_ns=lambda: T0, known_after_ns=0))
     before = REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.gpu"}) or 0
     assert handler.handle("telemetry.gpu", 0, 1, b"n", b"not json", [("ct-schema", b"gpu_health")]) == []
     after = REGISTRY.get_sample_value("clocktower_streams_decode_failures_total", {"topic": "telemetry.gpu"})
@@ -218,7 +218,7 @@ class _GpuBug(GpuFaultDetector):
 
 
 def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once() -> None:
-    processors = _with_spares(Processors(KEY, clock_ns=lambda: T0), ("spare-1",))
+    processors = _with_spares(Processors(KEY, clock_ns=lambda: T0, known_after_ns=0), ("spare-1",))
     processors.replace(_GpuBug())
     handler = RecordHandler(processors)
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0

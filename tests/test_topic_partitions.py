@@ -91,3 +91,20 @@ def test_commands_follow_the_real_partition_count_the_actuators_read(broker: Sta
         assert parts == {partition_of(c.node, 7) for c in cmds} and max(parts) >= 4   # beyond the registry's 4
     finally:
         emit.use_command_partitions(0)
+
+
+def test_the_control_topics_keep_a_bounded_number_of_bytes(broker: StandaloneBroker) -> None:
+    """Issue 18, finding 1: a flood written to the topics the actuators and the allocator read is bounded by what
+    the broker keeps. A topic made before the cap (by an older release) gets it too."""
+    from confluent_kafka.admin import ConfigResource
+
+    from clocktower.schemas.topics import CONTROL_RETENTION_BYTES
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic("control.acks", 1, 1)]).values():   # made without the cap
+        f.result(10)
+    ensure_topics(broker.bootstrap)
+    capped = ["control.commands", "control.acks", "control.replacements"]
+    described = admin.describe_configs([ConfigResource("topic", t) for t in [*capped, "telemetry.gpu"]])
+    got = {res.name: fut.result(10)["retention.bytes"].value for res, fut in described.items()}
+    assert got == {**dict.fromkeys(capped, str(CONTROL_RETENTION_BYTES)), "telemetry.gpu": "-1"}

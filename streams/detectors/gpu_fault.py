@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown
 FATAL_XIDS = {48, 63, 64, 74, 79, 94, 95}
 DEFAULT_GPU_TTL_NS = 24 * 3600 * 10**9
+# How far before its partition's time a GPU's first reading may date its start (`known_for_ns` of its requests).
+# Further back, and a name invented for a forged fault could claim to be known at once. Not the partition's time
+# itself: that is taken after the whole batch, so the same readings would age a GPU differently in one batch
+# than one by one (a worker catching up reads big batches).
+BACKDATE_NS = 120 * 10**9
 
 
 @dataclass
@@ -45,6 +50,8 @@ class Gpu:
     lost: bool = False
     thermal_incident: str | None = None
     thermal_opened: int = 0
+    since_ns: int = 0    # when the GPU began reporting, by event time, no earlier than BACKDATE_NS before its
+                         # partition's time then (0: an entry written before this was kept: known for long)
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
 
@@ -71,7 +78,7 @@ class GpuFaultDetector(ReplayingDetector):
         key = f"{event.node}|{event.gpu}"
         gpu: Gpu | None = state.get(key)
         if gpu is None:
-            gpu = Gpu()
+            gpu = Gpu(since_ns=max(event.ts_ns, state.now_ns - BACKDATE_NS))   # a reading dated back ages it little
         elif gpu.log.was_applied(event.ts_ns, state.delivery):
             self.redelivered += 1
             return list(gpu.log.outputs_of(event.ts_ns, state.delivery))
@@ -85,11 +92,11 @@ class GpuFaultDetector(ReplayingDetector):
         if ev.xid:
             fatal = ev.xid in FATAL_XIDS
             inc = self._incident(ev, "gpu_xid", "open", "critical" if fatal else "warning", f"XID {ev.xid}")
-            out += self._replace_node(ev, inc) if ev.xid == 79 and not gpu.lost else [inc]
+            out += self._replace_node(ev, inc, gpu) if ev.xid == 79 and not gpu.lost else [inc]
             gpu.lost = gpu.lost or ev.xid == 79
         if ev.lost and not gpu.lost:
             gpu.lost = True
-            out += self._replace_node(ev, self._incident(ev, "gpu_lost", "open", "critical", "GPU is lost"))
+            out += self._replace_node(ev, self._incident(ev, "gpu_lost", "open", "critical", "GPU is lost"), gpu)
         if ev.ecc_uncorrected is not None:
             if gpu.ecc_uncorrected is not None and ev.ecc_uncorrected > gpu.ecc_uncorrected:
                 out.append(self._incident(ev, "gpu_ecc", "open", "critical",
@@ -118,9 +125,10 @@ class GpuFaultDetector(ReplayingDetector):
                         opened_ns=opened_ns or ev.ts_ns, detail=detail)
 
     @staticmethod
-    def _replace_node(ev: GpuHealth, inc: Incident) -> Emitted:
-        """The node must be drained and replaced: the fleet's allocator decides (replacement_allocator.py)."""
+    def _replace_node(ev: GpuHealth, inc: Incident, gpu: Gpu) -> Emitted:
+        """The node must be drained and replaced: the fleet's allocator decides (replacement_allocator.py), and
+        spends its budget only on a node known for long enough (`known_for_ns`)."""
         request = ReplacementRequest(node=ev.node, ts_ns=ev.ts_ns, incident_id=inc.incident_id, reason=inc.kind,
-                                     gpu=ev.gpu)
+                                     gpu=ev.gpu, known_for_ns=max(0, ev.ts_ns - gpu.since_ns))
         return [inc.model_copy(update={"detail": inc.detail + "; drain and spare asked of the fleet's allocator"}),
                 request]

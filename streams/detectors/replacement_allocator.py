@@ -125,11 +125,13 @@ class ReplacementAllocator(Processor):
 
     def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
                  max_fault_age_ns: int = DEFAULT_MAX_FAULT_AGE_NS, approval_verifier: CommandVerifier | None = None,
-                 fleet_nodes: frozenset[str] = frozenset()) -> None:
+                 fleet_nodes: frozenset[str] = frozenset(), known_after_ns: int = 0) -> None:
         """`approval_verifier` checks operators' approvals (control/approval.py); without it none is believed.
-        `fleet_nodes`, when not empty, are the only nodes a request may spend the budget on."""
+        `fleet_nodes`, when not empty, are the only nodes a request may spend the budget on; a node not listed
+        spends it only once its failing GPU has reported for `known_after_ns` (the request's `known_for_ns`)."""
         self.approval_verifier = approval_verifier
         self.fleet_nodes = fleet_nodes
+        self.known_after_ns = known_after_ns
         self.budget = budget if budget is not None else RemediationBudget()
         self.spare_nodes = tuple(spare_nodes)
         self.max_fault_age_ns = max_fault_age_ns
@@ -143,7 +145,8 @@ class ReplacementAllocator(Processor):
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> ReplacementAllocator:
         return cls(budget=ctx.remediation_budget, spare_nodes=ctx.spare_nodes, max_fault_age_ns=ctx.max_fault_age_ns,
-                   approval_verifier=ctx.approval_verifier, fleet_nodes=ctx.fleet_nodes)
+                   approval_verifier=ctx.approval_verifier, fleet_nodes=ctx.fleet_nodes,
+                   known_after_ns=ctx.known_after_ns)
 
     def partition_key(self, event: Event) -> str:
         return FLEET
@@ -191,6 +194,14 @@ class ReplacementAllocator(Processor):
             out = [self._row(event, "drain and spare not ordered: the node is not one of the fleet's "
                                     "(CLOCKTOWER_STREAMS_FLEET_NODES); no budget spent; `clocktower control approve` "
                                     "orders it if it is real")]
+            fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
+            _hold_back(fleet, event)
+        elif event.node not in self.fleet_nodes and event.known_for_ns < self.known_after_ns:
+            out = [self._row(event, f"drain and spare not ordered: the node's GPU had reported for "
+                                    f"{event.known_for_ns / 1e9:.0f} s, less than the "
+                                    f"{self.known_after_ns / 1e9:.0f} s that makes it known to the fleet "
+                                    "(CLOCKTOWER_STREAMS_KNOWN_AFTER_S; or list it in CLOCKTOWER_STREAMS_FLEET_NODES); "
+                                    "no budget spent; `clocktower control approve` orders it if it is real")]
             fleet.answered = [*fleet.answered, (event.incident_id, out)][-ANSWERED:]
             _hold_back(fleet, event)
         elif age_ns > self.max_fault_age_ns:
