@@ -38,6 +38,7 @@ from clocktower.streams.record_handler import identity_check
 from clocktower.streams.registry import APP_ID, build, partitions
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.settings import StreamsSettings
+from clocktower.streams.table_memory import table_options
 from clocktower.streams.topology import Topology, record_handlers
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ use_command_partitions(command_partitions(settings.bootstrap, security.librdkafk
 budget = RemediationBudget(settings.remediation_max_per_hour)
 processors = build(context_from_settings(settings, clocks=clocks, remediation_budget=budget,
                                          approval_verifier=signer.verifier()))
-tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes)
+tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=bytes, value_type=bytes,
+                            options=table_options())   # RocksDB memory bounded (streams/table_memory.py)
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
 
@@ -84,7 +86,7 @@ def _table(p: Processor) -> faust.Table:
     return tables[p.name]
 
 
-topology = Topology(processors, CommandIssuer(signer), budget, _table)
+topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries)
 node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign, sign what is published in their name
 handlers = record_handlers(topology, identity_check(node_signing),
                            settings.max_future_skew_ns,   # CLOCKTOWER_MAX_FUTURE_SKEW_S

@@ -14,6 +14,9 @@ REMEDIATION_WITHHELD = Counter("clocktower_streams_remediation_withheld_total",
 STATE_EXPIRED = Counter("clocktower_streams_state_expired_total",
                         "state entries dropped because their event time passed (a segment never joined, a rank gone "
                         "idle)", ["processor"])
+STATE_REFUSED = Counter("clocktower_streams_state_refused_total",
+                        "new state keys not kept because their partition held CLOCKTOWER_STREAMS_MAX_ENTRIES already "
+                        "(a flood of invented names)", ["processor"])
 PROCESSOR_COUNTS = Gauge("clocktower_streams_processor_count",
                          "a processor's running counts since the worker started (see Processor.counters)",
                          ["processor", "count"])

@@ -6,6 +6,7 @@ tests and benchmarks (state in a dict), so both run the same code path from even
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from clocktower.control.issuer import CommandIssuer
@@ -17,6 +18,7 @@ from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.processor import Processor
 from clocktower.streams.state_store import StateStore
 
+log = logging.getLogger(__name__)
 
 class ProcessorRunner:
     def __init__(self, processor: Processor, store: StateStore | None = None,
@@ -26,6 +28,7 @@ class ProcessorRunner:
         self.issuer = issuer
         self.clock = PartitionClock()
         self._expired_seen = 0
+        self._refused_seen = 0
 
     def run(self, partition: int, events: Sequence[Event], failures: list[EventFailure] | None = None,
             record: tuple[str, int, int] | None = None) -> list[Event]:
@@ -66,6 +69,14 @@ class ProcessorRunner:
         if self.store.expired > self._expired_seen:
             metrics.STATE_EXPIRED.labels(name).inc(self.store.expired - self._expired_seen)
             self._expired_seen = self.store.expired
+        refused = self.store.refused
+        if refused > self._refused_seen:
+            metrics.STATE_REFUSED.labels(name).inc(refused - self._refused_seen)
+            if refused.bit_length() > self._refused_seen.bit_length():   # at 1, 2, 4, 8, ... refusals
+                log.warning("%s: %d new state keys not kept: a partition holds %d entries already "
+                            "(CLOCKTOWER_STREAMS_MAX_ENTRIES); their events are processed as if each were the "
+                            "first of its key", name, refused, self.store.max_entries)
+            self._refused_seen = refused
         for count, value in self.processor.counters().items():
             metrics.PROCESSOR_COUNTS.labels(name, count).set(value)
 

@@ -63,6 +63,10 @@ class StreamsSettings(RuntimeSettings):
         "fleet's replacement budget only once its failing GPU has reported for this long (event time, from a start "
         "that cannot be dated before the partition's time): a name invented for a forged fault is held back for "
         "`clocktower control approve`. 0 = any node")
+    streams_max_entries: int = Field(
+        default=100_000, ge=100, le=100_000_000, description="state entries each processor keeps per partition (a "
+        "GPU's or a link's is a few hundred bytes): a new key past that is not kept, and counted in "
+        "clocktower_streams_state_refused_total, so invented names cannot grow a worker's state without bound")
     streams_max_fault_age_s: float = Field(
         default=900.0, gt=0, le=3000, description="a lost GPU's drain and spare are ordered only if its report is at "
         "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "

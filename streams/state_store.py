@@ -8,6 +8,13 @@ Entries are decoded on first use in a batch and written back once, at `flush`, a
 Every entry carries its expiry and its partition, so `expire` can drop the entries of the partition being
 processed whose event time has passed (the table may be written only from its own partition's events), and
 `reload` can rebuild the expiry index from the table alone after a rebalance.
+
+A partition keeps at most `max_entries` (issue 18, finding 12: 600 invented node names each made entries that
+lived for the detectors' 24 h). A new key past that is not kept, and counted in `refused`: the processor goes on
+as if it had never seen the key (a detector treats its next event as its first). Keys already kept are always
+updated, so a fleet whose state was kept before a flood keeps being watched. An entry is a few hundred bytes
+(measured: a GPU's 214, a link's 459, encoded), so the default of 100,000 per partition bounds a partition's
+entries to tens of MB (and the expiry index in memory to about as much).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from clocktower.streams.delivery import Delivery
 
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
 log = logging.getLogger(__name__)
+DEFAULT_MAX_ENTRIES = 100_000     # per partition: CLOCKTOWER_STREAMS_MAX_ENTRIES
 
 
 class StateCodec(Protocol):
@@ -30,8 +38,12 @@ class StateCodec(Protocol):
 
 
 class StateStore:
-    def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | None = None) -> None:
+    def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | None = None,
+                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.codec = codec
+        self.max_entries = max_entries
+        self.entries: dict[int, int] = {}         # partition -> keys kept (written, not yet deleted)
+        self.refused = 0                          # new keys not kept: their partition was full
         self.backing: MutableMapping[bytes, bytes] = {} if backing is None else backing
         self.partition = 0                       # the partition whose batch is being processed
         self.now_ns = 0                          # that partition's event time (streams/event_clock.py)
@@ -59,8 +71,17 @@ class StateStore:
         self._cache[key] = (expires, value)
         return value
 
+    def _exists(self, key: str) -> bool:
+        return key in self._cache or self._stored(key) is not None
+
     def put(self, key: str, value: Any, expires_ns: int) -> None:
-        """Keep `value` (written at the next flush) until event time passes `expires_ns`."""
+        """Keep `value` (written at the next flush) until event time passes `expires_ns`; a new key is not kept
+        when its partition holds `max_entries` already (counted in `refused`)."""
+        if not self._exists(key):
+            if self.entries.get(self.partition, 0) >= self.max_entries:
+                self.refused += 1
+                return
+            self.entries[self.partition] = self.entries.get(self.partition, 0) + 1
         self._cache[key] = (expires_ns, value)
         self._dirty[key] = self.partition
         self._deleted.discard(key)
@@ -74,6 +95,8 @@ class StateStore:
             heapq.heappush(self._expiry.setdefault(partition, []), (expires_ns, key))
 
     def delete(self, key: str) -> None:
+        if self._exists(key):
+            self.entries[self.partition] = max(0, self.entries.get(self.partition, 0) - 1)
         self._cache.pop(key, None)
         self._dirty.pop(key, None)
         self._deleted.add(key)
@@ -127,11 +150,13 @@ class StateStore:
         self._deleted.clear()
         self._expiry = {}
         self._indexed = {}
+        self.entries = {}
         for k, raw in self.backing.items():
             expires, partition = _HEADER.unpack_from(raw)
             key = k.decode()
             self._indexed[key] = expires
             self._expiry.setdefault(partition, []).append((expires, key))
+            self.entries[partition] = self.entries.get(partition, 0) + 1
         for heap in self._expiry.values():
             heapq.heapify(heap)
 

@@ -23,21 +23,22 @@ from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.record_handler import IdentityCheck, RecordHandler
 from clocktower.streams.registry import input_topics, partitions, repartition_topic, repartitions
 from clocktower.streams.remediation_budget import RemediationBudget
-from clocktower.streams.state_store import StateStore
+from clocktower.streams.state_store import DEFAULT_MAX_ENTRIES, StateStore
 
 Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
 
 
 class Topology:
     def __init__(self, processors: Sequence[Processor], issuer: CommandIssuer, budget: RemediationBudget,
-                 backing: Backing) -> None:
+                 backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        """`max_entries`: the state each processor keeps per partition (CLOCKTOWER_STREAMS_MAX_ENTRIES)."""
         self.budget = budget
         self.runners: list[ProcessorRunner] = []
         self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
         self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
         self._behind: dict[str, ProcessorRunner] = {}                          # repartition topic -> runner
         for p in processors:
-            store = StateStore(p, backing(p) if p.durable else None)
+            store = StateStore(p, backing(p) if p.durable else None, max_entries)
             runner = ProcessorRunner(p, store, issuer)
             self.runners.append(runner)
             cls = type(p)

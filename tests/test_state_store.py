@@ -54,6 +54,35 @@ def test_the_table_matches_a_model_after_any_sequence(ops: list[tuple[str, str, 
     assert store.expired == expired_total
 
 
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_a_capped_table_refuses_only_new_keys_and_counts_what_it_holds(ops: list[tuple[str, str, int]]) -> None:
+    """With room for 3 keys: a new key past that is refused (counted), a kept key is always updated, and a delete
+    or an expiry makes room, after a reload too."""
+    store = StateStore(_Codec(), {}, max_entries=3)
+    model: dict[str, tuple[int, int]] = {}
+    refused = 0
+    for n, (op, key, t) in enumerate(ops):
+        if op == "put":
+            store.put(key, n, t)
+            if key in model or len(model) < 3:
+                model[key] = (n, t)
+            else:
+                refused += 1
+        elif op == "delete":
+            store.delete(key)
+            model.pop(key, None)
+        elif op == "expire":
+            for k, _ in store.expire(t):
+                del model[k]
+        else:
+            store.flush()
+            store.reload()
+        store.flush()
+        assert {k.decode() for k in store.backing} == set(model)
+        assert store.entries.get(0, 0) == len(model) and store.refused == refused
+
+
 def test_rewriting_a_key_keeps_one_index_entry_and_its_latest_expiry() -> None:
     store = StateStore(_Codec())
     for t in range(10_000):
