@@ -61,6 +61,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from clocktower.producers.ack_hold import AckHold
 from clocktower.producers.kafka_publisher import KafkaPublisher, check_topic
+from clocktower.producers.lost_acks import ReleasedAcks, read_rids
 from clocktower.producers.spool import Spool, SpoolEntry, SpoolRecord
 from clocktower.producers.spool_resplit import part_rid, resplit
 from clocktower.runtime.broker_profile import LIBRDKAFKA_MAX_RESPONSE_BYTES
@@ -122,7 +123,8 @@ class SpoolingPublisher(KafkaPublisher):
         self._lock = threading.RLock()
         self.bootstrap = bootstrap
         self.spool = Spool(spool_dir, max_spool_bytes, segment_bytes)
-        self._hold = AckHold(ack_hold_s)
+        self._released = ReleasedAcks()            # let go by the hold: counted if the broker loses them
+        self._hold = AckHold(ack_hold_s, on_release=self._on_release)
         try:
             self._init(bootstrap, max_events_per_record, compression, message_timeout_ms, probe_interval_s,
                        probe_timeout_s, fsync_interval_s, replay_window, dedup_scan_limit, extra_config)
@@ -178,6 +180,9 @@ class SpoolingPublisher(KafkaPublisher):
         self.dropped_events = 0
         self.rejected_records = 0
         self.respooled_records = 0                 # acked, then back to the spool when the broker went away
+        self.acked_lost_records = 0                # acked, let go by the hold, then lost by the broker (lost_acks.py)
+        self.acked_lost_events = 0
+        self._lost_check_failures = 0
         self.resplit_records = 0                   # spooled over today's record limit, sent cut into parts
         self.refused_spooled: Counter[str] = Counter()   # their events too big for a record alone (apart from
         # `refused`, which counts what publish() refuses: the agent subtracts that from what it delivered)
@@ -327,7 +332,8 @@ class SpoolingPublisher(KafkaPublisher):
                 else:
                     self.acked[rec.schema] += rec.events
                     self.acked_records += 1
-                self._hold.hold(rec, time.monotonic())
+                where = (msg.partition(), msg.offset()) if msg is not None else (-1, -1)   # (tests pass None)
+                self._hold.hold(rec, time.monotonic(), *where)
                 if p.part is not None:
                     self._part_resolved(*p.part, ok=True)
                 elif p.on_disk:
@@ -460,9 +466,14 @@ class SpoolingPublisher(KafkaPublisher):
                     self._go_down(f"fatal: {err.str()}")
             return False
 
+    def _on_release(self, rec: SpoolRecord, partition: int, offset: int) -> None:
+        self._released.released(rec.topic, partition, offset, rec.header(RID_HEADER), rec.events)
+
     def _probe(self) -> None:
         try:
             self.producer.list_topics(timeout=self.probe_timeout_s)
+            if not self._count_lost_acks():
+                raise KafkaException("read-back of the acked records not held failed")
         except KafkaException:
             with self._lock:
                 self._next_probe = time.monotonic() + self.probe_interval_s
@@ -650,14 +661,50 @@ class SpoolingPublisher(KafkaPublisher):
                 lost += events
         return lost
 
+    def _count_lost_acks(self) -> bool:
+        """Before the broker counts as back: read again where the records the hold let go landed, and count those
+        no longer there (producers/lost_acks.py). False if that read failed (the probe is tried again), at most
+        twice; the third failure gives up with a warning."""
+        with self._lock:
+            first = self._released.to_check()
+        if not first:
+            return True
+        try:
+            consumer = self._readback_consumer()
+            try:
+                found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit)
+            finally:
+                consumer.close()
+        except Exception as exc:  # noqa: BLE001 - the broker may not be ready yet: the next probe tries again
+            self._lost_check_failures += 1
+            if self._lost_check_failures < 3:
+                return False
+            log.warning("cannot tell whether the broker lost acknowledged records that were no longer held (%s)",
+                        exc)
+            self._lost_check_failures = 0
+            return True
+        self._lost_check_failures = 0
+        with self._lock:
+            lost = self._released.lost(found)
+            self.acked_lost_records += len(lost)
+            self.acked_lost_events += sum(r.events for r in lost)
+        if lost:
+            log.error("the broker lost %d records (%d events) it had acknowledged more than %.0f s before it went "
+                      "away (past the ack hold): they cannot be resent; %d lost so far (acked_lost_records)",
+                      len(lost), sum(r.events for r in lost), self._hold.hold_s, self.acked_lost_records)
+        return True
+
+    def _readback_consumer(self) -> Consumer:
+        return Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
+                         "log.connection.close": False,
+                         # a read-back under a flood of 100+ MB: the embedded broker answers it in one response
+                         "receive.message.max.bytes": LIBRDKAFKA_MAX_RESPONSE_BYTES,
+                         **KafkaSecurity().librdkafka()})
+
     def _find_present(self, topics: Iterable[str], since_ms: int) -> set[bytes]:
         """The ct-rids in `topics` from `since_ms` (less a second) on: what already reached Kafka."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
-                             "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
-                             "log.connection.close": False,
-                             # a read-back under a flood of 100+ MB: the embedded broker answers it in one response
-                             "receive.message.max.bytes": LIBRDKAFKA_MAX_RESPONSE_BYTES,
-                             **KafkaSecurity().librdkafka()})
+        consumer = self._readback_consumer()
         try:
             meta = consumer.list_topics(timeout=5)
             wanted = [TopicPartition(t, p, since_ms - 1000) for t in sorted(topics)
@@ -763,6 +810,8 @@ class SpoolingPublisher(KafkaPublisher):
         and acknowledged. deduplicated: spooled records found already in Kafka and so not resent.
         held: acked records held for ack_hold_s; respooled: acked records spooled again because the broker
         went away within ack_hold_s (resent only if Kafka lost them; acked counts them once).
+        acked_lost_records / acked_lost_events: acked, let go by the hold, and found missing when the broker came
+        back (it lost them after ack_hold_s: not resent; producers/lost_acks.py).
         dropped_events / dropped_records: lost to a full spool. rejected_records: refused for good (by the broker:
         too large, invalid; or by publish_raw: over max_record_bytes). resplit_records: spooled records over
         today's record limit (from before it), sent cut into parts. refused: events too big for a record on
@@ -788,6 +837,8 @@ class SpoolingPublisher(KafkaPublisher):
                 "in_flight": len(self._inflight),
                 "held": len(self._hold),
                 "respooled": self.respooled_records,
+                "acked_lost_records": self.acked_lost_records,
+                "acked_lost_events": self.acked_lost_events,
                 "resplit_records": self.resplit_records,
                 "refused": sum(self.refused.values()) + sum(self.refused_spooled.values()),
                 "broker_up": self._broker_up,

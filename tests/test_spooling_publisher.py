@@ -202,8 +202,11 @@ def test_records_acked_then_lost_by_a_killed_broker_are_resent(tmp_path: Path, h
     if hold_s:
         assert_exactly_once_in_order(events, Counter({"node-h": 200}))
         assert st["respooled"] == 20 and st["deduplicated"] == 1 and st["acked"] == 200, st
+        assert st["acked_lost_records"] == 0, st
     else:                                              # what an ack from this broker is worth without the hold
         assert sorted(seq for _, _, seq in events) == list(range(10))
+        # ... and it is counted (issue 18, finding 6): 19 acked records of 10 events were let go and lost
+        assert (st["acked_lost_records"], st["acked_lost_events"]) == (19, 190), st
 
 
 # --- spool full --------------------------------------------------------------------------------------------

@@ -1,0 +1,42 @@
+"""ReleasedAcks: which acked records, no longer held, the broker lost (issue 18, finding 6)."""
+
+from __future__ import annotations
+
+from clocktower.producers.lost_acks import ReleasedAcks
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_record_missing_or_replaced_at_its_offset_is_lost_once() -> None:
+    acks = ReleasedAcks(clock=_Clock())
+    for off in range(5):
+        acks.released("t", 0, off, b"r%d" % off, events=10)
+    acks.released("t", 1, 7, b"other-partition", events=3)
+    assert acks.to_check() == {("t", 0): 0, ("t", 1): 7}
+    # the broker came back with offsets 0-2; offset 3 was handed out again to someone else's record
+    lost = acks.lost({("t", 0): {0: b"r0", 1: b"r1", 2: b"r2", 3: b"someone-else"}})
+    assert sorted(r.offset for r in lost) == [3, 4] and sum(r.events for r in lost) == 20
+    assert [r.offset for r in acks.lost({("t", 0): {}})] == [0, 1, 2]   # 3 and 4 were forgotten once counted
+    assert len(acks) == 1                                          # partition 1 was not read: kept
+
+
+def test_only_the_window_is_remembered() -> None:
+    clock = _Clock()
+    acks = ReleasedAcks(window_s=60, clock=clock)
+    acks.released("t", 0, 1, b"old", events=1)
+    clock.now += 61
+    acks.released("t", 0, 2, b"new", events=1)
+    assert acks.to_check() == {("t", 0): 2} and len(acks) == 1
+
+
+def test_records_without_an_id_or_offset_are_not_tracked() -> None:
+    acks = ReleasedAcks(clock=_Clock())
+    acks.released("t", 0, 1, None, events=1)
+    acks.released("t", 0, -1, b"r", events=1)
+    assert len(acks) == 0
