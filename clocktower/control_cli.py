@@ -153,6 +153,8 @@ def _approve(args: argparse.Namespace, settings: Settings, console: Console) -> 
         raise UserError(f"{len(rows)} different requests of {args.node} for incident {args.incident} (fault times "
                         f"{sorted(r[0] for r in rows)}): one was not the streams'; nothing approved")
     ts_ns, reason, gpu = rows[0]
+    # known_for_ns stays 0: the allocator grants an approval of a request it held back, found by node, fault time,
+    # reason and GPU (the fields its state keeps), and checks the signature over the request as sent
     req = approve(signer, ReplacementRequest(node=args.node, ts_ns=ts_ns, incident_id=args.incident, reason=reason,
                                              gpu=gpu))
     login = KafkaSecurity().librdkafka()

@@ -25,8 +25,8 @@ def ensure_topics(bootstrap: str, timeout: float = 15.0, security: KafkaSecurity
         topic_config.disable_auto_create(admin, timeout)
     existing = set(admin.list_topics(timeout=timeout).topics)
     topic_config.raise_record_limit(admin, [t.name for t in TOPICS if t.name in existing], timeout)
-    topic_config.cap_bytes(admin, {t.name: t.retention_bytes for t in TOPICS
-                                   if t.name in existing and t.retention_bytes is not None}, timeout)
+    topic_config.cap_bytes(admin, {t.name: {k: int(t.config[k]) for k in ("retention.bytes", "segment.bytes")}
+                                   for t in TOPICS if t.name in existing and t.retention_bytes is not None}, timeout)
     wanted = [(t.name, t.partitions, t.config) for t in TOPICS]
     wanted += [(t.name, t.partitions, t.config) for t in internal_topics()]
     topic_config.raise_partitions(admin, {n: p for n, p, _ in wanted if n in existing}, timeout,

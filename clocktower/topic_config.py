@@ -68,23 +68,31 @@ def raise_record_limit(admin: AdminClient, topics: list[str], timeout: float) ->
         return []
 
 
-def cap_bytes(admin: AdminClient, caps: dict[str, int], timeout: float) -> list[str]:
-    """Set `retention.bytes` of each topic of `caps` (name -> bytes per partition) where it differs; returns those
-    set. A topic made before the cap existed gets it here. A broker that refuses gets a warning, as above."""
+def cap_bytes(admin: AdminClient, caps: dict[str, dict[str, int]], timeout: float) -> list[str]:
+    """Lower each topic's settings in `caps` (name -> {`retention.bytes` or `segment.bytes`: at most}) where they
+    are unlimited (-1) or higher; returns the topics changed. A topic made before the cap gets it here; a lower
+    value an operator set is left alone. A broker that refuses gets a warning, as above."""
     if not caps:
         return []
     try:
         described = admin.describe_configs([ConfigResource("topic", t) for t in caps], request_timeout=timeout)
-        off = [res.name for res, fut in described.items()
-               if fut.result(timeout)["retention.bytes"].value != str(caps[res.name])]
-        if off:
+        changes: dict[str, dict[str, int]] = {}
+        for res, fut in described.items():
+            have = fut.result(timeout)
+            for key, most in caps[res.name].items():
+                now = int(have[key].value)
+                if now < 0 or now > most:
+                    changes.setdefault(res.name, {})[key] = most
+        if changes:
             altered = admin.incremental_alter_configs(
-                [_set("topic", t, "retention.bytes", str(caps[t])) for t in off], request_timeout=timeout)
+                [ConfigResource("topic", t, incremental_configs=[
+                    ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in kv.items()])
+                 for t, kv in changes.items()], request_timeout=timeout)
             for fut in altered.values():
                 fut.result(timeout)
-        return off
-    except (KafkaException, KeyError) as exc:
-        log.warning("could not cap retention.bytes of %s (%s): a flood written there is bounded only by retention.ms "
+        return sorted(changes)
+    except (KafkaException, KeyError, ValueError) as exc:
+        log.warning("could not cap the bytes kept by %s (%s): a flood written there is bounded only by retention.ms "
                     "and the disk", ", ".join(sorted(caps)), exc)
         return []
 

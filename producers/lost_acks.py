@@ -9,8 +9,8 @@ offsets again: a record that is no longer there, or whose offset now holds anoth
 the offset out again), was acknowledged and lost. Those are counted (`acked_lost_records`, `acked_lost_events`
 in the publisher's stats) and logged; they are not resent, since the spool no longer has them.
 
-Only releases of the last `window_s` are remembered (and at most `max_entries`): a broker persists what it
-acked long before that.
+Only releases of the last `window_s` before the broker went away are checked (and at most `max_entries` are
+remembered): a broker persists what it acked long before that.
 """
 
 from __future__ import annotations
@@ -50,26 +50,28 @@ class ReleasedAcks:
         if rid is not None and offset >= 0:
             self._released.append(Released(self.clock(), topic, partition, offset, rid, events))
 
-    def to_check(self) -> dict[TopicPartitionKey, int]:
-        """Per topic-partition, the first offset to read back: the oldest release still within the window."""
-        cutoff = self.clock() - self.window_s
+    def to_check(self, went_away: float | None = None) -> tuple[list[Released], dict[TopicPartitionKey, int]]:
+        """The releases to check, those of the `window_s` before the broker went away (at `went_away`, monotonic;
+        default now), and per topic-partition the first offset to read back for them. Older ones are forgotten."""
+        cutoff = (self.clock() if went_away is None else went_away) - self.window_s
         while self._released and self._released[0].released_at < cutoff:
             self._released.popleft()
+        snapshot = list(self._released)
         first: dict[TopicPartitionKey, int] = {}
-        for r in self._released:
+        for r in snapshot:
             tp = (r.topic, r.partition)
             first[tp] = min(first.get(tp, r.offset), r.offset)
-        return first
+        return snapshot, first
 
-    def lost(self, found: dict[TopicPartitionKey, dict[int, bytes | None]]) -> list[Released]:
-        """The releases whose offset, read back (`found`: offset -> ct-rid per topic-partition read), no longer
-        holds their record; they are forgotten (the broker hands those offsets out again). A topic-partition
-        missing from `found` was not read, and its releases are kept."""
-        lost = [r for r in self._released
-                if (tp := (r.topic, r.partition)) in found and found[tp].get(r.offset) != r.rid]
-        if lost:
-            gone = set(map(id, lost))
-            self._released = deque((r for r in self._released if id(r) not in gone), maxlen=self._released.maxlen)
+    def lost(self, checked: list[Released], found: dict[TopicPartitionKey, dict[int, bytes | None]]) -> list[Released]:
+        """Of `checked` (to_check's snapshot), those whose offset, read back (`found`: offset -> ct-rid per
+        topic-partition read), no longer holds their record. Every checked release is forgotten: the lost ones'
+        offsets are handed out again, and the others are stored. Releases made during the read are kept for the
+        next check, and a topic-partition missing from `found` was not read: its releases are kept too."""
+        judged = [r for r in checked if (r.topic, r.partition) in found]
+        lost = [r for r in judged if found[(r.topic, r.partition)].get(r.offset) != r.rid]
+        gone = set(map(id, judged))
+        self._released = deque((r for r in self._released if id(r) not in gone), maxlen=self._released.maxlen)
         return lost
 
 
@@ -99,6 +101,7 @@ def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: s
             if m.error() is not None:
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(m.error())
+                ends.pop((m.topic(), m.partition()), None)   # the end: offsets past it are not coming
                 continue
             tp = (m.topic(), m.partition())
             found.setdefault(tp, {})[m.offset()] = next((v for k, v in m.headers() or () if k == ct_rid), None)

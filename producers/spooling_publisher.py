@@ -183,6 +183,7 @@ class SpoolingPublisher(KafkaPublisher):
         self.acked_lost_records = 0                # acked, let go by the hold, then lost by the broker (lost_acks.py)
         self.acked_lost_events = 0
         self._lost_check_failures = 0
+        self._went_away: float | None = None       # when the broker last went away: the lost-ack check is due
         self.resplit_records = 0                   # spooled over today's record limit, sent cut into parts
         self.refused_spooled: Counter[str] = Counter()   # their events too big for a record alone (apart from
         # `refused`, which counts what publish() refuses: the agent subtracts that from what it delivered)
@@ -388,6 +389,8 @@ class SpoolingPublisher(KafkaPublisher):
     def _go_down(self, reason: str) -> None:
         if self._broker_up:
             log.warning("Kafka broker unreachable (%s): spooling to %s", reason, self.spool.dir)
+        if self._went_away is None:
+            self._went_away = time.monotonic()
         self._broker_up = False
         self._replay_after = None
         self._feeding = None                 # the next round cuts it again and sends the parts not resolved
@@ -442,6 +445,8 @@ class SpoolingPublisher(KafkaPublisher):
                     if now >= self._next_probe:
                         self._probe()
                     continue
+                if self._went_away is not None:      # back by an ack before the probe saw it
+                    self._count_lost_acks()
                 self._replay_step()
             except Exception:  # the pump must keep going; the spool holds the records meanwhile
                 log.exception("spool pump error")
@@ -662,30 +667,34 @@ class SpoolingPublisher(KafkaPublisher):
         return lost
 
     def _count_lost_acks(self) -> bool:
-        """Before the broker counts as back: read again where the records the hold let go landed, and count those
-        no longer there (producers/lost_acks.py). False if that read failed (the probe is tried again), at most
-        twice; the third failure gives up with a warning."""
+        """Once the broker is back (before the probe says so, or in the pump when an ack said so first): read again
+        where the records the hold let go of landed, and count those no longer there (producers/lost_acks.py).
+        False if that read failed (the probe is tried again), at most twice; the third failure gives up with a
+        warning. Blocks the pump while it reads (bounded by read_rids' timeout)."""
         with self._lock:
-            first = self._released.to_check()
-        if not first:
-            return True
-        try:
-            consumer = self._readback_consumer()
+            went_away = self._went_away
+            if went_away is None:
+                return True
+            checked, first = self._released.to_check(went_away)
+        found: dict = {}
+        if first:
             try:
-                found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit)
-            finally:
-                consumer.close()
-        except Exception as exc:  # noqa: BLE001 - the broker may not be ready yet: the next probe tries again
-            self._lost_check_failures += 1
-            if self._lost_check_failures < 3:
-                return False
-            log.warning("cannot tell whether the broker lost acknowledged records that were no longer held (%s)",
-                        exc)
-            self._lost_check_failures = 0
-            return True
+                consumer = self._readback_consumer()
+                try:
+                    found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit)
+                finally:
+                    consumer.close()
+            except Exception as exc:  # noqa: BLE001 - the broker may not be ready yet: the next probe tries again
+                self._lost_check_failures += 1
+                if self._lost_check_failures < 3:
+                    return False
+                log.warning("cannot tell whether the broker lost acknowledged records that were no longer held "
+                            "(%s)", exc)
         self._lost_check_failures = 0
         with self._lock:
-            lost = self._released.lost(found)
+            if self._went_away == went_away:
+                self._went_away = None
+            lost = self._released.lost(checked, found)
             self.acked_lost_records += len(lost)
             self.acked_lost_events += sum(r.events for r in lost)
         if lost:

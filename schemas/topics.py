@@ -43,6 +43,9 @@ MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + RECORD_OVERHEAD_BYTES
 # the broker keeps, oldest deleted first. A real fleet's commands, acks and requests are about 1 KB each: 64 MiB
 # holds tens of thousands of them. The telemetry topics carry the fleet's volume and have no byte cap.
 CONTROL_RETENTION_BYTES = 64 * 1024 * 1024
+# Kafka deletes whole segments only, and its default segment is 1 GiB: without a smaller one a partition would grow
+# to about that before `retention.bytes` took anything (the embedded broker cuts finer; found in review).
+CONTROL_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,8 @@ class TopicSpec:
     @property
     def config(self) -> dict[str, str]:
         """The topic's Kafka settings, as created (and raised to on an existing topic)."""
-        cap = {} if self.retention_bytes is None else {"retention.bytes": str(self.retention_bytes)}
+        cap = {} if self.retention_bytes is None else {"retention.bytes": str(self.retention_bytes),
+                                                       "segment.bytes": str(CONTROL_SEGMENT_BYTES)}
         return {"retention.ms": str(self.retention_ms), "max.message.bytes": str(MAX_MESSAGE_BYTES), **cap}
 
 

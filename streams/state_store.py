@@ -12,7 +12,8 @@ processed whose event time has passed (the table may be written only from its ow
 A partition keeps at most `max_entries` (issue 18, finding 12: 600 invented node names each made entries that
 lived for the detectors' 24 h). A new key past that is not kept, and counted in `refused`: the processor goes on
 as if it had never seen the key (a detector treats its next event as its first). Keys already kept are always
-updated, so a fleet whose state was kept before a flood keeps being watched. An entry is a few hundred bytes
+updated, and a processor may write keys that belong to a kept one (a link's timers) with `capped=False`, or ask
+`admits` first, so a fleet whose state was kept before a flood keeps being watched. An entry is a few hundred bytes
 (measured: a GPU's 214, a link's 459, encoded), so the default of 100,000 per partition bounds a partition's
 entries to tens of MB (and the expiry index in memory to about as much).
 """
@@ -49,6 +50,7 @@ class StateStore:
         self.now_ns = 0                          # that partition's event time (streams/event_clock.py)
         self.delivery: Delivery | None = None    # where the event being processed was read (None: unknown)
         self._cache: dict[str, tuple[int, Any]] = {}
+        self._home: dict[str, int | None] = {}    # partition of each key this batch read or wrote (None: deleted)
         self._dirty: dict[str, int] = {}          # key -> the partition it was written from
         self._deleted: set[str] = set()
         self._expiry: dict[int, list[tuple[int, str]]] = {}
@@ -66,22 +68,42 @@ class StateStore:
         raw = self._stored(key)
         if raw is None:
             return None
-        expires, _ = _HEADER.unpack_from(raw)
+        expires, home = _HEADER.unpack_from(raw)
         value = self.codec.decode_state(raw[_HEADER.size:])
         self._cache[key] = (expires, value)
+        self._home.setdefault(key, home)
         return value
 
-    def _exists(self, key: str) -> bool:
-        return key in self._cache or self._stored(key) is not None
+    def _home_of(self, key: str) -> int | None:
+        """The partition a key is counted under; None if it is not kept."""
+        if key in self._home:
+            return self._home[key]
+        raw = self._stored(key)
+        if raw is None:
+            return None
+        self._home[key] = home = _HEADER.unpack_from(raw)[1]
+        return home
 
-    def put(self, key: str, value: Any, expires_ns: int) -> None:
-        """Keep `value` (written at the next flush) until event time passes `expires_ns`; a new key is not kept
-        when its partition holds `max_entries` already (counted in `refused`)."""
-        if not self._exists(key):
-            if self.entries.get(self.partition, 0) >= self.max_entries:
-                self.refused += 1
-                return
-            self.entries[self.partition] = self.entries.get(self.partition, 0) + 1
+    def _count(self, partition: int, n: int) -> None:
+        self.entries[partition] = max(0, self.entries.get(partition, 0) + n)
+
+    def admits(self, key: str) -> bool:
+        """Whether `put(key, ...)` would keep it: the key is kept already, or its partition has room."""
+        return self._home_of(key) is not None or self.entries.get(self.partition, 0) < self.max_entries
+
+    def put(self, key: str, value: Any, expires_ns: int, capped: bool = True) -> None:
+        """Keep `value` (written at the next flush) until event time passes `expires_ns`. A new key is not kept
+        when its partition holds `max_entries` already (counted in `refused`), unless `capped` is False: a key
+        that belongs to one already kept (a timer of a kept link), bounded by those."""
+        home = self._home_of(key)
+        if home is None and capped and self.entries.get(self.partition, 0) >= self.max_entries:
+            self.refused += 1
+            return
+        if home != self.partition:                # new, or rewritten from another partition: counted here now
+            if home is not None:
+                self._count(home, -1)
+            self._count(self.partition, 1)
+            self._home[key] = self.partition
         self._cache[key] = (expires_ns, value)
         self._dirty[key] = self.partition
         self._deleted.discard(key)
@@ -95,8 +117,10 @@ class StateStore:
             heapq.heappush(self._expiry.setdefault(partition, []), (expires_ns, key))
 
     def delete(self, key: str) -> None:
-        if self._exists(key):
-            self.entries[self.partition] = max(0, self.entries.get(self.partition, 0) - 1)
+        home = self._home_of(key)
+        if home is not None:
+            self._count(home, -1)
+        self._home[key] = None                    # deleted in this batch: not kept
         self._cache.pop(key, None)
         self._dirty.pop(key, None)
         self._deleted.add(key)
@@ -109,6 +133,7 @@ class StateStore:
             expires, value = self._cache[key]
             self.backing[key.encode()] = _HEADER.pack(expires, partition) + self.codec.encode_state(value)
         self._cache.clear()
+        self._home.clear()
         self._dirty.clear()
         self._deleted.clear()
 
@@ -146,6 +171,7 @@ class StateStore:
     def reload(self) -> None:
         """Rebuild the expiry index from the backing mapping (after recovery or a rebalance)."""
         self._cache.clear()
+        self._home.clear()
         self._dirty.clear()
         self._deleted.clear()
         self._expiry = {}

@@ -12,7 +12,7 @@ from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import GpuHealth, LinkState
-from clocktower.streams.detectors.delivery_log import SEEN
+from clocktower.streams.detectors.delivery_log import STALE_NS
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
@@ -176,13 +176,14 @@ def test_an_xid_reading_that_races_a_newer_periodic_one_is_still_applied() -> No
     assert [type(e).__name__ for e in out] == ["Incident", "ReplacementRequest"]
 
 
-def test_a_reading_later_than_the_remembered_ones_is_not_applied() -> None:
+def test_a_reading_more_than_stale_ns_older_than_the_newest_is_not_applied() -> None:
     det = Fed(GpuFaultDetector())
-    for i in range(1, SEEN + 1):
+    for i in range(1, 9):
         det(gpu(T0 + i * S))
-    assert det(gpu(T0, xid=48)) == []      # older than the SEEN newest readings of its GPU
+    assert det(gpu(T0 + 8 * S - STALE_NS - 1, xid=48)) == []      # stale
     assert det.proc.redelivered == 1
-    assert det(gpu(T0 + S + S // 2, xid=48)) != []   # older than the newest, not than the oldest kept
+    assert det(gpu(T0 + S + S // 2, xid=48)) != []   # out of order, within STALE_NS of the newest: applied
+    assert det(gpu(T0 + 3 * S, xid=48)) == []        # a copy of one applied
 
 
 # --- state: codec, keys, expiry ---
@@ -340,6 +341,7 @@ def test_delivery_log_keeps_positions_and_reads_entries_written_before_them() ->
     assert back == log
     assert back.was_applied(T0, Delivery("telemetry.gpu:3", 7, 1)) and back.outputs_of(T0, Delivery(
         "telemetry.gpu:3", 7, 1)) == [inc]
-    assert not back.was_applied(T0, Delivery("telemetry.gpu:3", 7, 2))   # a later position is new
+    assert not back.was_applied(T0 + 1, Delivery("telemetry.gpu:3", 7, 2))   # a later position, a new time
+    assert back.was_applied(T0, Delivery("telemetry.gpu:3", 9, 0))           # a copy at a later position
     old = DeliveryLog.from_dict({"seen": [T0], "emitted": [[T0, [{"incident": inc.model_dump()}]]]})
     assert old.outputs_of(T0) == [inc] and old.upto == {}

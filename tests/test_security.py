@@ -8,14 +8,18 @@ is the index of what was tried:
 |---|---|---|
 | default | an unsigned XID 79 from an invented node ordered a drain | test_signed_by_default.py |
 | 1 | one oversized fetch wedged the sink and the actuators | test_actuator_consumer.py, test_broker_profile.py |
+| 1 | a flood of 1 MiB records on the control topics was kept for 90 days | test_topic_partitions.py |
 | 2 | a report naming `backup="lo"` moved a node's default route to lo | test_actuator.py |
 | 3 | ghost nodes spent the budget; a withheld request was never retried | here, test_replacement_allocator.py |
 | 4 | readings dated ahead made a node's real readings look redelivered | here, test_envelope_checks.py (30 s skew) |
+| 4 (review) | a captured signed link report, published again, failed over and quarantined | here |
 | 5 | a table store ahead of its changelog crash-looped the streams | test_faust_fixes.py |
+| 6 | acked records a killed broker lost were not counted | test_spooling_publisher.py, test_lost_acks.py |
 | 7 | a replayed replacement request was granted again | test_replacement_allocator.py |
 | 8 | `control release` believed an unsigned ack | test_actuator_component.py, test_signed_by_default.py |
 | 9, 10 | planted state dir, data dir, routes file and log symlinks | test_actuator_component.py, test_data_dir*.py |
 | 11 | forged commands delayed genuine ones; each refusal was logged | test_actuator_consumer.py, test_actuator.py |
+| 12 | invented names grew the streams' state (and RocksDB's buffers) for 24 h | here, test_state_store.py |
 | 13 | commands dated ahead, request smuggling, one record's 100 refused acks | test_actuator.py, test_endpoint*.py |
 
 The attacks on the endpoint and the clock probes of issue 8 are in test_endpoint_probe_attacks.py.
@@ -24,7 +28,7 @@ The attacks on the endpoint and the clock probes of issue 8 are in test_endpoint
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clocktower.schemas.analytics import Incident
@@ -44,14 +48,20 @@ DAY_NS = 24 * 3600 * S
 class Partition:
     """One partition of a topic as the streams read it: each record at the next offset, or at a given one."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        """`clock_ns`: the worker's wall clock."""
         self.topic = topic
-        self.handler = RecordHandler(Processors(TEST_SIGNER), max_future_skew_ns=DAY_NS)  # as before finding 4's cap
+        self.handler = RecordHandler(Processors(TEST_SIGNER, clock_ns=clock_ns))   # the default future skew: 30 s
         self.records: list[tuple[bytes | None, bytes, list]] = []
 
     def publish(self, events: Sequence[Event]) -> list[Event]:
         k, v, h = encode_batch(list(events))
         self.records.append((k, v, h))
+        return self.read(len(self.records) - 1)
+
+    def copy(self, offset: int) -> list[Event]:
+        """Publish the record at `offset` again, as captured (its node's signature still valid), at a new offset."""
+        self.records.append(self.records[offset])
         return self.read(len(self.records) - 1)
 
     def read(self, offset: int) -> list[Event]:
@@ -62,14 +72,15 @@ class Partition:
                                                                                   max_future_skew_ns=DAY_NS).events]
 
 
-def test_readings_dated_a_day_ahead_do_not_hide_a_real_xid79() -> None:
+def test_readings_dated_ahead_do_not_hide_a_real_xid79() -> None:
     """Before: eight readings dated 23 h ahead made every real reading of the GPU count as redelivered, and a
-    real XID 79 opened no incident. Redelivery is now told by offset (streams/delivery.py)."""
+    real XID 79 opened no incident. Now no reading may be dated more than 30 s ahead, and a reading counts as seen
+    only if replayed at its position, applied at its time, or 60 s older than the newest (delivery_log.py)."""
     gpus = Partition("telemetry.gpu")
     now = time.time_ns()
     gpus.publish([gpu_health(ts_ns=now - 400 * S)])
     for i in range(8):
-        assert gpus.publish([gpu_health(ts_ns=now + 23 * 3600 * S + i)]) == []
+        assert gpus.publish([gpu_health(ts_ns=now + 29 * S + i)]) == []
     out = gpus.publish([gpu_health(ts_ns=now, lost=True, xid=79)])
     assert {Incident, ReplacementRequest} <= {type(e) for e in out}
     assert gpus.handler.router.processor("gpu_fault").counters()["redelivered"] == 0
@@ -77,12 +88,37 @@ def test_readings_dated_a_day_ahead_do_not_hide_a_real_xid79() -> None:
 
 def test_a_replay_by_offset_re_emits_and_applies_nothing_twice() -> None:
     """The other side of the same rule: the records a killed worker reads again (same offsets) change nothing."""
-    gpus = Partition("telemetry.gpu")
     now = time.time_ns()
+    wall = [now - 400 * S]
+    gpus = Partition("telemetry.gpu", clock_ns=lambda: wall[0])
     gpus.publish([gpu_health(ts_ns=now - 400 * S)])     # known to the fleet for longer than the 300 s default
+    wall[0] = now
     first = gpus.publish([gpu_health(ts_ns=now, lost=True, xid=79)])
     assert _ids(gpus.read(1)) == _ids(first) and len(first) == 4 and gpus.read(0) == []
     assert gpus.handler.router.processor("gpu_fault").counters()["redelivered"] == 2
+
+
+def test_a_captured_link_report_published_again_changes_nothing() -> None:
+    """A node's signature proves who sent a record, not when: anyone who can write the topic can publish a captured
+    one again. Found in review: with redelivery told by offset alone, each copy of a signed "link down" ordered a
+    failover and a restore again, and the 8th a quarantine. A copy is now told by its time (applied within the
+    last 60 s), and an older one is stale."""
+    links = Partition("telemetry.links")
+    t = time.time_ns() - 3000 * S
+    for i in range(10):
+        links.publish([link_state(ts_ns=t + i * S, backup="eth1")])
+    links.publish([link_state(ts_ns=t + 10 * S, up=False, carrier_changes=1, backup="eth1")])
+    down = len(links.records) - 1
+    assert links.publish([link_state(ts_ns=t + 12 * S, carrier_changes=2, backup="eth1")])   # failover
+    ts = t + 13 * S
+    copies: list[Event] = []
+    for _ in range(10):
+        copies += [e for e in links.copy(down) if not isinstance(e, Incident) or e.state != "update"]
+        for _ in range(13):
+            copies += links.publish([link_state(ts_ns=ts, carrier_changes=2, backup="eth1")])
+            ts += S
+    actions = [getattr(e, "action", None) for e in copies]
+    assert "quarantine" not in actions and actions.count("failover") <= 1, actions
 
 
 def _ids(events: list[Event]) -> list[str]:
@@ -97,7 +133,7 @@ def test_link_reports_dated_ahead_do_not_hide_a_real_carrier_loss() -> None:
     now = time.time_ns()
     links.publish([link_state(ts_ns=now - 10 * S, backup="eth1")])
     for i in range(8):
-        links.publish([link_state(ts_ns=now + 23 * 3600 * S + i, backup="eth1")])
+        links.publish([link_state(ts_ns=now + 29 * S + i, backup="eth1")])
     out = links.publish([link_state(ts_ns=now, up=False, carrier_changes=1, backup="eth1")])
     out += links.publish([link_state(ts_ns=now + 2 * S, up=False, carrier_changes=1, backup="eth1")])
     incidents = [e for e in out if isinstance(e, Incident)]
@@ -116,9 +152,11 @@ def test_an_invented_node_spends_no_budget_until_it_has_reported_for_a_while() -
     """Before: forged XID 79s from two invented node names used the fleet's budget of 2 replacements an hour, and
     a real node's lost GPU was then withheld. Now a node not listed must have reported for
     CLOCKTOWER_STREAMS_KNOWN_AFTER_S (300 s) before it spends budget; until then it is held for approval."""
-    gpus = Partition("telemetry.gpu")
     now = time.time_ns()
-    gpus.publish([gpu_health(node="real", ts_ns=now - 600 * S)])
+    wall = [now - 600 * S]
+    gpus = Partition("telemetry.gpu", clock_ns=lambda: wall[0])
+    gpus.publish([gpu_health(node="real", ts_ns=now - 600 * S)])    # reporting for 10 min
+    wall[0] = now
     ghosts = [gpus.publish([gpu_health(node=f"ghost-{i}", ts_ns=now, lost=True, xid=79)]) for i in range(3)]
     for out in ghosts:
         assert _drains(out) == [] and "less than the 300 s that makes it known" in _detail(out)
@@ -127,12 +165,11 @@ def test_an_invented_node_spends_no_budget_until_it_has_reported_for_a_while() -
 
 
 def test_a_first_reading_dated_back_does_not_make_a_node_known() -> None:
-    """An invented node whose first reading claims to be an hour old is aged from no earlier than 120 s before its
-    partition's time (the other nodes' readings), not from the date it claims."""
-    gpus = Partition("telemetry.gpu")
+    """An invented node whose first reading claims to be an hour old is aged from no earlier than 120 s before the
+    worker's clock, not from the date it claims. Found in review: clamped by the partition's event time instead, a
+    partition holding only the attacker's records let it claim the hour."""
     now = time.time_ns()
-    for i in range(3):
-        gpus.publish([gpu_health(node=f"real-{i}", ts_ns=now)])
+    gpus = Partition("telemetry.gpu", clock_ns=lambda: now)
     gpus.publish([gpu_health(node="ghost", ts_ns=now - 3600 * S)])
     out = gpus.publish([gpu_health(node="ghost", ts_ns=now + S, lost=True, xid=79)])
     assert _drains(out) == [] and "had reported for 121 s" in _detail(out)
@@ -144,11 +181,13 @@ def test_invented_names_cannot_grow_the_state_past_its_cap_and_a_known_node_is_s
     and keys kept before the flood are still updated."""
     from prometheus_client import REGISTRY
 
-    gpus = Partition("telemetry.gpu")
+    now = time.time_ns()
+    wall = [now - 600 * S]
+    gpus = Partition("telemetry.gpu", clock_ns=lambda: wall[0])
     store = gpus.handler.router.runners["gpu_fault"].store
     store.max_entries = 40
-    now = time.time_ns()
     gpus.publish([gpu_health(node="real", ts_ns=now - 600 * S)])
+    wall[0] = now
     before = REGISTRY.get_sample_value("clocktower_streams_state_refused_total", {"processor": "gpu_fault"}) or 0
     for i in range(100):
         gpus.publish([gpu_health(node=f"ghost-{i}", ts_ns=now)])
@@ -171,3 +210,29 @@ def test_each_table_partition_opens_rocksdb_with_bounded_memory(tmp_path) -> Non
     assert (opts.write_buffer_size, opts.max_write_buffer_number, opts.block_cache_size) == (
         table_memory.WRITE_BUFFER_BYTES, table_memory.WRITE_BUFFERS, table_memory.BLOCK_CACHE_BYTES)
     assert "options=table_options()" in (Path(table_memory.__file__).parent / "app.py").read_text()
+
+
+def test_a_port_kept_before_the_cap_filled_still_gets_its_watchdog() -> None:
+    """Found in review: once a partition held CLOCKTOWER_STREAMS_MAX_ENTRIES, the watchdog timer of a port kept
+    before the flood was refused too, so a port that reports only on change never failed over. Timers of kept
+    ports are now never refused, and a new port past the cap is not watched at all (counted)."""
+    links = Partition("telemetry.links")
+    runner = links.handler.router.runners["link_flap"]
+    runner.store.max_entries = 31
+    wall = [0.0]
+    runner.clock.wall = lambda: wall[0]      # the partition clock's wall: the silent real node stops holding it
+    now = time.time_ns() - 600 * S
+    links.publish([link_state(node="real", ts_ns=now, backup="eth1")])
+    for i in range(30):
+        links.publish([link_state(node=f"other-{i}", ts_ns=now, backup="eth1")])
+    for i in range(20):
+        assert links.publish([link_state(node=f"ghost-{i}", ts_ns=now, up=False, carrier_changes=1,
+                                         backup="eth1")]) == []
+    assert runner.processor.counters()["unwatched"] == 20 and runner.store.entries[0] == 31
+    links.publish([link_state(node="real", ts_ns=now + 2 * S, up=False, carrier_changes=1, backup="eth1")])
+    wall[0] += 61
+    fired: list[Event] = []
+    for k in range(3, 6):
+        for i in range(30):
+            fired += links.publish([link_state(node=f"other-{i}", ts_ns=now + k * S, backup="eth1")])
+    assert [(e.node, e.action) for e in fired if hasattr(e, "action")] == [("real", "failover")]

@@ -185,7 +185,7 @@ class _Exploding(Processors):
 
 
 def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> None:
-    handler = RecordHandler(_Exploding(KEY, clock_ns=lambda: T0))
+    handler = RecordHandler(_Exploding(KEY, clock_ns=lambda: T0, known_after_ns=0))
     before = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"}) or 0
     k, v, h = encode_batch([_xid79("boom", T0)])
     out = handler.handle("telemetry.gpu", 1, 41, k, v, h)

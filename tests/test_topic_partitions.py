@@ -98,13 +98,19 @@ def test_the_control_topics_keep_a_bounded_number_of_bytes(broker: StandaloneBro
     the broker keeps. A topic made before the cap (by an older release) gets it too."""
     from confluent_kafka.admin import ConfigResource
 
-    from clocktower.schemas.topics import CONTROL_RETENTION_BYTES
+    from clocktower.schemas.topics import CONTROL_RETENTION_BYTES, CONTROL_SEGMENT_BYTES
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for f in admin.create_topics([NewTopic("control.acks", 1, 1)]).values():   # made without the cap
+    for f in admin.create_topics([NewTopic("control.acks", 1, 1),                  # made without the cap
+                                  NewTopic("control.replacements", 1, 1, config={"retention.bytes": "1000000"})]
+                                 ).values():                                        # an operator's lower cap
         f.result(10)
     ensure_topics(broker.bootstrap)
-    capped = ["control.commands", "control.acks", "control.replacements"]
-    described = admin.describe_configs([ConfigResource("topic", t) for t in [*capped, "telemetry.gpu"]])
-    got = {res.name: fut.result(10)["retention.bytes"].value for res, fut in described.items()}
-    assert got == {**dict.fromkeys(capped, str(CONTROL_RETENTION_BYTES)), "telemetry.gpu": "-1"}
+    described = admin.describe_configs([ConfigResource("topic", t) for t in [
+        "control.commands", "control.acks", "control.replacements", "telemetry.gpu"]])
+    got = {res.name: (c["retention.bytes"].value, c["segment.bytes"].value)
+           for res, fut in described.items() for c in [fut.result(10)]}
+    cap = (str(CONTROL_RETENTION_BYTES), str(CONTROL_SEGMENT_BYTES))
+    assert got["control.commands"] == got["control.acks"] == cap
+    assert got["control.replacements"] == ("1000000", str(CONTROL_SEGMENT_BYTES))
+    assert got["telemetry.gpu"][0] == "-1"

@@ -6,18 +6,20 @@ and the output topics are written separately). So an event whose `ts_ns` the ent
 again, and if it emitted something the same outputs come back (same incident and command ids, so consumers
 collapse the copies): a failover lost in the crash is still sent, a spurious one is never invented.
 
-Redelivery is told by where the event came from (`Delivery`: its record's topic, partition and offset, and
-its index in the record's batch), not by its time: a replay reads the same offsets again, and the entry keeps
-the last position it applied per topic-partition. So an event at a later position is new whatever its
-`ts_ns` says, and a record dated ahead cannot make a node's real readings look already seen (issue 18,
-finding 4: eight GPU readings dated 23 h ahead once hid a real XID 79 for a day).
+Three rules decide, in this order (issue 18, finding 4, and its review):
+- **A replay**, by position (`Delivery`: the record's topic, partition and offset, and the event's index in
+  the record's batch): a worker killed before its commit reads the same offsets again, and the entry keeps the
+  last position it applied per topic-partition. An event at or before it, and not newer than anything applied
+  (a topic recreated from offset 0 brings newer events), was applied: its outputs come back by position.
+- **A copy**: an event whose `ts_ns` the entry applied within the last `STALE_NS` (all of them, up to `SEEN`).
+  A node's signature proves who sent a record, not when, so anyone who can write the topic can publish a
+  captured record again, at a new offset; it changes nothing, and its outputs come back (same ids).
+- **Stale**: an event more than `STALE_NS` older than the newest applied one. One key's readings may come
+  slightly out of order (an XID reading races the periodic one of its GPU), and such an event is applied.
 
-The applied timestamps are still kept, the newest `SEEN` of them, for two uses. An event at or before the
-last position must also carry a timestamp the entry applied (or one older than all of a full memory) to
-count as seen, so a topic recreated from offset 0 does not blind an entry that outlived it. And without a
-position (the in-memory pipeline of the tests and benchmarks) the timestamps alone decide: an event not
-among them and newer than the oldest is new (one key's readings can arrive slightly out of order: an XID
-reading races the periodic one of the same GPU).
+Not by time alone any more: a record dated ahead (up to CLOCKTOWER_MAX_FUTURE_SKEW_S, 30 s, less than
+`STALE_NS`) cannot make the real readings after it look seen (eight GPU readings dated 23 h ahead once hid a
+real XID 79 for a day). Without a position (the in-memory pipeline of the tests) the last two rules decide.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from clocktower.streams.delivery import Delivery
 
 T = TypeVar("T")
 
-SEEN = 8       # newest applied timestamps kept per entry: how far out of order a reading may come
+SEEN = 64      # applied timestamps kept per entry, those within STALE_NS of the newest (a GPU reads once a second)
+STALE_NS = 60 * 10**9   # an event this much older than the newest applied is not applied: twice the default
+                        # future skew, so a record dated ahead cannot make a real one stale
 EMITTED = 4    # newest emissions kept per entry: how many of a key's outputs a replay can send again
 SOURCES = 4    # topic-partitions remembered per entry (one, unless the topic's partitions were changed)
 
@@ -53,20 +57,25 @@ class DeliveryLog:
         return self.seen[-1] if self.seen else 0
 
     def was_applied(self, ts_ns: int, at: Delivery | None = None) -> bool:
-        """Whether the event at `ts_ns`, read at `at`, was applied already (a replay), so must not be again."""
-        if at is not None:
-            last = self.upto.get(at.source)
-            if last is None or (at.offset, at.index) > last:
-                return False          # a position past the last applied: new, whatever its time says
-        if len(self.seen) >= SEEN and ts_ns < self.seen[0]:
-            return True
+        """Whether the event at `ts_ns`, read at `at`, must not be applied: a replay, a copy, or stale."""
+        return self.replayed(ts_ns, at) or self._seen(ts_ns) or ts_ns < self.newest - STALE_NS
+
+    def replayed(self, ts_ns: int, at: Delivery | None) -> bool:
+        """Read again at a position already applied (a restart after a kill)."""
+        if at is None or ts_ns > self.newest:
+            return False
+        last = self.upto.get(at.source)
+        return last is not None and (at.offset, at.index) <= last
+
+    def _seen(self, ts_ns: int) -> bool:
         i = bisect.bisect_left(self.seen, ts_ns)
         return i < len(self.seen) and self.seen[i] == ts_ns
 
     def applied(self, ts_ns: int, outputs: Emitted, at: Delivery | None = None) -> None:
         """Note that the event at `ts_ns`, read at `at`, was applied and emitted `outputs`."""
         bisect.insort(self.seen, ts_ns)
-        del self.seen[:-SEEN]
+        floor = self.seen[-1] - STALE_NS
+        del self.seen[:max(len(self.seen) - SEEN, bisect.bisect_left(self.seen, floor))]
         if at is not None:
             self.upto.pop(at.source, None)     # re-inserted last: the oldest source is the first to go
             self.upto[at.source] = (at.offset, at.index)
@@ -77,8 +86,9 @@ class DeliveryLog:
             del self.emitted[:-EMITTED]
 
     def outputs_of(self, ts_ns: int, at: Delivery | None = None) -> Emitted:
-        """What the event read at `at` (without one: the event at `ts_ns`) emitted, if still remembered; else []."""
-        if at is not None:
+        """What the event emitted when it was applied, if still remembered, else []: found by position for a
+        replay, by time for a copy."""
+        if at is not None and self.replayed(ts_ns, at):
             return next((list(out) for _, pos, out in self.emitted if pos == at), [])
         return next((list(out) for ts, _, out in self.emitted if ts == ts_ns), [])
 

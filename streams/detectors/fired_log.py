@@ -51,7 +51,8 @@ def log_fired(state: Any, report_key: str, ts_ns: int, fired: Emitted, now_ns: i
     while state.get(_key(report_key, ts_ns, i)) is not None:
         i += 1
     for start in range(0, len(fired), CHUNK):
-        state.put(_key(report_key, ts_ns, i), FiredChunk(list(fired[start:start + CHUNK])), now_ns + KEEP_NS)
+        state.put(_key(report_key, ts_ns, i), FiredChunk(list(fired[start:start + CHUNK])), now_ns + KEEP_NS,
+                  capped=False)   # what kept ports fired: never refused (state_store.py)
         i += 1
 
 

@@ -18,6 +18,8 @@ A redelivered reading is not applied again and re-emits what it emitted, its rep
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,10 +39,13 @@ if TYPE_CHECKING:
 THERMAL_BITS = 0x20 | 0x40 | 0x08  # SW thermal, HW thermal, HW slowdown
 FATAL_XIDS = {48, 63, 64, 74, 79, 94, 95}
 DEFAULT_GPU_TTL_NS = 24 * 3600 * 10**9
-# How far before its partition's time a GPU's first reading may date its start (`known_for_ns` of its requests).
-# Further back, and a name invented for a forged fault could claim to be known at once. Not the partition's time
-# itself: that is taken after the whole batch, so the same readings would age a GPU differently in one batch
-# than one by one (a worker catching up reads big batches).
+# How far before the worker's wall clock a GPU's first reading may date its start (`known_for_ns` of its
+# requests). Further back, and a name invented for a forged fault could claim to be known at once. Not the
+# partition's event time: whoever writes every record of a partition sets it, and it starts again at 0 after a
+# restart (found in review). The wall clock makes this one value depend on when the reading is processed: a
+# GPU whose first readings are processed more than this late (a worker catching up) is aged from then, so its
+# faults in its first CLOCKTOWER_STREAMS_KNOWN_AFTER_S are held for approval. Like the allocator's other wall-clock
+# rules (the budget, the fault's age), it is kept in the entry, so a replay does not change it.
 BACKDATE_NS = 120 * 10**9
 
 
@@ -50,8 +55,8 @@ class Gpu:
     lost: bool = False
     thermal_incident: str | None = None
     thermal_opened: int = 0
-    since_ns: int = 0    # when the GPU began reporting, by event time, no earlier than BACKDATE_NS before its
-                         # partition's time then (0: an entry written before this was kept: known for long)
+    since_ns: int = 0    # when the GPU began reporting, by event time, no earlier than BACKDATE_NS before the
+                         # worker's clock then (0: an entry written before this was kept: known for long)
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
 
@@ -63,12 +68,14 @@ class GpuFaultDetector(ReplayingDetector):
     key_by: ClassVar[str] = "node"
     entry: ClassVar[type] = Gpu
 
-    def __init__(self, *, ttl_ns: int = DEFAULT_GPU_TTL_NS) -> None:
+    def __init__(self, *, ttl_ns: int = DEFAULT_GPU_TTL_NS, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        """`clock_ns`: the worker's wall clock (the remediation budget's), which bounds a first reading's date."""
         super().__init__(ttl_ns)
+        self.clock_ns = clock_ns
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> GpuFaultDetector:
-        return cls()
+        return cls(clock_ns=ctx.remediation_budget.clock_ns)
 
     def is_open(self, entry: Gpu) -> bool:
         return entry.thermal_incident is not None
@@ -78,7 +85,7 @@ class GpuFaultDetector(ReplayingDetector):
         key = f"{event.node}|{event.gpu}"
         gpu: Gpu | None = state.get(key)
         if gpu is None:
-            gpu = Gpu(since_ns=max(event.ts_ns, state.now_ns - BACKDATE_NS))   # a reading dated back ages it little
+            gpu = Gpu(since_ns=max(event.ts_ns, self.clock_ns() - BACKDATE_NS))   # a reading dated back ages it little
         elif gpu.log.was_applied(event.ts_ns, state.delivery):
             self.redelivered += 1
             return list(gpu.log.outputs_of(event.ts_ns, state.delivery))

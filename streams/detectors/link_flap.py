@@ -153,6 +153,7 @@ class LinkFlapDetector(ReplayingDetector):
         self.watchdog_ns = watchdog_ns
         self.quarantine_flaps = quarantine_flaps
         self.aliases = 0      # reports of an RDMA port about its netdev's link: not counted
+        self.unwatched = 0    # reports of a new port that the state cap kept out (state_store.py)
         self._applied: tuple[str, int] | None = None   # the batch's newest applied report: (key, ts_ns)
 
     @classmethod
@@ -164,7 +165,7 @@ class LinkFlapDetector(ReplayingDetector):
         return isinstance(entry, Port) and entry.incident_id is not None
 
     def counters(self) -> dict[str, int]:
-        return {**super().counters(), "aliases": self.aliases}
+        return {**super().counters(), "aliases": self.aliases, "unwatched": self.unwatched}
 
     def encode_state(self, value: Any) -> bytes:
         if isinstance(value, Timer):
@@ -190,6 +191,9 @@ class LinkFlapDetector(ReplayingDetector):
         key = compound_key(event.node, event.interface)
         port: Port | None = state.get(key)
         out: Emitted = []
+        if port is None and not state.admits(key):
+            self.unwatched += 1        # its partition holds CLOCKTOWER_STREAMS_MAX_ENTRIES: a new port is not watched
+            return []
         if port is None:
             port = Port(up=event.up, carrier_changes=event.carrier_changes, backup=event.backup,
                         last_change_ns=event.ts_ns)
@@ -291,7 +295,8 @@ class LinkFlapDetector(ReplayingDetector):
         if self._restore_due(port):
             timer = state.get(key)
             if not isinstance(timer, Timer) or timer.since != port.last_change_ns:
-                state.put(key, Timer(node, link, port.last_change_ns, "restore"), port.last_change_ns + self.stable_ns)
+                state.put(key, Timer(node, link, port.last_change_ns, "restore"), port.last_change_ns + self.stable_ns,
+                          capped=False)   # a kept port's timer: never refused (state_store.py)
         elif had_incident:
             state.delete(key)
 
@@ -307,7 +312,7 @@ class LinkFlapDetector(ReplayingDetector):
         port.down_since = ts
         if self.watchdog_ns == 0:
             return self._watchdog(node, link, port)
-        state.put(timer_key, Timer(node, link, ts), ts + self.watchdog_ns)
+        state.put(timer_key, Timer(node, link, ts), ts + self.watchdog_ns, capped=False)
         return []
 
     def _node_view(self, node: str, link: str, port: Port, ev: LinkState) -> Emitted:
