@@ -77,13 +77,17 @@ class ReleasedAcks:
 
 def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: str, limit: int,
               timeout_s: float = 30.0) -> dict[TopicPartitionKey, dict[int, bytes | None]]:
-    """offset -> ct-rid of every record from `first` to the end, per topic-partition (`consumer`: assigned here).
+    """offset -> ct-rid of every record from `first` to the end, per topic-partition (`consumer`: assigned here);
+    a topic-partition whose log now starts past `first` (retention deleted records) is left out, so not judged.
     Raises when the broker does not answer, or when more than `limit` records would have to be read."""
-    found: dict[TopicPartitionKey, dict[int, bytes | None]] = {tp: {} for tp in first}
+    found: dict[TopicPartitionKey, dict[int, bytes | None]] = {}
     ends: dict[TopicPartitionKey, int] = {}
     assign = []
     for (topic, partition), start in first.items():
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        if start < low:
+            continue          # retention deleted some of them: this topic-partition is not judged (not read)
+        found[(topic, partition)] = {}
         if start < high:
             ends[(topic, partition)] = high
             assign.append(TopicPartition(topic, partition, start))

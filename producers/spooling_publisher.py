@@ -183,7 +183,9 @@ class SpoolingPublisher(KafkaPublisher):
         self.acked_lost_records = 0                # acked, let go by the hold, then lost by the broker (lost_acks.py)
         self.acked_lost_events = 0
         self._lost_check_failures = 0
-        self._went_away: float | None = None       # when the broker last went away: the lost-ack check is due
+        self._went_away: float | None = None       # when the broker went away: the lost-ack check is due
+        self._outages = 0                          # times it went away: one during a check leaves the next due
+        self._next_lost_check = 0.0                # the pump's retries of a failed check wait like the probe's
         self.resplit_records = 0                   # spooled over today's record limit, sent cut into parts
         self.refused_spooled: Counter[str] = Counter()   # their events too big for a record alone (apart from
         # `refused`, which counts what publish() refuses: the agent subtracts that from what it delivered)
@@ -389,6 +391,7 @@ class SpoolingPublisher(KafkaPublisher):
     def _go_down(self, reason: str) -> None:
         if self._broker_up:
             log.warning("Kafka broker unreachable (%s): spooling to %s", reason, self.spool.dir)
+        self._outages += 1
         if self._went_away is None:
             self._went_away = time.monotonic()
         self._broker_up = False
@@ -445,8 +448,9 @@ class SpoolingPublisher(KafkaPublisher):
                     if now >= self._next_probe:
                         self._probe()
                     continue
-                if self._went_away is not None:      # back by an ack before the probe saw it
-                    self._count_lost_acks()
+                due = self._went_away is not None and now >= self._next_lost_check   # an ack saw it back first
+                if due and not self._count_lost_acks():
+                    self._next_lost_check = time.monotonic() + self.probe_interval_s
                 self._replay_step()
             except Exception:  # the pump must keep going; the spool holds the records meanwhile
                 log.exception("spool pump error")
@@ -672,7 +676,7 @@ class SpoolingPublisher(KafkaPublisher):
         False if that read failed (the probe is tried again), at most twice; the third failure gives up with a
         warning. Blocks the pump while it reads (bounded by read_rids' timeout)."""
         with self._lock:
-            went_away = self._went_away
+            went_away, outages = self._went_away, self._outages
             if went_away is None:
                 return True
             checked, first = self._released.to_check(went_away)
@@ -692,7 +696,7 @@ class SpoolingPublisher(KafkaPublisher):
                             "(%s)", exc)
         self._lost_check_failures = 0
         with self._lock:
-            if self._went_away == went_away:
+            if self._outages == outages:        # else it went away again meanwhile: that outage is checked next
                 self._went_away = None
             lost = self._released.lost(checked, found)
             self.acked_lost_records += len(lost)

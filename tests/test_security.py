@@ -79,7 +79,7 @@ def test_readings_dated_ahead_do_not_hide_a_real_xid79() -> None:
     gpus = Partition("telemetry.gpu")
     now = time.time_ns()
     gpus.publish([gpu_health(ts_ns=now - 400 * S)])
-    for i in range(8):
+    for i in range(20):                      # more than the 16 times a GPU's entry keeps
         assert gpus.publish([gpu_health(ts_ns=now + 29 * S + i)]) == []
     out = gpus.publish([gpu_health(ts_ns=now, lost=True, xid=79)])
     assert {Incident, ReplacementRequest} <= {type(e) for e in out}
@@ -127,17 +127,20 @@ def _ids(events: list[Event]) -> list[str]:
     return sorted(getattr(e, "command_id", None) or e.model_dump_json() for e in events)
 
 
-def test_link_reports_dated_ahead_do_not_hide_a_real_carrier_loss() -> None:
-    """Before: the same with link reports: a real carrier loss opened no incident and was never restored."""
+def test_link_reports_dated_ahead_delay_a_real_carrier_loss_by_the_skew_at_most() -> None:
+    """Before: the same with link reports: a real carrier loss opened no incident and was never restored. Now
+    reports dated up to 30 s ahead (the skew) make the real ones stale only until real time passes them: the link's
+    next report, still down, opens the incident."""
     links = Partition("telemetry.links")
-    now = time.time_ns()
+    now = time.time_ns() - 100 * S
     links.publish([link_state(ts_ns=now - 10 * S, backup="eth1")])
-    for i in range(8):
+    for i in range(20):
         links.publish([link_state(ts_ns=now + 29 * S + i, backup="eth1")])
-    out = links.publish([link_state(ts_ns=now, up=False, carrier_changes=1, backup="eth1")])
-    out += links.publish([link_state(ts_ns=now + 2 * S, up=False, carrier_changes=1, backup="eth1")])
-    incidents = [e for e in out if isinstance(e, Incident)]
-    assert [(i.kind, i.state) for i in incidents] == [("link_down", "open")], out
+    out: list[Event] = []
+    for k in range(0, 60):                   # the real link, down from `now`, reported every second
+        out += links.publish([link_state(ts_ns=now + k * S, up=False, carrier_changes=1, backup="eth1")])
+    incidents = [(i.kind, i.state) for i in out if isinstance(i, Incident)]
+    assert incidents[:1] == [("link_down", "open")], out
 
 
 def _drains(events: list[Event]) -> list[str]:
@@ -236,3 +239,40 @@ def test_a_port_kept_before_the_cap_filled_still_gets_its_watchdog() -> None:
         for i in range(30):
             fired += links.publish([link_state(node=f"other-{i}", ts_ns=now + k * S, backup="eth1")])
     assert [(e.node, e.action) for e in fired if hasattr(e, "action")] == [("real", "failover")]
+
+
+def test_a_copy_of_a_10_hz_gpu_reading_from_seconds_ago_changes_nothing() -> None:
+    """Found in a second review: the agent reads each GPU 10 times a second, so the 64 times kept covered 6.4 s, and
+    a copy of a throttled reading 39 s old re-opened a thermal incident and rolled the ECC count back (the next real
+    reading then opened a false `gpu_ecc`). Once the memory is full, anything older than all of it is stale."""
+    gpus = Partition("telemetry.gpu")
+    now = time.time_ns() - 100 * S
+    gpus.publish([gpu_health(ts_ns=now, ecc_uncorrected=0)])
+    hot, t = 0, now
+    for i in range(1, 400):            # 40 s at 10 Hz: hot at 1 s, cool after, 2 uncorrectable ECC errors at 5 s
+        t = now + i * S // 10
+        gpus.publish([gpu_health(ts_ns=t, ecc_uncorrected=0 if i < 50 else 2,
+                                 **({"throttle_reasons": 0x40} if i == 10 else {}))])
+        hot = hot or (len(gpus.records) - 1 if i == 10 else 0)
+    assert [e for e in gpus.copy(hot) if isinstance(e, Incident)] == []
+    after = gpus.publish([gpu_health(ts_ns=t + S // 10, ecc_uncorrected=2)])
+    assert [e for e in after if isinstance(e, Incident)] == []
+
+
+def test_a_copy_of_a_link_report_of_a_minute_of_flaps_does_not_quarantine() -> None:
+    """Found in a second review: a link reported every second plus once per change made 70 reports in a minute of
+    5 flaps; a copy of its first "down" (58 s old) was applied, rolled the carrier counter back, and the next real
+    report counted the whole burst again: quarantine."""
+    links = Partition("telemetry.links")
+    t0 = time.time_ns() - 3000 * S
+    up, changes, down = True, 0, 0
+    for sec in range(60):
+        links.publish([link_state(backup="eth1", ts_ns=t0 + sec * S, up=up, carrier_changes=changes)])
+        if sec < 10:
+            up, changes = not up, changes + 1
+            links.publish([link_state(backup="eth1", ts_ns=t0 + sec * S + S // 2, up=up, carrier_changes=changes)])
+            down = down or (len(links.records) - 1 if not up else 0)
+    after = links.copy(down)
+    for k in range(1, 4):
+        after += links.publish([link_state(backup="eth1", ts_ns=t0 + (59 + k) * S, carrier_changes=changes)])
+    assert [e.action for e in after if hasattr(e, "action")] == []

@@ -6,20 +6,25 @@ and the output topics are written separately). So an event whose `ts_ns` the ent
 again, and if it emitted something the same outputs come back (same incident and command ids, so consumers
 collapse the copies): a failover lost in the crash is still sent, a spurious one is never invented.
 
-Three rules decide, in this order (issue 18, finding 4, and its review):
+Three rules decide, in this order (issue 18, finding 4, and two reviews):
 - **A replay**, by position (`Delivery`: the record's topic, partition and offset, and the event's index in
   the record's batch): a worker killed before its commit reads the same offsets again, and the entry keeps the
   last position it applied per topic-partition. An event at or before it, and not newer than anything applied
   (a topic recreated from offset 0 brings newer events), was applied: its outputs come back by position.
-- **A copy**: an event whose `ts_ns` the entry applied within the last `STALE_NS` (all of them, up to `SEEN`).
-  A node's signature proves who sent a record, not when, so anyone who can write the topic can publish a
-  captured record again, at a new offset; it changes nothing, and its outputs come back (same ids).
-- **Stale**: an event more than `STALE_NS` older than the newest applied one. One key's readings may come
-  slightly out of order (an XID reading races the periodic one of its GPU), and such an event is applied.
+- **A copy**: an event whose `ts_ns` the entry applied (the newest `SEEN` times are kept). A node's signature
+  proves who sent a record, not when, so anyone who can write the topic can publish a captured record again,
+  at a new offset; it changes nothing, and its outputs come back (same ids).
+- **Stale**: an event more than `STALE_NS` older than the newest applied one, or, once `SEEN` times are kept,
+  older than all of them (a GPU reads 10 times a second: a copy of a reading of 2 s ago is no longer among
+  them). One key's readings may come slightly out of order (an XID reading races the periodic one of its GPU):
+  within the newest `SEEN`, such an event is applied.
 
-Not by time alone any more: a record dated ahead (up to CLOCKTOWER_MAX_FUTURE_SKEW_S, 30 s, less than
-`STALE_NS`) cannot make the real readings after it look seen (eight GPU readings dated 23 h ahead once hid a
-real XID 79 for a day). Without a position (the in-memory pipeline of the tests) the last two rules decide.
+A record dated ahead (up to CLOCKTOWER_MAX_FUTURE_SKEW_S, 30 s) by someone who holds the node's key can still
+make that node's periodic readings look stale until real time catches up with it. A reading that reports a fault
+(`fault=True`: an XID, a lost GPU) is spared the `SEEN` part of the stale rule, so it is applied unless it is a
+replay, a copy, or more than `STALE_NS` (twice the skew) older than the newest: a record dated ahead can delay
+what periodic readings show, never hide a fault (eight GPU readings dated 23 h ahead once hid a real XID 79 for a
+day). Without a position (the in-memory pipeline of the tests) the last two rules decide.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ from clocktower.streams.delivery import Delivery
 
 T = TypeVar("T")
 
-SEEN = 64      # applied timestamps kept per entry, those within STALE_NS of the newest (a GPU reads once a second)
+SEEN = 16      # applied timestamps kept per entry (and within STALE_NS of the newest): how far out of order
+               # a reading may come, and how far back a copy is recognised as one
 STALE_NS = 60 * 10**9   # an event this much older than the newest applied is not applied: twice the default
-                        # future skew, so a record dated ahead cannot make a real one stale
+                        # future skew, so a record dated ahead cannot make a real fault stale
 EMITTED = 4    # newest emissions kept per entry: how many of a key's outputs a replay can send again
 SOURCES = 4    # topic-partitions remembered per entry (one, unless the topic's partitions were changed)
 
@@ -56,9 +62,12 @@ class DeliveryLog:
     def newest(self) -> int:
         return self.seen[-1] if self.seen else 0
 
-    def was_applied(self, ts_ns: int, at: Delivery | None = None) -> bool:
-        """Whether the event at `ts_ns`, read at `at`, must not be applied: a replay, a copy, or stale."""
-        return self.replayed(ts_ns, at) or self._seen(ts_ns) or ts_ns < self.newest - STALE_NS
+    def was_applied(self, ts_ns: int, at: Delivery | None = None, fault: bool = False) -> bool:
+        """Whether the event at `ts_ns`, read at `at`, must not be applied: a replay, a copy, or stale (see the
+        module doc for `fault`)."""
+        if self.replayed(ts_ns, at) or self._seen(ts_ns) or ts_ns < self.newest - STALE_NS:
+            return True
+        return not fault and len(self.seen) >= SEEN and ts_ns < self.seen[0]
 
     def replayed(self, ts_ns: int, at: Delivery | None) -> bool:
         """Read again at a position already applied (a restart after a kill)."""
@@ -86,11 +95,15 @@ class DeliveryLog:
             del self.emitted[:-EMITTED]
 
     def outputs_of(self, ts_ns: int, at: Delivery | None = None) -> Emitted:
-        """What the event emitted when it was applied, if still remembered, else []: found by position for a
-        replay, by time for a copy."""
-        if at is not None and self.replayed(ts_ns, at):
-            return next((list(out) for _, pos, out in self.emitted if pos == at), [])
-        return next((list(out) for ts, _, out in self.emitted if ts == ts_ns), [])
+        """What a replay must publish again: what the event emitted when it was applied, if still remembered, else
+        []. A copy or a stale event read at a new position gets [] (its original's outputs were published when
+        that was applied; sent again, an old "open" would overwrite a later "resolve"). Without a position: by
+        time, as a replay."""
+        if at is None:
+            return next((list(out) for ts, _, out in self.emitted if ts == ts_ns), [])
+        if not self.replayed(ts_ns, at):
+            return []
+        return next((list(out) for ts, pos, out in self.emitted if pos == at and ts == ts_ns), [])
 
     def to_dict(self) -> dict[str, Any]:
         return {"seen": self.seen, "upto": self.upto,

@@ -86,7 +86,7 @@ class GpuFaultDetector(ReplayingDetector):
         gpu: Gpu | None = state.get(key)
         if gpu is None:
             gpu = Gpu(since_ns=max(event.ts_ns, self.clock_ns() - BACKDATE_NS))   # a reading dated back ages it little
-        elif gpu.log.was_applied(event.ts_ns, state.delivery):
+        elif gpu.log.was_applied(event.ts_ns, state.delivery, fault=bool(event.xid or event.lost)):
             self.redelivered += 1
             return list(gpu.log.outputs_of(event.ts_ns, state.delivery))
         out = self._apply(gpu, event)

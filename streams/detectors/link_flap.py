@@ -199,6 +199,8 @@ class LinkFlapDetector(ReplayingDetector):
                         last_change_ns=event.ts_ns)
         elif port.log.was_applied(event.ts_ns, state.delivery):
             self.redelivered += 1
+            if state.delivery is not None and not port.log.replayed(event.ts_ns, state.delivery):
+                return []      # a copy, or stale: nothing to publish again (delivery_log.py)
             return [*port.log.outputs_of(event.ts_ns, state.delivery), *fired_log.fired_with(state, key, event.ts_ns)]
         else:
             out = self._apply(state, port, event)
