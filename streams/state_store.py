@@ -67,6 +67,7 @@ class StateStore:
             return hit[1]
         raw = self._stored(key)
         if raw is None:
+            self._home[key] = None                # absent: a put that follows need not read again
             return None
         expires, home = _HEADER.unpack_from(raw)
         value = self.codec.decode_state(raw[_HEADER.size:])
