@@ -27,12 +27,22 @@ def clock_sync_report(client: Client, since_ns: int, clocks: Mapping[str, NodeCl
     flows = client.query(
         "SELECT src_node, node, tx_ns, rx_ns, corrected_latency_ns, error_bound_ns FROM flow_latency FINAL "
         "WHERE ts_ns >= {s:Int64} AND clock_corrected LIMIT 200000", parameters={"s": since_ns}).result_rows
+    first: dict[str, int] = {}
+    for node, _, ts, _, _ in est:
+        first[node] = min(first.get(node, ts), ts)
+    ready_ns = max(first.values(), default=0)    # every estimated node has had an estimate since (event time)
+    ready_total, ready_corrected = client.query(
+        "SELECT count(), countIf(clock_corrected) FROM flow_latency FINAL WHERE ts_ns >= {s:Int64}",
+        parameters={"s": max(since_ns, ready_ns)}).result_rows[0] if first else (0, 0)
     report: dict = {
         "nodes_estimated": len({r[0] for r in est}),
         "estimates": len(est),
         "reference": sorted({r[1] for r in est}),
         "flow_latency_rows": int(total),
         "flow_latency_corrected": int(corrected),
+        # the rows dated after every node's first estimate: the ones before cannot be corrected, and how many
+        # there are depends on how fast the first estimates come (load); these show whether the join uses them
+        "after_first_estimates": {"rows": int(ready_total), "corrected": int(ready_corrected)},
         "corrected_latency_ns": _quantiles([float(f[4]) for f in flows]),
         "error_bound_ns": _quantiles([float(f[5]) for f in flows]),
     }

@@ -724,40 +724,14 @@ class SpoolingPublisher(KafkaPublisher):
                       if (tm := meta.topics.get(t)) is not None and tm.error is None for p in sorted(tm.partitions)]
             if not wanted:
                 return set()
-            ends: dict[tuple[str, int], int] = {}
-            assign = []
-            total = 0
+            first: dict[tuple[str, int], int] = {}
             for tp in consumer.offsets_for_times(wanted, timeout=10):
                 if tp.error is not None:
                     raise KafkaException(tp.error)
-                _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
-                start = tp.offset if tp.offset >= 0 else high
-                if start < high:
-                    ends[(tp.topic, tp.partition)] = high
-                    assign.append(TopicPartition(tp.topic, tp.partition, start))
-                    total += high - start
-            if total > self.dedup_scan_limit:
-                raise RuntimeError(f"{total} records to check, over the limit of {self.dedup_scan_limit}")
-            found: set[bytes] = set()
-            if not assign:
-                return found
-            consumer.assign(assign)
-            deadline = time.monotonic() + 30
-            while ends:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"reading back {sorted(ends)} took over 30 s")
-                for m in consumer.consume(1000, timeout=0.2):
-                    if m.error() is not None:
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            raise KafkaException(m.error())
-                    else:
-                        for k, v in m.headers() or ():
-                            if k == RID_HEADER and v is not None:
-                                found.add(v)
-                    tp = (m.topic(), m.partition())
-                    if tp in ends and m.offset() >= ends[tp] - 1:
-                        del ends[tp]
-            return found
+                if tp.offset >= 0:               # -1: nothing at or after since_ms in this partition
+                    first[(tp.topic, tp.partition)] = tp.offset
+            found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit)
+            return {rid for rids in found.values() for rid in rids.values() if rid is not None}
         finally:
             consumer.close()
 

@@ -39,3 +39,17 @@ class InjectedFault(Event):
     start_ns: TimestampNs
     end_ns: TimestampNs
     detail: Text = ""
+
+
+class StreamsTick(Event):
+    """A stream worker's clock tick (`node`: the worker's instance id), published every
+    CLOCKTOWER_STREAMS_TICK_S to control.ticks and read back by the fleet's replacement allocator.
+
+    Faust timers cannot write tables outside an event, and the allocator acts only on input: without a tick, a
+    request the budget withheld would be asked again, or given up as too old, only when the next request or ack
+    arrived, which in a quiet fleet may be never. A tick carries no decision: it lets the allocator re-check, by
+    its own wall clock and budget, only requests that were themselves accepted, so a forged tick can make it do
+    nothing it would not do at the next real input. In ClickHouse the ticks also say when each worker last ran.
+    """
+
+    SCHEMA = "streams_tick"

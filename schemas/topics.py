@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from clocktower.schemas.analytics import ClockEdgeFit, ClockEstimate, FlowLatency, Incident, IterationBreakdown
 from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
 from clocktower.schemas.event import Event
-from clocktower.schemas.operations import DeadLetter, InjectedFault
+from clocktower.schemas.operations import DeadLetter, InjectedFault, StreamsTick
 from clocktower.schemas.telemetry import (
     ClockProbe,
     CollectiveEvent,
@@ -97,6 +97,9 @@ TOPICS: tuple[TopicSpec, ...] = (
               CONTROL_RETENTION_BYTES),
     TopicSpec("control.replacements", ReplacementRequest, "replacement_requests", 1, 90 * DAY_MS,
               "nodes to drain and replace, for the fleet's allocator", CONTROL_RETENTION_BYTES),
+    TopicSpec("control.ticks", StreamsTick, "streams_ticks", 1, 1 * DAY_MS,
+              "the stream workers' clock ticks: the allocator re-checks withheld requests on each",
+              CONTROL_RETENTION_BYTES),
     TopicSpec("groundtruth.faults", InjectedFault, "faults_injected", 1, 90 * DAY_MS,
               "faults injected by the simulator"),
     TopicSpec("deadletter", DeadLetter, "deadletter", 1, 30 * DAY_MS, "records that failed decoding"),

@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 import faust
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.key_files import signer_from
+from clocktower.schemas.ids import bounded_name
 from clocktower.schemas.kafka_security import KafkaSecurity
+from clocktower.schemas.operations import StreamsTick
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.schemas.topics import MAX_MESSAGE_BYTES
 from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.commit_stall import CHECK_S, CommitStall
-from clocktower.streams.emit import use_command_partitions
+from clocktower.streams.emit import records, use_command_partitions
 from clocktower.streams.faust_fixes import install as install_faust_fixes
 from clocktower.streams.group_join import end_for_restart
 from clocktower.streams.group_join import install as install_group_join_guard
@@ -144,6 +147,14 @@ async def _check_commits() -> None:
                        f"{counted[tp][1]} checks)" for tp in stalled)
         end_for_restart(f"partitions fetched ahead of their committed offset, no offset moving: {where}; "
                         "its restart handles them again")
+
+
+@app.timer(settings.streams_tick_s)
+async def _tick() -> None:
+    """This worker's tick on control.ticks: the allocator, wherever it runs, re-checks the requests its budget
+    withheld even when no request or ack comes (schemas/operations.py StreamsTick)."""
+    for out in records([StreamsTick(node=bounded_name(instance_id), ts_ns=time.time_ns())]):
+        await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
 
 
 def _out(topic: str) -> faust.TopicT:

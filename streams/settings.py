@@ -72,6 +72,10 @@ class StreamsSettings(RuntimeSettings):
         "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "
         "the incident saying it needs a human. Commands are valid for 60 s from when they are issued, whatever the "
         "fault's age; actuators accept none more than an hour past its event time")
+    streams_tick_s: float = Field(
+        default=30.0, ge=1, le=3600, description="every this many seconds each worker publishes a tick to "
+        "control.ticks: the replacement allocator then asks again for the drains its budget withheld, or gives them "
+        "up as too old, even when no other request or ack comes (schemas/operations.py StreamsTick)")
     streams_audit_dir: Path | None = Field(
         default=None, description="append `topic partition offset` of every record the worker hands to its "
         "processors to DIR/<instance id>.log, one unbuffered write each (a SIGKILL loses no line): an audit of lost "

@@ -11,6 +11,7 @@ from collections.abc import MutableMapping
 from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import Incident
 from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
+from clocktower.schemas.operations import StreamsTick
 from clocktower.schemas.telemetry import GpuHealth
 from clocktower.streams.detectors.replacement_allocator import ANSWERED, MAX_REORDERS, ReplacementAllocator
 from clocktower.streams.processor_runner import ProcessorRunner
@@ -53,7 +54,7 @@ class Allocator:
         self.store = StateStore(self.proc, {} if backing is None else backing)
         self.store.reload()
 
-    def __call__(self, event: ReplacementRequest | ControlAck) -> list:
+    def __call__(self, event: ReplacementRequest | ControlAck | StreamsTick) -> list:
         out = self.proc.process(self.store, event)
         self.store.flush()
         return out
@@ -145,6 +146,35 @@ def test_a_withheld_request_is_granted_at_the_next_input_once_the_budget_allows(
     assert alloc(request("node-2", 1)) == out                        # redelivered: the same grant
     fleet = alloc.store.get("fleet")
     assert [r.node for r in fleet.withheld] == ["node-3"]            # still waiting for the budget
+
+
+def test_a_workers_tick_grants_a_withheld_request_or_gives_it_up_when_no_other_input_comes() -> None:
+    """Issue 18 finding 3: the retry waited for the next request or ack, which a quiet fleet may never send. Each
+    stream worker's tick (control.ticks) is such an input; it asks for nothing itself, and a copy asks nothing."""
+    clock = Clock(T0)
+    alloc = Allocator({}, max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    alloc(request("node-2", 1))
+    assert alloc(tick(1)) == []                                      # the budget is still spent: it waits
+    clock.now = T0 + 10 * 60 * S
+    alloc.budget.window_ns = 5 * 60 * S
+    row, drain, spare = alloc(tick(2))
+    assert (drain.node, spare.node, alloc.proc.retried) == ("node-2", "spare-2", 1)
+    assert row.command_ids == [command_id_of(drain), command_id_of(spare)]
+    assert alloc(tick(2)) == [row, drain, spare] and alloc(tick(3)) == []   # redelivered: the same; a new one: none
+    # no budget until the fault is too old: the tick gives it up, and the incident says a human must decide
+    clock.now = T0
+    alloc = Allocator({}, max_per_hour=1, clock=clock)
+    alloc(request("node-1"))
+    alloc(request("node-2", 1))
+    clock.now = T0 + 20 * 60 * S
+    (dropped,) = alloc(tick(4))
+    assert "the fault is now" in dropped.detail and "needs a human" in dropped.detail and not dropped.command_ids
+    assert alloc.store.get("fleet").withheld == []
+
+
+def tick(i: int) -> StreamsTick:
+    return StreamsTick(node="ct-streams-host-a", ts_ns=T0 + i * S)
 
 
 def test_an_applied_undrain_of_the_replaced_node_frees_its_spare() -> None:

@@ -10,7 +10,7 @@ is the index of what was tried:
 | 1 | one oversized fetch wedged the sink and the actuators | test_actuator_consumer.py, test_broker_profile.py |
 | 1 | a flood of 1 MiB records on the control topics was kept for 90 days | test_topic_partitions.py |
 | 2 | a report naming `backup="lo"` moved a node's default route to lo | test_actuator.py |
-| 3 | ghost nodes spent the budget; a withheld request was never retried | here, test_replacement_allocator.py |
+| 3 | ghosts spent the budget; no retry of withheld | here, test_replacement_allocator.py, test_signed_by_default.py |
 | 4 | readings dated ahead made a node's real readings look redelivered | here, test_envelope_checks.py (30 s skew) |
 | 4 (review) | a captured signed link report, published again, failed over and quarantined | here |
 | 5 | a table store ahead of its changelog crash-looped the streams | test_faust_fixes.py |

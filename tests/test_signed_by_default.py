@@ -148,3 +148,29 @@ def test_control_approve_orders_a_withheld_replacement_and_a_forged_approval_ord
         assert missing.returncode == 2 and "no replacement request of node-a for incident inc-nope" in missing.stderr
     finally:
         stack.stop()
+
+
+def test_a_withheld_replacement_is_settled_by_the_workers_tick_when_no_other_input_comes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 finding 3: a withheld request was asked again only at the allocator's next request or ack, so in a
+    quiet fleet never: not granted when the budget allowed, nor given up as too old for a human to see. Each stream
+    worker now publishes a tick (control.ticks); here nothing else comes after the one request, and the tick gives
+    it up once its fault passes the age limit."""
+    stack = _signed_stack(tmp_path / "ct", monkeypatch, CLOCKTOWER_REMEDIATION_MAX_PER_HOUR="0",
+                          CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S="30", CLOCKTOWER_STREAMS_TICK_S="1")
+    try:
+        s = stack.s
+        _wait_for_tables(http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database), stack)
+        fleet = KafkaPublisher(s.bootstrap, producer_key=stack.producer_key)
+        now = time.time_ns()
+        fleet.publish([gpu_health("node-a", now - 10**9, gpu=1), gpu_health("node-a", now, gpu=1, **LOST)])
+        assert fleet.flush(10) == 0
+        assert _wait_rows(stack, "SELECT 1 FROM incidents WHERE detail LIKE 'drain and spare withheld%'")
+        given_up = _wait_rows(stack, "SELECT detail FROM incidents WHERE detail LIKE "
+                                     "'withheld drain and spare not ordered: the fault is now%'", timeout=120)
+        assert given_up and "it needs a human" in given_up[0][0]
+        assert _rows(stack, "SELECT count() FROM control_commands") == [(0,)]
+        ticks = _rows(stack, "SELECT count(), uniqExact(node) FROM streams_ticks")
+        assert ticks[0][0] >= 20 and ticks[0][1] >= 1, ticks   # a tick a second, from each worker
+    finally:
+        stack.stop()

@@ -15,9 +15,10 @@ spare is free again once the node it replaces acks an applied `undrain` dated af
 nodes): a request for a fault dated before it orders nothing, so a captured request replayed after the repair is
 not granted again (it once was: it spent budget, and its node's next real fault got "already being replaced").
 
-A request over the budget is withheld and asked for again, oldest first, at the allocator's next input once the
-budget allows (while its fault is within `max_fault_age_ns`); an operator's approval (a request signed with the
-control key, control/approval.py: `clocktower control approve`) is granted whatever the budget and the age say.
+A request over the budget is withheld and asked for again, oldest first, at the allocator's next input (a request,
+an ack, or a worker's tick on control.ticks every CLOCKTOWER_STREAMS_TICK_S) once the budget allows (while its
+fault is within `max_fault_age_ns`); an operator's approval (a request signed with the control key,
+control/approval.py: `clocktower control approve`) is granted whatever the budget and the age say.
 
 A request for a fault older than `max_fault_age_ns` on the allocator's wall clock (the streams lagged, or the
 report came late) orders nothing: the incident says so, and a human decides. Commands are valid from when they are
@@ -55,6 +56,7 @@ from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name
+from clocktower.schemas.operations import StreamsTick
 from clocktower.streams.detectors.delivery_log import Emitted, decode_output, encode_output
 from clocktower.streams.processor import Output, Processor
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -114,13 +116,15 @@ def _trigger_key(event: Event) -> str:
     """An input's identity, the same when it is redelivered."""
     if isinstance(event, ControlAck):
         return f"ack\0{event.command_id}\0{event.status}\0{event.ts_ns}"
+    if isinstance(event, StreamsTick):
+        return f"tick\0{event.node}\0{event.ts_ns}"
     assert isinstance(event, ReplacementRequest)
     return f"request\0{event.incident_id}" + ("\0approved" if event.approval else "")   # an approval: its own
 
 
 class ReplacementAllocator(Processor):
     name: ClassVar[str] = "replacement_allocator"
-    consumes: ClassVar[tuple[type[Event], ...]] = (ReplacementRequest, ControlAck)
+    consumes: ClassVar[tuple[type[Event], ...]] = (ReplacementRequest, ControlAck, StreamsTick)
     key_by: ClassVar[str] = "fleet"
 
     def __init__(self, *, budget: RemediationBudget | None = None, spare_nodes: tuple[str, ...] = (),
@@ -160,6 +164,8 @@ class ReplacementAllocator(Processor):
         ones go first (oldest first); an ack is handled first (an undrain settles its node's withheld request)."""
         if isinstance(event, ControlAck):
             return self._process(state, event) + self._retry_withheld(state, event)
+        if isinstance(event, StreamsTick):       # a worker's tick: only the withheld requests are asked again
+            return self._retry_withheld(state, event)
         return self._retry_withheld(state, event) + self._process(state, event)
 
     def _process(self, state: Any, event: Event) -> list[Output]:
@@ -263,11 +269,11 @@ class ReplacementAllocator(Processor):
         return self._granted(req, spare)
 
     def _retry_withheld(self, state: Any, trigger: Event) -> list[Output]:
-        """Withheld requests, oldest first, at the allocator's next input (a request or any ack): granted while the
-        budget allows; dropped, with a row saying so, once their fault is older than `max_fault_age_ns`, or when
-        their node is being replaced or came back since. What an input let through is kept under its identity
-        (newest `ANSWERED`): the same input redelivered after a crash gives the same outputs again, as the state
-        that recorded them may have been written before they were sent."""
+        """Withheld requests, oldest first, at the allocator's next input (a request, any ack or a tick): granted
+        while the budget allows; dropped, with a row saying so, once their fault is older than `max_fault_age_ns`,
+        or when their node is being replaced or came back since. What an input let through is kept under its
+        identity (newest `ANSWERED`): the same input redelivered after a crash gives the same outputs again, as the
+        state that recorded them may have been written before they were sent."""
         fleet: Fleet | None = state.get(FLEET)
         if fleet is None:
             return []
