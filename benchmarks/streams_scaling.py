@@ -13,7 +13,7 @@
 This machine has 2 cores shared by the broker, the workers and the benchmark itself: 2 workers cannot be
 twice as fast here; the CPU time per event says what each worker costs.
 
-Usage: python benchmarks/streams_scaling.py [--nodes 8] [--seconds 20] [--quick]
+Usage: python benchmarks/streams_scaling.py [--nodes 8] [--seconds 20] [--quick] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from clock_solve import clock_solve_ms  # noqa: E402
+from py_spy_profile import PySpy, top_costs  # noqa: E402
 
 from clocktower.config import Settings  # noqa: E402
 from clocktower.drain import wait_drained  # noqa: E402
@@ -85,7 +86,8 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(workers: int, nodes: int, seconds: float, root: Path) -> dict[str, float]:
+def throughput(workers: int, nodes: int, seconds: float, root: Path,
+               profile: Path | None = None) -> dict[str, object]:
     stack = _stack(root / f"w{workers}", with_sink=False)
     try:
         bootstrap = stack.s.bootstrap
@@ -95,15 +97,24 @@ def throughput(workers: int, nodes: int, seconds: float, root: Path) -> dict[str
         events = sum(published.values())
         children = [stack.start_worker("streams", i) for i in range(1, workers + 1)]
         _wait_stable(bootstrap, workers)
+        spy = None if profile is None else PySpy(stack.children[children[0]].pid, profile / f"worker_{workers}.txt")
+        if spy is not None:
+            spy.start()
         t0 = time.monotonic()
         cpu0 = [_cpu_s(stack.children[c].pid) for c in children]
         while _lag(bootstrap) > 0:
             time.sleep(0.2)
         elapsed = time.monotonic() - t0
+        if spy is not None:
+            spy.stop()
         cpu = [_cpu_s(stack.children[c].pid) - c0 for c, c0 in zip(children, cpu0, strict=True)]
-        return {f"workers_{workers}_events_per_s": round(events / elapsed),
-                f"cpu_s_per_1m_events_per_worker_{workers}": round(sum(cpu) / workers / events * 1e6, 1),
-                f"events_{workers}": events, f"seconds_{workers}": round(elapsed, 2)}
+        out: dict[str, object] = {
+            f"workers_{workers}_events_per_s": round(events / elapsed),
+            f"cpu_s_per_1m_events_per_worker_{workers}": round(sum(cpu) / workers / events * 1e6, 1),
+            f"events_{workers}": events, f"seconds_{workers}": round(elapsed, 2)}
+        if spy is not None:
+            out[f"profile_worker_of_{workers}"] = top_costs(spy.out)
+        return out
     finally:
         stack.stop()
 
@@ -154,13 +165,15 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--quick", action="store_true", help="a small run (4 nodes, 6 s)")
+    ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the first worker of each throughput run "
+                    "into DIR, and print its top costs (benchmarks/py_spy_profile.py)")
     a = ap.parse_args()
     nodes, seconds = (4, 6.0) if a.quick else (a.nodes, a.seconds)
-    out: dict[str, float] = {}
+    out: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="ct-scaling-") as tmp:
         root = Path(tmp)
-        out |= throughput(1, nodes, seconds, root)
-        out |= throughput(2, nodes, seconds, root)
+        out |= throughput(1, nodes, seconds, root, a.profile)
+        out |= throughput(2, nodes, seconds, root, a.profile)
         out |= kill_recovery(max(2, nodes // 2), max(seconds, 15.0), root)   # a load the 2 workers keep up with
     out["workers_2_over_1"] = round(out["workers_2_events_per_s"] / out["workers_1_events_per_s"], 2)
     out["clock_solve_ms_1024_nodes"] = round(clock_solve_ms(1024), 2)

@@ -33,6 +33,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, help="embedded ClickHouse HTTP port (default 8123)")
 
 
+def _streams_workers(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--streams-workers", type=int, help="stream worker processes sharing the partitions "
+                   "(default 1, or CLOCKTOWER_STREAMS_WORKERS)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="clocktower", description="GPU-cluster telemetry and remediation pipeline")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -41,10 +46,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--nodes", type=int, default=4, help="nodes of 8 GPUs (default 4)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    _streams_workers(d)
     _common(d)
     u = sub.add_parser("up", help="run the services until Ctrl-C")
-    u.add_argument("--streams-workers", type=int, help="stream worker processes sharing the partitions "
-                   "(default 1, or CLOCKTOWER_STREAMS_WORKERS)")
+    _streams_workers(u)
     _common(u)
     q = sub.add_parser("query", help="run SQL against the pipeline's ClickHouse")
     q.add_argument("sql", help="the SQL, or - to read it from stdin; with its own FORMAT clause, the server's "

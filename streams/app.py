@@ -37,6 +37,7 @@ from clocktower.streams.node_signed_outputs import output_signer
 from clocktower.streams.offset_watchdog import positions_and_commits
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import context_from_settings
+from clocktower.streams.quiet_worker import QuietWorker
 from clocktower.streams.record_handler import identity_check
 from clocktower.streams.registry import APP_ID, build, partitions
 from clocktower.streams.remediation_budget import RemediationBudget
@@ -74,6 +75,7 @@ app = faust.App(
     stream_wait_empty=True,    # a rebalance waits for the events in flight: none is dropped, so no gap holds commits
     producer_compression_type="lz4",
     producer_max_request_size=MAX_MESSAGE_BYTES,   # records up to the topics' limit (Faust's default: 1,000,000)
+    Worker=QuietWorker,        # no spinner: Faust's sets the root logger to DEBUG (streams/quiet_worker.py)
 )
 clocks = ClockBroadcast(settings.bootstrap, {**security.librdkafka(), **settings.workarounds.librdkafka_consumer()})
 use_command_partitions(command_partitions(settings.bootstrap, security.librdkafka()))

@@ -1,8 +1,8 @@
 """Every benchmark's `--quick` mode runs and prints one JSON object: a smoke test, so that none rots.
 
 The figures are not checked here (timings belong to the benchmarks, on a quiet machine); only that each one runs
-to the end and reports its keys. `clock_sync_scenarios.py` is the clock benchmarks' trace generator, not a
-benchmark.
+to the end and reports its keys. `clock_sync_scenarios.py` (the clock benchmarks' trace generator) and
+`py_spy_profile.py` (their profiler) are not benchmarks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
-HELPERS = {"clock_sync_scenarios.py"}
+HELPERS = {"clock_sync_scenarios.py", "py_spy_profile.py"}
 NEEDS_ROOT = {"agent_overhead.py": "eBPF programs", "failover.py": "network namespaces and veth pairs"}
 KEYS = {   # a key each must report: the figure it exists for
     "agent_overhead.py": "agent_cpu_pct_of_one_core",

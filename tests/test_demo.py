@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.text import Text
 
 from clocktower import cli
+from clocktower.config import Settings
 from clocktower.demo_actuators import ALL_NODES_UP_TO, SPARE_NODE, actuated_nodes
 from clocktower.ports import free_port
 from clocktower.summary import control_errors
@@ -66,10 +67,12 @@ SUMMARY = {
 }
 
 
-def _demo(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+def _demo(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *flags: str,
+          workers: int = 1) -> str:
     import clocktower.demo
 
-    def run_demo(settings: object, duration: float, nodes: int, console: Console, seed: int) -> dict:
+    def run_demo(settings: Settings, duration: float, nodes: int, console: Console, seed: int) -> dict:
+        assert settings.streams_workers == workers
         with Live(Text("link_states │ 486"), console=console, transient=False):  # as the real one shows progress
             pass
         return SUMMARY
@@ -88,6 +91,8 @@ def test_demo_prints_json_only_when_asked(monkeypatch: pytest.MonkeyPatch, capsy
                   "fault to ack: 1 faults, 2,346 to 2,346 ms", "150 of 200", "no errors"):
         assert shown in out, f"{shown!r} not in\n{out}"
     assert json.loads(_demo(monkeypatch, capsys, "--json")) == SUMMARY
+    # issue 19: the demo runs as many stream workers as `up` can (the Stack starts settings.streams_workers)
+    assert json.loads(_demo(monkeypatch, capsys, "--json", "--streams-workers", "2", workers=2)) == SUMMARY
 
 
 def test_an_unacked_command_is_an_error() -> None:
