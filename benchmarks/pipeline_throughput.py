@@ -6,7 +6,7 @@
    the real sink process (`python -m clocktower.sinks.clickhouse`) -> rows in ClickHouse; events/s from the
    first publish until the last row is stored. Event generation is done beforehand and not timed.
 
-Usage: python benchmarks/pipeline_throughput.py [--nodes 16] [--seconds 10] [--quick]
+Usage: python benchmarks/pipeline_throughput.py [--nodes 16] [--seconds 10] [--quick] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from py_spy_profile import PySpy, top_costs  # noqa: E402
 
 from clocktower.config import Settings  # noqa: E402
 from clocktower.ports import free_port  # noqa: E402
@@ -78,9 +81,10 @@ def raw_passthrough(bootstrap: str, payloads: list[tuple[bytes, bytes, list]]) -
     return {"records": n, "seconds": round(elapsed, 3), "msgs_per_s": round(n / elapsed)}
 
 
-def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 300) -> dict:
+def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 300,
+             profile: Path | None = None) -> dict:
     client = http_client(settings.clickhouse, *settings.clickhouse_login())
-    stack.start_worker("sink")
+    sink = stack.start_worker("sink")
     deadline = time.monotonic() + 60
     while not client.query("SELECT count() FROM system.tables WHERE name='deadletter'").result_rows[0][0]:
         if time.monotonic() > deadline:
@@ -89,6 +93,9 @@ def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 30
     time.sleep(2)  # let it join the group
     base = sum(table_rows(client).values())
     publisher = KafkaPublisher(settings.bootstrap)
+    spy = None if profile is None else PySpy(stack.children[sink].pid, profile / "sink.txt")
+    if spy is not None:
+        spy.start()
     start = time.perf_counter()
     for i in range(0, len(events), 20_000):
         publisher.publish(events[i:i + 20_000])
@@ -101,8 +108,12 @@ def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 30
         time.sleep(0.05)
     elapsed = time.perf_counter() - start
     stored = sum(table_rows(client).values()) - base
-    return {"events": len(events), "stored": stored, "publish_seconds": round(published, 3),
-            "seconds": round(elapsed, 3), "events_per_s": round(len(events) / elapsed)}
+    out: dict[str, object] = {"events": len(events), "stored": stored, "publish_seconds": round(published, 3),
+                              "seconds": round(elapsed, 3), "events_per_s": round(len(events) / elapsed)}
+    if spy is not None:
+        spy.stop()
+        out["profile_sink"] = top_costs(spy.out)
+    return out
 
 
 def main() -> None:
@@ -110,6 +121,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0, help="simulated seconds of fleet telemetry")
     ap.add_argument("--quick", action="store_true", help="a smaller run (8 nodes, 4 s)")
+    ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the sink while it is timed, into DIR, and "
+                    "print its top costs (benchmarks/py_spy_profile.py)")
     args = ap.parse_args()
     nodes, seconds = (8, 4.0) if args.quick else (args.nodes, args.seconds)
     events = generate(nodes, seconds)
@@ -123,7 +136,7 @@ def main() -> None:
     try:
         raw = raw_passthrough(settings.bootstrap, payloads)
         raw["events_per_s"] = round(raw["msgs_per_s"] * per_record)
-        pipe = pipeline(settings, stack, events)
+        pipe = pipeline(settings, stack, events, profile=args.profile)
     finally:
         stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
