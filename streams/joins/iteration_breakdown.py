@@ -83,11 +83,22 @@ class RankState:
     pending: list[IterationEvent] = field(default_factory=list)
     emitted_end_ns: int | None = None  # end of its last emitted iteration
     last_ns: int = 0                   # newest event time of its events: it expires rank_ttl_ns after
-    recent: list[IterationBreakdown] = field(default_factory=list)   # its last RECENT rows, to emit again
+    # its last RECENT rows, to emit again: field values in _ROW_FIELDS order, made into rows only when a replay
+    # asks for them (a model per kept row on every decode was 6 % of a worker's time, issue 19)
+    recent: list[list[Any]] = field(default_factory=list)
 
 
 RECENT = 8   # rows kept per rank: a replay after a crash covers the seconds since the last commit
 _ROW_FIELDS = tuple(IterationBreakdown.model_fields)
+_ROW_START = _ROW_FIELDS.index("start_ns")
+
+
+def _row_values(b: IterationBreakdown) -> list[Any]:
+    return [getattr(b, f) for f in _ROW_FIELDS]
+
+
+def _row(values: list[Any]) -> IterationBreakdown:
+    return IterationBreakdown.model_construct(**dict(zip(_ROW_FIELDS, values, strict=True)))
 
 
 def rank_key(job: str, rank: int) -> str:
@@ -174,7 +185,7 @@ class IterationBreakdownJoin(Processor):
         After a kill -9 the state can be ahead of the outputs (rocksdb is written at once, the rows at the
         next commit), so a redelivered collective or iteration gives those rows again; the
         ReplacingMergeTree collapses the copies. A superset is harmless; a row missed is lost."""
-        return [b for b in r.recent if b.start_ns < end_ns]
+        return [_row(v) for v in r.recent if v[_ROW_START] < end_ns]
 
     def _put(self, state: Any, key: str, r: RankState, ts_ns: int) -> None:
         r.last_ns = max(r.last_ns, ts_ns)
@@ -209,7 +220,7 @@ class IterationBreakdownJoin(Processor):
         if out:
             done = r.emitted_end_ns = out[-1].end_ns
             r.collectives = {k: c for k, c in r.collectives.items() if c[1] > done}
-            r.recent = (r.recent + out)[-RECENT:]
+            r.recent = (r.recent + [_row_values(b) for b in out[-RECENT:]])[-RECENT:]
         return out
 
     @staticmethod
@@ -236,16 +247,13 @@ class IterationBreakdownJoin(Processor):
 
     def encode_state(self, value: RankState) -> bytes:
         pending = [[getattr(it, f) for f in _ITERATION_FIELDS] for it in value.pending]
-        recent = [[getattr(b, f) for f in _ROW_FIELDS] for b in value.recent]
         return orjson.dumps([value.watermark, value.emitted_end_ns, value.last_ns, pending,
-                             _pack_collectives(value.collectives), recent])
+                             _pack_collectives(value.collectives), value.recent])
 
     def decode_state(self, data: bytes) -> RankState:
         watermark, emitted_end, last_ns, pending, packed, *rest = orjson.loads(data)
         its = [IterationEvent.model_construct(**dict(zip(_ITERATION_FIELDS, row, strict=True))) for row in pending]
-        recent = [IterationBreakdown.model_construct(**dict(zip(_ROW_FIELDS, row, strict=True)))
-                  for row in (rest[0] if rest else [])]
-        return RankState(_unpack_collectives(packed), watermark, its, emitted_end, last_ns, recent)
+        return RankState(_unpack_collectives(packed), watermark, its, emitted_end, last_ns, rest[0] if rest else [])
 
 
 def _pack_collectives(cols: dict[CollectiveKey, Collective]) -> list[list[Any]]:
