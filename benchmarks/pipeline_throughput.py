@@ -4,9 +4,18 @@
    same compression), consumer running concurrently; msgs/s and the events/s they carry.
 2. pipeline: simulator events published through KafkaPublisher (encoding included) -> broker ->
    the real sink process (`python -m clocktower.sinks.clickhouse`) -> rows in ClickHouse; events/s from the
-   first publish until the last row is stored. Event generation is done beforehand and not timed.
+   first publish until the last row is stored (`sink_events_per_s`). Event generation is done beforehand and
+   not timed.
+3. streams alone: one stream worker (`python -m clocktower.streams`) over a backlog of a smaller fleet's events,
+   published before it starts; events/s from a stable group until no lag is left, its user + system CPU per
+   event (`streams_cpu_us_per_event`) and its peak RSS.
+4. end to end: broker, ClickHouse, the sink and one stream worker, the same smaller fleet's events published
+   into the running pipeline; events/s from the first publish until no consumer group has lag left, so every
+   input and derived row is stored (`end_to_end_events_per_s`, `end_to_end_vs_raw`), and each process's RSS.
+5. `--soak SECONDS`: the whole pipeline fed in real time at 70 % of that rate; lag and RSS every 10 s.
 
 Usage: python benchmarks/pipeline_throughput.py [--nodes 16] [--seconds 10] [--quick] [--profile DIR]
+       [--soak SECONDS]
 """
 
 from __future__ import annotations
@@ -27,15 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from py_spy_profile import PySpy, top_costs  # noqa: E402
+from streams_scaling import process_backlog, rss_mb, wait_stable  # noqa: E402
 
 from clocktower.config import Settings  # noqa: E402
+from clocktower.demo import _wait_for_tables  # noqa: E402
 from clocktower.ports import free_port  # noqa: E402
 from clocktower.producers.kafka_publisher import KafkaPublisher  # noqa: E402
-from clocktower.producers.simulator import FleetSimulator, SimConfig  # noqa: E402
+from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation  # noqa: E402
 from clocktower.runtime.clickhouse_client import http_client  # noqa: E402
 from clocktower.stack import Stack  # noqa: E402
 from clocktower.streams.emit import records  # noqa: E402
 from clocktower.summary import table_rows  # noqa: E402
+from clocktower.topic_admin import consumer_lag  # noqa: E402
 
 
 def generate(nodes: int, seconds: float) -> list:
@@ -116,35 +128,144 @@ def pipeline(settings: Settings, stack: Stack, events: list, timeout: float = 30
     return out
 
 
+def _publish(bootstrap: str, events: list) -> None:
+    publisher = KafkaPublisher(bootstrap)
+    for i in range(0, len(events), 20_000):
+        publisher.publish(events[i:i + 20_000])
+    if publisher.flush(120):
+        raise RuntimeError("not every event was acknowledged by the broker")
+
+
+def _stack(root: Path, **kwargs: object) -> Stack:
+    settings = Settings(data_dir=root, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
+                        clickhouse_url=None)
+    stack = Stack(settings, extra_env={"CLOCKTOWER_REMEDIATION_MAX_PER_HOUR": "1000"}, **kwargs)
+    stack.start()
+    return stack
+
+
+def streams_alone(events: list, root: Path, profile: Path | None) -> dict:
+    """One stream worker over a backlog of `events` (published before it starts, not timed)."""
+    stack = _stack(root / "streams", with_streams=False, with_sink=False)
+    try:
+        _publish(stack.s.bootstrap, events)
+        r = process_backlog(stack, len(events), 1, profile)
+    finally:
+        stack.stop()
+    out = {"streams_events_per_s": r["workers_1_events_per_s"],
+           "streams_cpu_us_per_event": r["cpu_s_per_1m_events_per_worker_1"],   # s per 1M events = us per event
+           "streams_rss_mb_peak": r["rss_mb_peak_per_worker_1"][0]}
+    if "profile_worker_of_1" in r:
+        out["profile_streams"] = r["profile_worker_of_1"]
+    return out
+
+
+def end_to_end(events: list, root: Path, timeout: float = 600) -> dict:
+    """Every service running (broker, ClickHouse, the sink, one stream worker): from the first publish until no
+    group has lag left (the sink commits after its insert: every input and derived row is stored)."""
+    stack = _stack(root / "e2e")
+    try:
+        client = http_client(stack.s.clickhouse, *stack.s.clickhouse_login())
+        _wait_for_tables(client, stack)
+        wait_stable(stack.s.bootstrap, 1)
+        base = sum(table_rows(client).values())
+        start = time.perf_counter()
+        _publish(stack.s.bootstrap, events)
+        zero_at = None
+        while True:
+            left = sum(r["lag"] for r in consumer_lag(stack.s.bootstrap))
+            now = time.perf_counter()
+            if left == 0 and zero_at is not None:
+                break                        # twice in a row: the streams may emit after the first
+            zero_at = now if left == 0 else None
+            if now - start > timeout:
+                raise RuntimeError(f"the pipeline did not drain within {timeout:.0f} s ({left} records left)")
+            stack.supervise()
+            time.sleep(0.2)
+        elapsed = zero_at - start
+        stored = sum(table_rows(client).values()) - base
+        rss = {name: rss_mb(child.pid) for name, child in stack.children.items() if child.alive()}
+    finally:
+        stack.stop()
+    return {"end_to_end_events_per_s": round(len(events) / elapsed), "end_to_end_seconds": round(elapsed, 2),
+            "rows_stored": stored, "derived_rows": stored - len(events), "rss_mb": rss}
+
+
+def soak(rate: float, seconds: float, root: Path, every_s: float = 10.0) -> dict:
+    """The whole pipeline fed in real time at about `rate` events/s (whole simulated nodes) for `seconds`: every
+    `every_s`, the lag left over all groups and each process's RSS. Both should stay flat."""
+    per_node = len(generate(2, 2.0)) / 4.0                   # events per node-second of the simulated fleet
+    nodes = max(2, round(rate / per_node))
+    stack = _stack(root / "soak")
+    samples: list[dict] = []
+    try:
+        client = http_client(stack.s.clickhouse, *stack.s.clickhouse_login())
+        _wait_for_tables(client, stack)
+        wait_stable(stack.s.bootstrap, 1)
+        t0 = time.monotonic()
+        due = [t0 + every_s]
+
+        def sample(_: FleetSimulator) -> None:
+            if time.monotonic() >= due[0]:
+                due[0] += every_s
+                stack.supervise()
+                samples.append({"t_s": round(time.monotonic() - t0),
+                                 "lag": sum(r["lag"] for r in consumer_lag(stack.s.bootstrap)),
+                                 "rss_mb": {n: rss_mb(c.pid) for n, c in stack.children.items() if c.alive()}})
+                print(f"soak {samples[-1]}", file=sys.stderr, flush=True)   # progress on long runs
+
+        sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=5, faults=False))
+        published = run_simulation(sim, KafkaPublisher(stack.s.bootstrap), seconds, realtime=True, on_tick=sample)
+    finally:
+        stack.stop()
+    return {"soak_nodes": nodes, "soak_events_per_s": round(sum(published.values()) / seconds),
+            "soak_samples": samples}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0, help="simulated seconds of fleet telemetry")
-    ap.add_argument("--quick", action="store_true", help="a smaller run (8 nodes, 4 s)")
-    ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the sink while it is timed, into DIR, and "
-                    "print its top costs (benchmarks/py_spy_profile.py)")
+    ap.add_argument("--quick", action="store_true", help="a smaller run (8 nodes, 4 s; streams: 2 nodes, 2 s)")
+    ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the sink and the stream worker while each "
+                    "is timed alone, into DIR, and print their top costs (benchmarks/py_spy_profile.py)")
+    ap.add_argument("--soak", type=float, metavar="SECONDS", help="then feed the whole pipeline in real time at 70 %% "
+                    "of the measured end-to-end rate for SECONDS, reporting lag and RSS every 10 s")
     args = ap.parse_args()
     nodes, seconds = (8, 4.0) if args.quick else (args.nodes, args.seconds)
     events = generate(nodes, seconds)
+    # the streams path is far slower than the sink's: its runs take a smaller fleet, so that a run stays short
+    s_nodes, s_seconds = (2, 2.0) if args.quick else (max(2, nodes // 2), seconds)
+    streams_events = generate(s_nodes, s_seconds)
     payloads = [(r.key, r.value, r.headers) for r in records(events)]
     per_record = len(events) / len(payloads)
     tmp = Path(tempfile.mkdtemp(prefix="ct-bench-"))
-    settings = Settings(data_dir=tmp, kafka_port=free_port(), http_port=free_port(), kafka_bootstrap=None,
-                        clickhouse_url=None)
-    stack = Stack(settings, with_streams=False, with_sink=False)
-    stack.start()
     try:
-        raw = raw_passthrough(settings.bootstrap, payloads)
-        raw["events_per_s"] = round(raw["msgs_per_s"] * per_record)
-        pipe = pipeline(settings, stack, events, profile=args.profile)
+        stack = _stack(tmp / "sink", with_streams=False, with_sink=False)
+        try:
+            raw = raw_passthrough(stack.s.bootstrap, payloads)
+            raw["events_per_s"] = round(raw["msgs_per_s"] * per_record)
+            pipe = pipeline(stack.s, stack, events, profile=args.profile)
+        finally:
+            stack.stop()
+        streams = streams_alone(streams_events, tmp, args.profile)
+        e2e = end_to_end(streams_events, tmp)
+        soaked = soak(0.7 * e2e["end_to_end_events_per_s"], args.soak, tmp) if args.soak else {}
     finally:
-        stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     ratio = pipe["events_per_s"] / raw["events_per_s"]
     print(json.dumps({
         "benchmark": "pipeline_throughput",
         "fleet": {"nodes": nodes, "gpus_per_node": 8, "simulated_seconds": seconds},
+        "streams_fleet": {"nodes": s_nodes, "gpus_per_node": 8, "simulated_seconds": s_seconds,
+                          "events": len(streams_events)},
         "events_per_record": round(per_record, 1),
+        "raw_events_per_s": raw["events_per_s"],
+        "sink_events_per_s": pipe["events_per_s"],
+        **streams,
+        **e2e,
+        "end_to_end_vs_raw": round(e2e["end_to_end_events_per_s"] / raw["events_per_s"], 4),
+        **soaked,
         "raw_passthrough": raw,
         "pipeline": pipe,
         "pipeline_vs_raw_events_ratio": round(ratio, 3),

@@ -66,7 +66,7 @@ def _group(bootstrap: str) -> tuple[str, dict[str, set[tuple[str, int]]]]:
     return str(g.state), members
 
 
-def _wait_stable(bootstrap: str, n: int, timeout: float = 120) -> None:
+def wait_stable(bootstrap: str, n: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state, members = _group(bootstrap)
@@ -76,7 +76,7 @@ def _wait_stable(bootstrap: str, n: int, timeout: float = 120) -> None:
     raise RuntimeError(f"{n} stream workers never formed a stable group")
 
 
-def _lag(bootstrap: str, only: set[tuple[str, int]] | None = None) -> int:
+def lag(bootstrap: str, only: set[tuple[str, int]] | None = None) -> int:
     rows = consumer_lag(bootstrap, {APP_ID: READERS[APP_ID]})
     return sum(r["lag"] for r in rows if only is None or (r["topic"], r["partition"]) in only)
 
@@ -86,37 +86,52 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mb(pid: int, peak: bool = False) -> float:
+    """A process's resident memory now (or its peak, VmHWM), in MB."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
 def throughput(workers: int, nodes: int, seconds: float, root: Path,
                profile: Path | None = None) -> dict[str, object]:
     stack = _stack(root / f"w{workers}", with_sink=False)
     try:
-        bootstrap = stack.s.bootstrap
         sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=3),   # in the past: nothing is stamped
                              start_ns=time.time_ns() - int(seconds * 1e9))          # beyond the 30 s future skew
-        published = run_simulation(sim, KafkaPublisher(bootstrap), seconds, realtime=False)
-        events = sum(published.values())
-        children = [stack.start_worker("streams", i) for i in range(1, workers + 1)]
-        _wait_stable(bootstrap, workers)
-        spy = None if profile is None else PySpy(stack.children[children[0]].pid, profile / f"worker_{workers}.txt")
-        if spy is not None:
-            spy.start()
-        t0 = time.monotonic()
-        cpu0 = [_cpu_s(stack.children[c].pid) for c in children]
-        while _lag(bootstrap) > 0:
-            time.sleep(0.2)
-        elapsed = time.monotonic() - t0
-        if spy is not None:
-            spy.stop()
-        cpu = [_cpu_s(stack.children[c].pid) - c0 for c, c0 in zip(children, cpu0, strict=True)]
-        out: dict[str, object] = {
-            f"workers_{workers}_events_per_s": round(events / elapsed),
-            f"cpu_s_per_1m_events_per_worker_{workers}": round(sum(cpu) / workers / events * 1e6, 1),
-            f"events_{workers}": events, f"seconds_{workers}": round(elapsed, 2)}
-        if spy is not None:
-            out[f"profile_worker_of_{workers}"] = top_costs(spy.out)
-        return out
+        published = run_simulation(sim, KafkaPublisher(stack.s.bootstrap), seconds, realtime=False)
+        return process_backlog(stack, sum(published.values()), workers, profile)
     finally:
         stack.stop()
+
+
+def process_backlog(stack: Stack, events: int, workers: int, profile: Path | None = None) -> dict[str, object]:
+    """Start `workers` stream workers on a stack whose topics hold `events` events, and time them from a stable
+    group until no lag is left (inputs and repartition topics); the CPU and peak RSS of each worker over it."""
+    bootstrap = stack.s.bootstrap
+    children = [stack.start_worker("streams", i) for i in range(1, workers + 1)]
+    wait_stable(bootstrap, workers)
+    spy = None if profile is None else PySpy(stack.children[children[0]].pid, profile / f"worker_{workers}.txt")
+    if spy is not None:
+        spy.start()
+    t0 = time.monotonic()
+    cpu0 = [_cpu_s(stack.children[c].pid) for c in children]
+    while lag(bootstrap) > 0:
+        time.sleep(0.2)
+    elapsed = time.monotonic() - t0
+    if spy is not None:
+        spy.stop()
+    cpu = [_cpu_s(stack.children[c].pid) - c0 for c, c0 in zip(children, cpu0, strict=True)]
+    out: dict[str, object] = {
+        f"workers_{workers}_events_per_s": round(events / elapsed),
+        f"cpu_s_per_1m_events_per_worker_{workers}": round(sum(cpu) / workers / events * 1e6, 1),
+        f"events_{workers}": events, f"seconds_{workers}": round(elapsed, 2),
+        f"rss_mb_peak_per_worker_{workers}": [rss_mb(stack.children[c].pid, peak=True) for c in children]}
+    if spy is not None:
+        out[f"profile_worker_of_{workers}"] = top_costs(spy.out)
+    return out
 
 
 def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
@@ -124,7 +139,7 @@ def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
     try:
         bootstrap = stack.s.bootstrap
         children = [stack.start_worker("streams", i) for i in (1, 2)]
-        _wait_stable(bootstrap, 2)
+        wait_stable(bootstrap, 2)
         victim = stack.children[children[1]]
         sim = FleetSimulator(SimConfig(nodes=nodes, gpus_per_node=2, gpu_health_hz=2.0, duration_s=seconds, seed=4))
         marks: dict[str, float] = {}
@@ -141,12 +156,12 @@ def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
             if "kill" in marks and "restart" not in marks and time.monotonic() - marks["kill"] >= 5:
                 stack.supervise()
                 marks["restart"] = time.monotonic()
-            if "restart" in marks and "recovered" not in marks and _lag(bootstrap, owned) == 0:
+            if "restart" in marks and "recovered" not in marks and lag(bootstrap, owned) == 0:
                 marks["recovered"] = time.monotonic()
 
         run_simulation(sim, KafkaPublisher(bootstrap), seconds, realtime=True, on_tick=on_tick)
         while "recovered" not in marks:
-            if _lag(bootstrap, owned) == 0:
+            if lag(bootstrap, owned) == 0:
                 marks["recovered"] = time.monotonic()
             time.sleep(0.1)
         if not wait_drained(bootstrap, 180, check=stack.supervise):

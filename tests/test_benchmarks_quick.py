@@ -27,7 +27,7 @@ KEYS = {   # a key each must report: the figure it exists for
     "failover.py": "local_failover_ms_p99",
     "forged_commands.py": "forged_us_per_command",
     "idle_cpu.py": "idle_cpu_pct_total",
-    "pipeline_throughput.py": "pipeline_vs_raw_events_ratio",
+    "pipeline_throughput.py": "end_to_end_vs_raw",
     "streams_scaling.py": "workers_2_over_1",
 }
 
