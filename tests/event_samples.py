@@ -82,4 +82,5 @@ SAMPLES: dict[str, dict[str, Any]] = {
                            end_ns=T0 + 10**9, detail=""),
     "deadletter": dict(node="node-0", ts_ns=T0, origin_topic="telemetry.gpu", origin_partition=0, origin_offset=7,
                        reason="invalid missing at 0.power_w: Field required", detector="sink", raw_b64="W10="),
+    "streams_tick": dict(node="clocktower-streams-host-a", ts_ns=T0),
 }
