@@ -16,9 +16,9 @@ from clocktower.streams.settings import StreamsSettings
 
 
 class Settings(StreamsSettings, SinkSettings):
-    streams_workers: int = Field(default=1, ge=1, le=64, description="stream workers `clocktower up` runs, each with "
-                                 "its own static member id (`<CLOCKTOWER_STREAMS_INSTANCE_ID or clocktower-streams-"
-                                 "HOST>-N` from the second on); they share the streams' partitions")
+    streams_workers: int = Field(default=1, ge=1, le=64, description="stream workers `clocktower up` and `demo` "
+                                 "run, each with its own static member id (`<CLOCKTOWER_STREAMS_INSTANCE_ID or "
+                                 "clocktower-streams-HOST>-N` from the second on); they share the streams' partitions")
     http_max_connections: int = Field(default=32, ge=1, description="concurrent connections the embedded "
                                       "ClickHouse endpoint serves; more wait briefly, then get 503")
     noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "

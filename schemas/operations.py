@@ -47,9 +47,12 @@ class StreamsTick(Event):
 
     Faust timers cannot write tables outside an event, and the allocator acts only on input: without a tick, a
     request the budget withheld would be asked again, or given up as too old, only when the next request or ack
-    arrived, which in a quiet fleet may be never. A tick carries no decision: it lets the allocator re-check, by
-    its own wall clock and budget, only requests that were themselves accepted, so a forged tick can make it do
-    nothing it would not do at the next real input. In ClickHouse the ticks also say when each worker last ran.
+    arrived, which in a quiet fleet may be never. A tick carries no decision of its own: the allocator re-checks,
+    by its own wall clock and budget, requests that were themselves accepted. But when it re-checks can decide
+    between a grant and giving up (the budget frees just before the fault's age limit), so with
+    CLOCKTOWER_PRODUCER_KEY set the streams sign ticks in the worker's name and act only on signed ones, as on
+    replacement requests (streams/node_signed_outputs.py). In ClickHouse the ticks also say when each worker
+    last ran.
     """
 
     SCHEMA = "streams_tick"

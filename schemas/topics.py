@@ -113,7 +113,7 @@ TELEMETRY: tuple[TopicSpec, ...] = tuple(t for t in TOPICS if t.name.startswith(
 # replacement requests the streams publish for a node. With a producer key, the streams act on these only when
 # signed, and the sink flags each of their rows (`_node_mac`); nodes sign nothing else.
 NODE_SIGNED_TOPICS: frozenset[str] = frozenset({*(t.name for t in TELEMETRY), BY_MODEL[ControlAck].name,
-                                               BY_MODEL[ReplacementRequest].name})
+                                               BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name})
 
 
 def topic_for(model: type[Event]) -> TopicSpec:

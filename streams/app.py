@@ -93,9 +93,10 @@ def _table(p: Processor) -> faust.Table:
 
 topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries)
 node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign, sign what is published in their name
+sign_outputs = output_signer(node_signing)
 handlers = record_handlers(topology, identity_check(node_signing),
                            settings.max_future_skew_ns,   # CLOCKTOWER_MAX_FUTURE_SKEW_S
-                           output_signer(node_signing))
+                           sign_outputs)
 audit = HandledAudit(settings.streams_audit_dir, instance_id) if settings.streams_audit_dir else None
 CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
@@ -155,8 +156,14 @@ async def _check_commits() -> None:
 async def _tick() -> None:
     """This worker's tick on control.ticks: the allocator, wherever it runs, re-checks the requests its budget
     withheld even when no request or ack comes (schemas/operations.py StreamsTick)."""
-    for out in records([StreamsTick(node=bounded_name(instance_id), ts_ns=time.time_ns())]):
-        await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
+    try:
+        for out in records([StreamsTick(node=bounded_name(instance_id), ts_ns=time.time_ns())]):
+            if sign_outputs is not None:
+                out = sign_outputs(out)     # in this worker's name: unsigned ticks are dead-lettered (with a key)
+            await _out(out.topic).send(key=out.key, value=out.value, headers=out.headers, partition=out.partition)
+    except Exception:  # noqa: BLE001 - a timer that raises would end the worker (mode crashes the app): next tick
+        log.warning("this worker's tick on control.ticks was not sent; the next one is due in %.0f s",
+                    settings.streams_tick_s, exc_info=True)
 
 
 def _out(topic: str) -> faust.TopicT:

@@ -3,7 +3,9 @@
 control.replacements carries requests to drain a node and bring a spare. With CLOCKTOWER_PRODUCER_KEY set the
 streams check node signatures on what they read from it, as on telemetry (streams/topology.py), so a client that
 can write the topic cannot get a node drained. The streams hold the producer key: they derive the key of the node
-a request is keyed by (the faulty node) and sign the record with it (schemas/record_mac.py).
+a request is keyed by (the faulty node) and sign the record with it (schemas/record_mac.py). control.ticks, each
+worker's tick that has the allocator re-check withheld requests (schemas/operations.py StreamsTick), is signed the
+same way in the worker's name, so that a client without the key cannot time those re-checks either.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from collections.abc import Callable
 from functools import partial
 
 from clocktower.schemas.control import ReplacementRequest
+from clocktower.schemas.operations import StreamsTick
 from clocktower.schemas.record_mac import NodeSigning, node_key, sign
 from clocktower.schemas.topics import BY_MODEL
 from clocktower.streams.emit import Out
 
-SIGNED_TOPICS = frozenset({BY_MODEL[ReplacementRequest].name})
+SIGNED_TOPICS = frozenset({BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name})
 
 OutputSigner = Callable[[Out], Out]
 

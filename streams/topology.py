@@ -88,7 +88,8 @@ def record_handlers(topology: Topology, identity: IdentityCheck | None, max_futu
                     sign_outputs: OutputSigner | None = None) -> dict[str, RecordHandler]:
     """The handler of every topic the streams read. Producer identity (CLOCKTOWER_PRODUCER_KEY) is checked on
     what nodes publish (telemetry.*, and control.acks: an applied undrain frees a spare) and on what the streams
-    publish in a node's name and sign with its key (control.replacements, streams/node_signed_outputs.py), not
+    publish in a node's or a worker's name and sign with its key (control.replacements, control.ticks:
+    streams/node_signed_outputs.py), not
     on what else the streams publish and read back (analytics.clock_edges, the repartition topics): nodes do not
     sign those, and only the streams' Kafka principal may write them (ACLs)."""
     checked = NODE_SIGNED_TOPICS

@@ -24,7 +24,7 @@ def root_logging():
 @pytest.mark.parametrize("worker_class, debug_enabled", [(faust.Worker, True), (QuietWorker, False)])
 def test_a_warn_level_worker_does_not_enable_debug_logging(root_logging, worker_class, debug_enabled) -> None:
     app = faust.App("quiet-worker-test", broker="memory://", web_enabled=False)
-    worker = worker_class(app, loglevel="warn", stdout=io.StringIO(), stderr=io.StringIO())
+    worker = worker_class(app, loglevel="warn", stdout=io.StringIO(), stderr=io.StringIO(), redirect_stdouts=False)
     worker._setup_logging()
     assert logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG) is debug_enabled
     assert logging.getLogger("faust").isEnabledFor(logging.WARNING)

@@ -8,8 +8,10 @@ from pydantic import ValidationError
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.control import ControlAck, ReplacementRequest
+from clocktower.schemas.operations import StreamsTick
 from clocktower.schemas.record_mac import H_NODE_MAC, NodeSigning, node_key
 from clocktower.schemas.telemetry import GpuHealth
+from clocktower.streams.emit import Out, records
 from clocktower.streams.node_signed_outputs import output_signer
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler, identity_check
@@ -123,6 +125,7 @@ def test_the_streams_check_identity_on_what_nodes_publish_not_on_what_they_read_
     assert handlers["analytics.clock_edges"].identity is None
     assert handlers["control.acks"].identity is check          # an applied undrain frees a spare: the node's word
     assert handlers["control.replacements"].identity is check  # the streams sign these in the node's name
+    assert handlers["control.ticks"].identity is check         # ... and their ticks in the worker's
     assert topology.repartition_topics and all(handlers[t].identity is None and handlers[t].internal
                                                for t in topology.repartition_topics)
 
@@ -239,3 +242,17 @@ def test_a_publisher_beside_up_signs_with_ups_key_and_one_elsewhere_does_not(tmp
     monkeypatch.setenv("CLOCKTOWER_NODE_KEY", node_key(producer_key, "gpu-7").hex())   # its own key comes first
     own = KafkaPublisher("127.0.0.1:9")
     assert own.producer_key is None and own.node_key == node_key(producer_key, "gpu-7")
+
+
+def test_only_ticks_the_streams_signed_are_read_by_the_allocator() -> None:
+    """A tick decides when the allocator re-checks withheld requests, which can decide between a grant and giving
+    one up (issue 18 review): with the producer key, a tick nobody signed is dead-lettered, as a forged request."""
+    handlers = _topology_handlers()
+    ticks = handlers["control.ticks"]
+    forged = StreamsTick(node="clocktower-streams-host-a", ts_ns=T0)
+    assert "identity: record is not signed" in _reason(ticks.handle("control.ticks", 0, 1, *encode_batch([forged])))
+    signer = output_signer(NodeSigning(producer_key=PRODUCER_KEY.decode()))
+    assert signer is not None
+    [out] = [signer(o) for o in records([forged])]    # as the worker's timer signs its own (streams/app.py)
+    assert isinstance(out, Out) and any(h == H_NODE_MAC for h, _ in out.headers)
+    assert ticks.handle("control.ticks", 0, 2, out.key, out.value, out.headers) == []   # read: nothing withheld
