@@ -144,6 +144,24 @@ def _stack(root: Path, **kwargs: object) -> Stack:
     return stack
 
 
+def _running_pipeline(root: Path) -> Stack:
+    """Every service started (broker, ClickHouse, the sink, one stream worker), the sink's tables made and the
+    streams' group stable: ready for records."""
+    stack = _stack(root)
+    _wait_for_tables(http_client(stack.s.clickhouse, *stack.s.clickhouse_login()), stack)
+    wait_stable(stack.s.bootstrap, 1)
+    return stack
+
+
+def _lag_left(stack: Stack) -> int:
+    """Records every consumer group (sink and streams) has still to read."""
+    return sum(r["lag"] for r in consumer_lag(stack.s.bootstrap))
+
+
+def _rss(stack: Stack) -> dict[str, float]:
+    return {name: rss_mb(child.pid) for name, child in stack.children.items() if child.alive()}
+
+
 def streams_alone(events: list, root: Path, profile: Path | None) -> dict:
     """One stream worker over a backlog of `events` (published before it starts, not timed)."""
     stack = _stack(root / "streams", with_streams=False, with_sink=False)
@@ -163,17 +181,15 @@ def streams_alone(events: list, root: Path, profile: Path | None) -> dict:
 def end_to_end(events: list, root: Path, timeout: float = 600) -> dict:
     """Every service running (broker, ClickHouse, the sink, one stream worker): from the first publish until no
     group has lag left (the sink commits after its insert: every input and derived row is stored)."""
-    stack = _stack(root / "e2e")
+    stack = _running_pipeline(root / "e2e")
     try:
         client = http_client(stack.s.clickhouse, *stack.s.clickhouse_login())
-        _wait_for_tables(client, stack)
-        wait_stable(stack.s.bootstrap, 1)
         base = sum(table_rows(client).values())
         start = time.perf_counter()
         _publish(stack.s.bootstrap, events)
         zero_at = None
         while True:
-            left = sum(r["lag"] for r in consumer_lag(stack.s.bootstrap))
+            left = _lag_left(stack)
             now = time.perf_counter()
             if left == 0 and zero_at is not None:
                 break                        # twice in a row: the streams may emit after the first
@@ -184,24 +200,21 @@ def end_to_end(events: list, root: Path, timeout: float = 600) -> dict:
             time.sleep(0.2)
         elapsed = zero_at - start
         stored = sum(table_rows(client).values()) - base
-        rss = {name: rss_mb(child.pid) for name, child in stack.children.items() if child.alive()}
+        rss = _rss(stack)
     finally:
         stack.stop()
     return {"end_to_end_events_per_s": round(len(events) / elapsed), "end_to_end_seconds": round(elapsed, 2),
             "rows_stored": stored, "derived_rows": stored - len(events), "rss_mb": rss}
 
 
-def soak(rate: float, seconds: float, root: Path, every_s: float = 10.0) -> dict:
-    """The whole pipeline fed in real time at about `rate` events/s (whole simulated nodes) for `seconds`: every
-    `every_s`, the lag left over all groups and each process's RSS. Both should stay flat."""
-    per_node = len(generate(2, 2.0)) / 4.0                   # events per node-second of the simulated fleet
+def soak(rate: float, per_node: float, seconds: float, root: Path, every_s: float = 10.0) -> dict:
+    """The whole pipeline fed in real time at about `rate` events/s, in whole simulated nodes of `per_node`
+    events/s each, for `seconds`: every `every_s`, the lag left over all groups and each process's RSS. Both
+    should stay flat."""
     nodes = max(2, round(rate / per_node))
-    stack = _stack(root / "soak")
+    stack = _running_pipeline(root / "soak")
     samples: list[dict] = []
     try:
-        client = http_client(stack.s.clickhouse, *stack.s.clickhouse_login())
-        _wait_for_tables(client, stack)
-        wait_stable(stack.s.bootstrap, 1)
         t0 = time.monotonic()
         due = [t0 + every_s]
 
@@ -209,9 +222,7 @@ def soak(rate: float, seconds: float, root: Path, every_s: float = 10.0) -> dict
             if time.monotonic() >= due[0]:
                 due[0] += every_s
                 stack.supervise()
-                samples.append({"t_s": round(time.monotonic() - t0),
-                                 "lag": sum(r["lag"] for r in consumer_lag(stack.s.bootstrap)),
-                                 "rss_mb": {n: rss_mb(c.pid) for n, c in stack.children.items() if c.alive()}})
+                samples.append({"t_s": round(time.monotonic() - t0), "lag": _lag_left(stack), "rss_mb": _rss(stack)})
                 print(f"soak {samples[-1]}", file=sys.stderr, flush=True)   # progress on long runs
 
         sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=5, faults=False))
@@ -250,7 +261,8 @@ def main() -> None:
             stack.stop()
         streams = streams_alone(streams_events, tmp, args.profile)
         e2e = end_to_end(streams_events, tmp)
-        soaked = soak(0.7 * e2e["end_to_end_events_per_s"], args.soak, tmp) if args.soak else {}
+        per_node = len(streams_events) / (s_nodes * s_seconds)   # events/s of one simulated node
+        soaked = soak(0.7 * e2e["end_to_end_events_per_s"], per_node, args.soak, tmp) if args.soak else {}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ratio = pipe["events_per_s"] / raw["events_per_s"]
