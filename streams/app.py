@@ -27,6 +27,8 @@ from clocktower.streams.clock_broadcast import ClockBroadcast
 from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import records, use_command_partitions
+from clocktower.streams.engine.table_backing import TableBacking
+from clocktower.streams.engine.write_back import WriteBackOnCommit
 from clocktower.streams.faust_fixes import install as install_faust_fixes
 from clocktower.streams.group_join import end_for_restart
 from clocktower.streams.group_join import install as install_group_join_guard
@@ -87,11 +89,13 @@ tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=byt
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
 
-def _table(p: Processor) -> faust.Table:
-    return tables[p.name]
+def _table(p: Processor) -> TableBacking:
+    return TableBacking(tables[p.name])
 
 
-topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries)
+# State changes wait in each store until a commit writes them (streams/engine/write_back.py)
+topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries, write_back=True)
+app.sensors.add(WriteBackOnCommit(topology.write_pending))
 node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign, sign what is published in their name
 sign_outputs = output_signer(node_signing)
 handlers = record_handlers(topology, identity_check(node_signing),
@@ -101,6 +105,13 @@ audit = HandledAudit(settings.streams_audit_dir, instance_id) if settings.stream
 CHANGELOG_BUFFER = 10_000
 _outputs: dict[str, faust.TopicT] = {}
 _reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered
+
+
+@app.on_partitions_revoked.connect
+async def _revoked(sender: object, *args: object, **kwargs: object) -> None:
+    dropped = topology.drop_pending()   # its records were not committed: read again by the partitions' owners
+    if dropped:
+        log.info("partitions revoked: %d pending state entries dropped, their records are read again", dropped)
 
 
 @app.on_partitions_assigned.connect

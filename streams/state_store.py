@@ -2,8 +2,15 @@
 
 In the Faust app the mapping is a table on the rocksdict store with a changelog topic, so a worker that
 restarts or takes over a partition gets the state back; in tests and the in-memory pipeline it is a dict.
-Entries are decoded on first use in a batch and written back once, at `flush`, at the end of the batch
-(the app flushes inside the batch's event context, so each write goes to that partition's changelog).
+Entries are decoded on first use in a batch and encoded once, at `flush`, at the end of the batch.
+
+Write-back (the Faust app, issue 19), in the manner of Kafka Streams' record cache: a batch's encoded changes are
+kept pending, not written, and `write_pending` writes them to the backing (RocksDB and the changelog, per partition
+in one go) before the worker commits its offsets. A key written many times between two commits is written once; a
+key made and deleted between them (a half-join that completes) is never written. Pending entries are encoded bytes,
+so a processor sees exactly what it would have read back from the table. What is pending when the worker dies
+or loses its partitions is lost with the offsets it was not committed with: the records that made it are read
+again (`reload` drops it), as a crash loses what the changelog had not yet received.
 
 Every entry carries its expiry and its partition, so `expire` can drop the entries of the partition being
 processed whose event time has passed (the table may be written only from its own partition's events), and
@@ -31,6 +38,15 @@ from clocktower.streams.delivery import Delivery
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ENTRIES = 100_000     # per partition: CLOCKTOWER_STREAMS_MAX_ENTRIES
+MAX_PENDING = 50_000              # write-back: pending entries written early past this (state ahead of offsets is safe)
+
+
+class PartitionedBacking(Protocol):
+    """A backing that writes a partition's changes in one go (streams/engine/table_backing.py)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def items(self) -> Any: ...
+    def write(self, partition: int, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None: ...
 
 
 class StateCodec(Protocol):
@@ -40,8 +56,13 @@ class StateCodec(Protocol):
 
 class StateStore:
     def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | None = None,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+                 max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False,
+                 max_pending: int = MAX_PENDING) -> None:
+        """`write_back`: keep each batch's changes pending until `write_pending` (the module's docstring)."""
         self.codec = codec
+        self.write_back = write_back
+        self.max_pending = max_pending
+        self.writes = 0                           # entries written to the backing (puts and deletes)
         self.max_entries = max_entries
         self.entries: dict[int, int] = {}         # partition -> keys kept (written, not yet deleted)
         self.refused = 0                          # new keys not kept: their partition was full
@@ -52,14 +73,25 @@ class StateStore:
         self._cache: dict[str, tuple[int, Any]] = {}
         self._home: dict[str, int | None] = {}    # partition of each key this batch read or wrote (None: deleted)
         self._dirty: dict[str, int] = {}          # key -> the partition it was written from
-        self._deleted: set[str] = set()
+        self._deleted: dict[str, int] = {}       # key -> the partition it was deleted from
+        self._pending: dict[str, tuple[int, bytes | None]] = {}   # write-back: key -> (partition, entry or None)
+        self._in_backing: dict[str, bool] = {}   # write-back: whether the backing holds a key, as last read
         self._expiry: dict[int, list[tuple[int, str]]] = {}
         self._indexed: dict[str, int] = {}       # key -> the earliest expiry it has in the index
         self.expired = 0
 
     def _stored(self, key: str) -> bytes | None:
-        """The backing bytes of a key this batch has not cached; None if absent or deleted in this batch."""
-        return None if key in self._deleted else self.backing.get(key.encode())
+        """The stored bytes of a key this batch has not cached (pending, else the backing's); None if absent or
+        deleted in this batch."""
+        if key in self._deleted:
+            return None
+        pending = self._pending.get(key)
+        if pending is not None:
+            return pending[1]
+        raw = self.backing.get(key.encode())
+        if self.write_back:
+            self._in_backing[key] = raw is not None
+        return raw
 
     def get(self, key: str) -> Any | None:
         hit = self._cache.get(key)
@@ -107,7 +139,7 @@ class StateStore:
             self._home[key] = self.partition
         self._cache[key] = (expires_ns, value)
         self._dirty[key] = self.partition
-        self._deleted.discard(key)
+        self._deleted.pop(key, None)
         self._index(key, expires_ns, self.partition)
 
     def _index(self, key: str, expires_ns: int, partition: int) -> None:
@@ -124,19 +156,67 @@ class StateStore:
         self._home[key] = None                    # deleted in this batch: not kept
         self._cache.pop(key, None)
         self._dirty.pop(key, None)
-        self._deleted.add(key)
+        self._deleted[key] = self.partition
 
     def flush(self) -> None:
-        """Write the batch's changes to the backing mapping and forget the decoded entries."""
-        for key in self._deleted:
-            self.backing.pop(key.encode(), None)
+        """The end of a batch: its changes are encoded and written to the backing (write-back: kept pending), and
+        the decoded entries forgotten."""
+        changes: dict[str, tuple[int, bytes | None]] = {key: (p, None) for key, p in self._deleted.items()}
         for key, partition in self._dirty.items():
             expires, value = self._cache[key]
-            self.backing[key.encode()] = _HEADER.pack(expires, partition) + self.codec.encode_state(value)
+            changes[key] = (partition, _HEADER.pack(expires, partition) + self.codec.encode_state(value))
+        if self.write_back:
+            for key, (partition, entry) in changes.items():
+                if entry is None and not self._in_backing.get(key, True):
+                    self._pending.pop(key, None)   # made and deleted since the last write: nothing to write
+                else:
+                    self._pending[key] = (partition, entry)
+            if len(self._pending) > self.max_pending:
+                self.write_pending()
+        else:
+            self._write(changes)
         self._cache.clear()
         self._home.clear()
         self._dirty.clear()
         self._deleted.clear()
+
+    def write_pending(self) -> int:
+        """Write-back: write the pending entries to the backing, per partition in one go; how many there were."""
+        pending, self._pending = self._pending, {}
+        self._in_backing.clear()
+        self._write(pending)
+        return len(pending)
+
+    def drop_pending(self) -> int:
+        """Forget the pending entries (the records that made them will be read again); how many there were."""
+        n = len(self._pending)
+        self._pending.clear()
+        self._in_backing.clear()
+        return n
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _write(self, changes: dict[str, tuple[int, bytes | None]]) -> None:
+        self.writes += len(changes)
+        write = getattr(self.backing, "write", None)
+        if write is None:                     # a plain mapping (tests, the in-memory pipeline)
+            for key, (_, entry) in changes.items():
+                if entry is None:
+                    self.backing.pop(key.encode(), None)
+                else:
+                    self.backing[key.encode()] = entry
+            return
+        by_partition: dict[int, tuple[list[tuple[bytes, bytes]], list[bytes]]] = {}
+        for key, (partition, entry) in changes.items():
+            puts, deletes = by_partition.setdefault(partition, ([], []))
+            if entry is None:
+                deletes.append(key.encode())
+            else:
+                puts.append((key.encode(), entry))
+        for partition, (puts, deletes) in sorted(by_partition.items()):
+            write(partition, puts, deletes)
 
     def expire(self, now_ns: int) -> list[tuple[str, Any]]:
         """Remove and return this partition's entries that expire at or before `now_ns`."""
@@ -170,7 +250,9 @@ class StateStore:
         return None if raw is None else _HEADER.unpack_from(raw)[0]
 
     def reload(self) -> None:
-        """Rebuild the expiry index from the backing mapping (after recovery or a rebalance)."""
+        """Rebuild the expiry index from the backing mapping (after recovery or a rebalance). Entries still
+        pending are dropped: their records were not committed, and are read again."""
+        self.drop_pending()
         self._cache.clear()
         self._home.clear()
         self._dirty.clear()

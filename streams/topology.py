@@ -30,15 +30,16 @@ Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
 
 class Topology:
     def __init__(self, processors: Sequence[Processor], issuer: CommandIssuer, budget: RemediationBudget,
-                 backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        """`max_entries`: the state each processor keeps per partition (CLOCKTOWER_STREAMS_MAX_ENTRIES)."""
+                 backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False) -> None:
+        """`max_entries`: the state each processor keeps per partition (CLOCKTOWER_STREAMS_MAX_ENTRIES).
+        `write_back`: state changes wait for `write_pending` (before each commit) instead of being written per batch."""
         self.budget = budget
         self.runners: list[ProcessorRunner] = []
         self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
         self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
         self._behind: dict[str, ProcessorRunner] = {}                          # repartition topic -> runner
         for p in processors:
-            store = StateStore(p, backing(p) if p.durable else None, max_entries)
+            store = StateStore(p, backing(p) if p.durable else None, max_entries, write_back=write_back and p.durable)
             runner = ProcessorRunner(p, store, issuer)
             self.runners.append(runner)
             cls = type(p)
@@ -56,6 +57,14 @@ class Topology:
         for r in self.runners:
             if r.processor.durable:
                 r.store.reload()
+
+    def write_pending(self) -> int:
+        """Write every store's pending state (before a commit); how many entries."""
+        return sum(r.store.write_pending() for r in self.runners if r.store.write_back)
+
+    def drop_pending(self) -> int:
+        """Forget every store's pending state (its partitions revoked: their records are read again)."""
+        return sum(r.store.drop_pending() for r in self.runners if r.store.write_back)
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
               offset: int | None = None) -> list[Out]:

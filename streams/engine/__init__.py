@@ -1,0 +1,1 @@
+"""The plumbing that speaks to Faust and aiokafka; the processors (streams/joins, streams/detectors) never import it."""

@@ -1,0 +1,50 @@
+"""A Faust table as a StateStore's backing: reads from the partition being processed, and writes a partition's
+changes to its RocksDB and changelog in one go (the write-back of streams/state_store.py).
+
+Faust writes a table key by key, each write a RocksDB put and a changelog record sent on its own, and picks the
+partition from the event being processed. The write-back runs at commit, outside any event, so it names the
+partition itself: a WriteBatch into that partition's RocksDB, then one changelog record per key to that partition
+(`Table.send_changelog`, Faust's own path, so the changelog offsets Faust persists stay right).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import faust
+from faust.streams import current_event
+from rocksdict import WriteBatch
+
+
+class TableBacking:
+    def __init__(self, table: faust.Table) -> None:
+        self.table = table
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        event = current_event()
+        if event is None:                       # outside an event Faust looks the key up in every partition
+            return self.table.get(key, default)
+        value = self.table.data._db_for_partition(event.message.partition).get(key)
+        return default if value is None else value
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """The entries of the partitions this worker owns (Faust's own iteration)."""
+        return iter(self.table.items())
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.table.keys())
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def write(self, partition: int, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in puts:
+            batch.put(key, value)
+        for key in deletes:
+            batch.delete(key)
+        self.table.data._db_for_partition(partition).write(batch)
+        for key, value in puts:
+            self.table.send_changelog(partition, key, value)
+        for key in deletes:
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
