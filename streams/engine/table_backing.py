@@ -3,8 +3,8 @@ changes to its RocksDB and changelog in one go (the write-back of streams/state_
 
 Faust writes a table key by key, each write a RocksDB put and a changelog record sent on its own, and picks the
 partition from the event being processed. The write-back runs at commit, outside any event, so it names the
-partition itself: a WriteBatch into that partition's RocksDB, then one changelog record per key to that partition
-(`Table.send_changelog`, Faust's own path, so the changelog offsets Faust persists stay right).
+partition itself: a WriteBatch into that partition's RocksDB, then the records to that partition of the changelog
+in batches (streams/engine/changelog_batches.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import faust
 from faust.streams import current_event
 from rocksdict import WriteBatch
 
+from clocktower.streams.engine.changelog_batches import ChangelogBatches
+
 
 class TableBacking:
-    def __init__(self, table: faust.Table) -> None:
+    def __init__(self, table: faust.Table, changelog: ChangelogBatches) -> None:
         self.table = table
+        self.changelog = changelog
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         event = current_event()
@@ -44,7 +47,4 @@ class TableBacking:
         for key in deletes:
             batch.delete(key)
         self.table.data._db_for_partition(partition).write(batch)
-        for key, value in puts:
-            self.table.send_changelog(partition, key, value)
-        for key in deletes:
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
+        self.changelog.send(self.table, partition, [*puts, *((key, None) for key in deletes)])
