@@ -12,7 +12,12 @@ from clocktower.schemas.analytics import IterationBreakdown
 from clocktower.schemas.event import Event
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 from clocktower.schemas.topics import MAX_RECORD_BYTES
-from clocktower.streams.joins.iteration_breakdown import DEFAULT_MAX_COLLECTIVES, IterationBreakdownJoin, RankState
+from clocktower.streams.joins.iteration_breakdown import (
+    DEFAULT_MAX_COLLECTIVES,
+    IterationBreakdownJoin,
+    PendingIteration,
+    RankState,
+)
 from clocktower.streams.processor import partition_of
 from clocktower.streams.processor_runner import ProcessorRunner
 
@@ -189,7 +194,7 @@ def test_an_older_event_does_not_shorten_a_ranks_life() -> None:
 
 def test_the_state_round_trips_through_its_codec() -> None:
     join = IterationBreakdownJoin()
-    pending = [it(7, T0, T0 + 100), it(8, T0 + 100, T0 + 200, collectives=3)]
+    pending = [PendingIteration.of(it(7, T0, T0 + 100)), PendingIteration.of(it(8, T0 + 100, T0 + 200, collectives=3))]
     cols = {("world", 5): (T0 + 1, T0 + 9, 2**40), ("world", 3): (T0 + 5, T0 + 7, 8),
             ("sub", 2**63): (T0 + 50, T0 + 50, 0)}
     r = RankState(collectives=cols, watermark=T0 + 50, pending=pending, emitted_end_ns=T0 - 1, last_ns=T0 + 200)
