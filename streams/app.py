@@ -28,6 +28,7 @@ from clocktower.streams.command_topic import command_partitions
 from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import Out, records, use_command_partitions
 from clocktower.streams.engine.changelog_batches import ChangelogBatches
+from clocktower.streams.engine.commit_barrier import CommitBarrier
 from clocktower.streams.engine.table_backing import TableBacking
 from clocktower.streams.engine.write_back import WriteBackOnCommit
 from clocktower.streams.faust_fixes import install as install_faust_fixes
@@ -90,16 +91,30 @@ tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=byt
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
 
-changelog = ChangelogBatches(app)
+barrier = CommitBarrier(app)        # what every offset commit waits for (streams/engine/commit_barrier.py)
+changelog = ChangelogBatches(barrier)
 
 
 def _table(p: Processor) -> TableBacking:
     return TableBacking(tables[p.name], changelog)
 
 
-# State changes wait in each store until a commit writes them (streams/engine/write_back.py)
-topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries, write_back=True)
-app.sensors.add(WriteBackOnCommit(topology.write_pending))
+# State changes wait in each store, and regrouped events in the topology, until a commit writes and sends them
+# (streams/engine/write_back.py) or, for regrouped events, until CLOCKTOWER_STREAMS_REGROUP_LINGER_MS has passed.
+regroup_linger_s = settings.streams_regroup_linger_ms / 1000
+topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.streams_max_entries, write_back=True,
+                    regroup_linger_s=regroup_linger_s)
+
+
+def _before_commit() -> int:
+    """Sends what regrouped events wait and writes the pending state, behind the commit barrier."""
+    outs = topology.drain_regrouped()
+    if outs:
+        barrier.spawn(_send_all(outs))
+    return topology.write_pending() + len(outs)
+
+
+app.sensors.add(WriteBackOnCommit(_before_commit))
 node_signing = NodeSigning()   # CLOCKTOWER_PRODUCER_KEY: check what nodes sign, sign what is published in their name
 sign_outputs = output_signer(node_signing)
 handlers = record_handlers(topology, identity_check(node_signing),
@@ -166,6 +181,12 @@ async def _check_commits() -> None:
                         "its restart handles them again")
 
 
+@app.timer(max(regroup_linger_s, 0.01))
+async def _regrouped_due() -> None:
+    """Regrouped events that waited their linger go out even when no record comes to take them along."""
+    await _send_all(topology.regrouped_due())
+
+
 @app.timer(settings.streams_tick_s)
 async def _tick() -> None:
     """This worker's tick on control.ticks: the allocator, wherever it runs, re-checks the requests its budget
@@ -188,6 +209,11 @@ async def _send(out: Out) -> None:
     delivery.add_done_callback(_delivered)
 
 
+async def _send_all(outs: list[Out]) -> None:
+    for out in outs:
+        await _send(out)
+
+
 def _delivered(delivery: asyncio.Future) -> None:
     if delivery.cancelled() or delivery.exception() is None:
         return
@@ -207,6 +233,7 @@ async def _process(name: str, stream: faust.StreamT) -> None:
         msg = event.message
         headers = list(msg.headers or ())   # the record's own list: Faust's event.headers is a dict
         outs = handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers)
+        outs += topology.regrouped_due()
         if audit is not None:
             audit.record(name, msg.partition, msg.offset)
         for out in outs:

@@ -76,6 +76,10 @@ class StreamsSettings(RuntimeSettings):
         default=30.0, ge=1, le=3600, description="every this many seconds each worker publishes a tick to "
         "control.ticks: the replacement allocator then asks again for the drains its budget withheld, or gives them "
         "up as too old, even when no other request or ack comes (schemas/operations.py StreamsTick)")
+    streams_regroup_linger_ms: float = Field(
+        default=50.0, ge=0, le=5000, description="events regrouped by a processor's key (flows, jobs, probe edges) "
+        "wait up to this long per repartition partition, so that one record carries many input records' events "
+        "(streams/regroup_buffer.py): fewer records to send and read again. 0 = a record per input record")
     streams_audit_dir: Path | None = Field(
         default=None, description="append `topic partition offset` of every record the worker hands to its "
         "processors to DIR/<instance id>.log, one unbuffered write each (a SIGKILL loses no line): an audit of lost "

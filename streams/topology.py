@@ -22,6 +22,7 @@ from clocktower.streams.processor import Processor, partition_of
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.record_handler import IdentityCheck, RecordHandler
 from clocktower.streams.registry import input_topics, partitions, repartition_topic, repartitions
+from clocktower.streams.regroup_buffer import Part, RegroupBuffer
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import DEFAULT_MAX_ENTRIES, StateStore
 
@@ -30,10 +31,13 @@ Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
 
 class Topology:
     def __init__(self, processors: Sequence[Processor], issuer: CommandIssuer, budget: RemediationBudget,
-                 backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False) -> None:
+                 backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False,
+                 regroup_linger_s: float = 0.0) -> None:
         """`max_entries`: the state each processor keeps per partition (CLOCKTOWER_STREAMS_MAX_ENTRIES).
-        `write_back`: state changes wait for `write_pending` (before each commit) instead of being written per batch."""
+        `write_back`: state changes wait for `write_pending` (before each commit) instead of being written per batch.
+        `regroup_linger_s` > 0: regrouped events wait up to that long to share records (streams/regroup_buffer.py)."""
         self.budget = budget
+        self.regroup = RegroupBuffer(regroup_linger_s) if regroup_linger_s > 0 else None
         self.runners: list[ProcessorRunner] = []
         self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
         self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
@@ -63,8 +67,18 @@ class Topology:
         return sum(r.store.write_pending() for r in self.runners if r.store.write_back)
 
     def drop_pending(self) -> int:
-        """Forget every store's pending state (its partitions revoked: their records are read again)."""
-        return sum(r.store.drop_pending() for r in self.runners if r.store.write_back)
+        """Forget every store's pending state and every regrouped event waiting (partitions revoked: their records
+        are read again)."""
+        dropped = self.regroup.drop() if self.regroup is not None else 0
+        return dropped + sum(r.store.drop_pending() for r in self.runners if r.store.write_back)
+
+    def regrouped_due(self) -> list[Out]:
+        """The records of regrouped events that have waited long enough."""
+        return _part_records(self.regroup.due()) if self.regroup is not None else []
+
+    def drain_regrouped(self) -> list[Out]:
+        """The records of every regrouped event waiting (before a commit)."""
+        return _part_records(self.regroup.drain()) if self.regroup is not None else []
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
               offset: int | None = None) -> list[Out]:
@@ -76,11 +90,14 @@ class Topology:
         for runner in self._direct.get(topic, ()):
             out += records(runner.run(partition, events, failures, record))
         for runner in self._regroup.get(topic, ()):
-            out += self._regrouped(runner.processor, events, failures)
+            parts = self._regrouped(runner.processor, events, failures)
+            if self.regroup is not None:
+                parts = [ready for part in parts for ready in self.regroup.add(*part)]
+            out += _part_records(parts)
         return out
 
     @staticmethod
-    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure]) -> list[Out]:
+    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure]) -> list[Part]:
         n = partitions(type(p))
         parts: dict[int, list[Event]] = defaultdict(list)
         for i, e in enumerate(events):
@@ -90,7 +107,11 @@ class Topology:
                 except Exception as exc:  # noqa: BLE001 - the record is dead-lettered, the others go on
                     failures.append(EventFailure(i, exc))
         topic = repartition_topic(type(p))
-        return [o for part, evs in sorted(parts.items()) for o in records(evs, topic=topic, partition=part)]
+        return [(topic, part, evs) for part, evs in sorted(parts.items())]
+
+
+def _part_records(parts: list[Part]) -> list[Out]:
+    return [o for topic, partition, evs in parts for o in records(evs, topic=topic, partition=partition)]
 
 
 def record_handlers(topology: Topology, identity: IdentityCheck | None, max_future_skew_ns: int,

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.engine.changelog_batches import ChangelogBatches
+from clocktower.streams.engine.commit_barrier import CommitBarrier
 from clocktower.streams.registry import changelog_topic
 from clocktower.topic_admin import ensure_topics
 from tests.standalone_broker import StandaloneBroker
@@ -85,7 +86,7 @@ async def _send_and_flush(bootstrap: str, table: _Table, partition: int,
     await producer.start()
     try:
         app = type("App", (), {"producer": _FaustProducer(producer)})()
-        batches = ChangelogBatches(app)
+        batches = ChangelogBatches(CommitBarrier(app))
         batches.send(table, partition, records)
         await app.producer.flush()        # Faust's flush before a commit: wrapped to wait for the batches
         return batches, _high_watermark(bootstrap, TOPIC, partition)
