@@ -17,6 +17,7 @@ from clocktower.runtime.parent_watch import watch_parent
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.partition_batch import warm_up
 from clocktower.sinks.clickhouse.settings import SinkSettings
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
@@ -40,6 +41,7 @@ def main() -> None:
     client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
     writer = TableWriter(client)
     writer.ensure_schema()
+    warm_up()
     sink = sink_for(s, writer)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
