@@ -13,6 +13,7 @@ import asyncio
 import logging
 import socket
 import time
+from functools import partial
 
 import faust
 
@@ -29,6 +30,7 @@ from clocktower.streams.commit_stall import CHECK_S, CommitStall
 from clocktower.streams.emit import Out, records, use_command_partitions
 from clocktower.streams.engine.changelog_batches import ChangelogBatches
 from clocktower.streams.engine.commit_barrier import CommitBarrier
+from clocktower.streams.engine.ordered_sends import OrderedSends
 from clocktower.streams.engine.table_backing import TableBacking
 from clocktower.streams.engine.write_back import WriteBackOnCommit
 from clocktower.streams.faust_fixes import install as install_faust_fixes
@@ -91,8 +93,9 @@ tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=byt
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
 
-barrier = CommitBarrier(app)        # what every offset commit waits for (streams/engine/commit_barrier.py)
-changelog = ChangelogBatches(barrier)
+barrier = CommitBarrier(app, on_failure=lambda exc: end_for_restart(f"a record or changelog batch was not sent "
+                                                                    f"({exc!r})"))   # no later commit may pass it
+changelog = ChangelogBatches(barrier)   # what every offset commit waits for (streams/engine/commit_barrier.py)
 
 
 def _table(p: Processor) -> TableBacking:
@@ -107,11 +110,16 @@ topology = Topology(processors, CommandIssuer(signer), budget, _table, settings.
 
 
 def _before_commit() -> int:
-    """Sends what regrouped events wait and writes the pending state, behind the commit barrier."""
-    outs = topology.drain_regrouped()
-    if outs:
-        barrier.spawn(_send_all(outs))
-    return topology.write_pending() + len(outs)
+    """Sends what regrouped events wait and writes the pending state, behind the commit barrier. Any failure ends
+    the worker at once: a commit after it could pass over records whose state or outputs were lost."""
+    try:
+        outs = topology.drain_regrouped()
+        regrouped.put(outs)
+        return topology.write_pending() + len(outs)
+    except Exception as exc:  # noqa: BLE001 - ends the worker; its restart reads the uncommitted records again
+        log.exception("writing the state before a commit failed")
+        end_for_restart(f"state not written before a commit ({exc!r})")
+        raise
 
 
 app.sensors.add(WriteBackOnCommit(_before_commit))
@@ -141,9 +149,9 @@ async def _assigned(sender: object, *args: object, **kwargs: object) -> None:
 @app.task
 async def _start() -> None:
     clocks.start()
-    # Faust stops every agent whenever 100 table changelog records wait to be sent, and drains them one by
-    # one: with a record per state write that stalls the worker for seconds under load. A larger buffer
-    # lets the producer batch them; they are flushed before every offset commit all the same.
+    # Faust stops every agent whenever 100 records wait in its send_soon buffer, and drains them one by one.
+    # The tables no longer feed it (their changelog goes in batches: streams/engine/changelog_batches.py); the
+    # larger bound stays for whatever else of Faust's uses it, flushed before every offset commit all the same.
     app.producer.buffer.max_messages = CHANGELOG_BUFFER
 
 
@@ -181,10 +189,11 @@ async def _check_commits() -> None:
                         "its restart handles them again")
 
 
-@app.timer(max(regroup_linger_s, 0.01))
-async def _regrouped_due() -> None:
-    """Regrouped events that waited their linger go out even when no record comes to take them along."""
-    await _send_all(topology.regrouped_due())
+if regroup_linger_s > 0:
+    @app.timer(regroup_linger_s)
+    async def _regrouped_due() -> None:
+        """Regrouped events that waited their linger go out even when no record comes to take them along."""
+        regrouped.put(topology.regrouped_ready())
 
 
 @app.timer(settings.streams_tick_s)
@@ -195,32 +204,38 @@ async def _tick() -> None:
         for out in records([StreamsTick(node=bounded_name(instance_id), ts_ns=time.time_ns())]):
             if sign_outputs is not None:
                 out = sign_outputs(out)     # in this worker's name: unsigned ticks are dead-lettered (with a key)
-            await _send(out)
+            await _send(out, critical=False)
     except Exception:  # noqa: BLE001 - a timer that raises would end the worker (mode crashes the app): next tick
         log.warning("this worker's tick on control.ticks was not sent; the next one is due in %.0f s",
                     settings.streams_tick_s, exc_info=True)
 
 
-async def _send(out: Out) -> None:
+async def _send(out: Out, critical: bool = True) -> None:
     """Hand a record to the producer: aiokafka's own send, not Faust's topic layers (a third of the cost of a send,
-    issue 19); every offset commit waits for what was handed (Faust flushes the producer first). A record the broker
-    never takes ends the worker, so that its restart reads the record's input again."""
-    delivery = await app.producer.send(out.topic, out.key, out.value, out.partition, None, out.headers)
-    delivery.add_done_callback(_delivered)
+    issue 19); every offset commit waits for what was handed (Faust flushes the producer first). A record the
+    producer refuses or the broker never takes ends the worker at once (its restart reads the record's input
+    again): Faust would ack the record and let a later commit pass it. `critical` False (a tick): only logged."""
+    try:
+        delivery = await app.producer.send(out.topic, out.key, out.value, out.partition, None, out.headers)
+    except Exception as exc:  # noqa: BLE001 - see above
+        if not critical:
+            raise
+        end_for_restart(f"a record for {out.topic} was not handed to the producer ({exc!r})")
+        raise
+    delivery.add_done_callback(partial(_delivered, out.topic, critical))
 
 
-async def _send_all(outs: list[Out]) -> None:
-    for out in outs:
-        await _send(out)
+regrouped = OrderedSends(barrier, _send)   # regrouped records, in order, behind the barrier (streams/engine/)
 
 
-def _delivered(delivery: asyncio.Future) -> None:
-    if delivery.cancelled() or delivery.exception() is None:
+def _delivered(topic: str, critical: bool, delivery: asyncio.Future) -> None:
+    exc = asyncio.CancelledError() if delivery.cancelled() else delivery.exception()
+    if exc is None:
         return
-    if app.should_stop:   # stopping: what it had not sent is read again by the next worker
-        log.warning("a record was not sent while stopping: %r", delivery.exception())
+    if not critical:
+        log.warning("a record for %s was not sent: %r", topic, exc)
         return
-    end_for_restart(f"a derived record was not sent ({delivery.exception()!r})")
+    end_for_restart(f"a record for {topic} was not sent ({exc!r})")   # even while stopping: no commit after it
 
 
 async def _process(name: str, stream: faust.StreamT) -> None:
@@ -233,7 +248,7 @@ async def _process(name: str, stream: faust.StreamT) -> None:
         msg = event.message
         headers = list(msg.headers or ())   # the record's own list: Faust's event.headers is a dict
         outs = handler.handle(name, msg.partition, msg.offset, event.key, event.value, headers)
-        outs += topology.regrouped_due()
+        regrouped.put(topology.regrouped_ready())   # at once, before any await: see streams/engine/ordered_sends.py
         if audit is not None:
             audit.record(name, msg.partition, msg.offset)
         for out in outs:

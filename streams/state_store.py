@@ -8,9 +8,12 @@ Write-back (the Faust app, issue 19), in the manner of Kafka Streams' record cac
 kept pending, not written, and `write_pending` writes them to the backing (RocksDB and the changelog, per partition
 in one go) before the worker commits its offsets. A key written many times between two commits is written once; a
 key made and deleted between them (a half-join that completes) is never written. Pending entries are encoded bytes,
-so a processor sees exactly what it would have read back from the table. What is pending when the worker dies
-or loses its partitions is lost with the offsets it was not committed with: the records that made it are read
-again (`reload` drops it), as a crash loses what the changelog had not yet received.
+so a processor sees exactly what it would have read back from the table. What is pending when the worker dies is
+lost with the offsets it was not committed with: the records that made it are read again. On a revoke Faust
+commits first (streams/faust_fixes.py), which writes it; what the records handled after that commit made is
+dropped (`drop_pending`, and `reload`), and they are read again too. Written state can be ahead of what was sent
+downstream (RocksDB is written before the producer's flush): the processors re-emit what a redelivered record made
+(streams/processor.py), as they did when every batch was written at once.
 
 Every entry carries its expiry and its partition, so `expire` can drop the entries of the partition being
 processed whose event time has passed (the table may be written only from its own partition's events), and
@@ -38,7 +41,7 @@ from clocktower.streams.delivery import Delivery
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ENTRIES = 100_000     # per partition: CLOCKTOWER_STREAMS_MAX_ENTRIES
-MAX_PENDING = 50_000              # write-back: pending entries written early past this (state ahead of offsets is safe)
+MAX_PENDING = 50_000              # write-back: pending entries written early past this (ahead of offsets: as above)
 
 
 class PartitionedBacking(Protocol):
@@ -182,9 +185,10 @@ class StateStore:
 
     def write_pending(self) -> int:
         """Write-back: write the pending entries to the backing, per partition in one go; how many there were."""
-        pending, self._pending = self._pending, {}
+        pending = self._pending
+        self._write(pending)     # cleared only once written: a write that fails loses nothing (the worker ends)
+        self._pending = {}
         self._in_backing.clear()
-        self._write(pending)
         return len(pending)
 
     def drop_pending(self) -> int:

@@ -38,6 +38,7 @@ class Topology:
         `regroup_linger_s` > 0: regrouped events wait up to that long to share records (streams/regroup_buffer.py)."""
         self.budget = budget
         self.regroup = RegroupBuffer(regroup_linger_s) if regroup_linger_s > 0 else None
+        self._full: list[Part] = []   # parts the buffer let go when full, until `regrouped_ready` takes them
         self.runners: list[ProcessorRunner] = []
         self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
         self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
@@ -69,16 +70,25 @@ class Topology:
     def drop_pending(self) -> int:
         """Forget every store's pending state and every regrouped event waiting (partitions revoked: their records
         are read again)."""
-        dropped = self.regroup.drop() if self.regroup is not None else 0
+        dropped = sum(len(evs) for _, _, evs in self._full)
+        self._full.clear()
+        dropped += self.regroup.drop() if self.regroup is not None else 0
         return dropped + sum(r.store.drop_pending() for r in self.runners if r.store.write_back)
 
-    def regrouped_due(self) -> list[Out]:
-        """The records of regrouped events that have waited long enough."""
-        return _part_records(self.regroup.due()) if self.regroup is not None else []
+    def regrouped_ready(self) -> list[Out]:
+        """The records of regrouped events that are ready: parts that filled up, and parts that have waited long
+        enough. With a regroup buffer, `route` returns none of these: hand them to the sender at once."""
+        if self.regroup is None:
+            return []
+        parts, self._full = self._full + self.regroup.due(), []
+        return _part_records(parts)
 
     def drain_regrouped(self) -> list[Out]:
         """The records of every regrouped event waiting (before a commit)."""
-        return _part_records(self.regroup.drain()) if self.regroup is not None else []
+        if self.regroup is None:
+            return []
+        parts, self._full = self._full + self.regroup.drain(), []
+        return _part_records(parts)
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
               offset: int | None = None) -> list[Out]:
@@ -91,9 +101,10 @@ class Topology:
             out += records(runner.run(partition, events, failures, record))
         for runner in self._regroup.get(topic, ()):
             parts = self._regrouped(runner.processor, events, failures)
-            if self.regroup is not None:
-                parts = [ready for part in parts for ready in self.regroup.add(*part)]
-            out += _part_records(parts)
+            if self.regroup is None:
+                out += _part_records(parts)
+            else:
+                self._full += [full for part in parts for full in self.regroup.add(*part)]
         return out
 
     @staticmethod

@@ -19,20 +19,16 @@ from clocktower.streams.engine.changelog_batches import ChangelogBatches
 from clocktower.streams.engine.commit_barrier import CommitBarrier
 from clocktower.streams.registry import changelog_topic
 from clocktower.topic_admin import ensure_topics
-from tests.standalone_broker import StandaloneBroker
+from tests.standalone_broker import StandaloneBroker, running
 
 TOPIC = changelog_topic(GpuFaultDetector)
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[StandaloneBroker]:
-    b = StandaloneBroker(tmp_path / "kafka")
-    b.start()
-    ensure_topics(b.bootstrap, disable_auto_create=True)
-    try:
+    with running(tmp_path / "kafka") as b:
+        ensure_topics(b.bootstrap, disable_auto_create=True)
         yield b
-    finally:
-        b.stop()
 
 
 class _FaustProducer:
@@ -80,14 +76,15 @@ def _high_watermark(bootstrap: str, topic: str, partition: int) -> int:
         c.close()
 
 
-async def _send_and_flush(bootstrap: str, table: _Table, partition: int,
-                          records: list[tuple[bytes, bytes | None]]) -> tuple[ChangelogBatches, int]:
+async def _send_and_flush(bootstrap: str, table: _Table, partition: int, records: list[tuple[bytes, bytes | None]],
+                          pause_s: float = 0.0) -> tuple[ChangelogBatches, int]:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type="lz4", acks=-1)
     await producer.start()
     try:
         app = type("App", (), {"producer": _FaustProducer(producer)})()
         batches = ChangelogBatches(CommitBarrier(app))
         batches.send(table, partition, records)
+        await asyncio.sleep(pause_s)      # the sends may end (or fail) before any commit comes
         await app.producer.flush()        # Faust's flush before a commit: wrapped to wait for the batches
         return batches, _high_watermark(bootstrap, TOPIC, partition)
     finally:
@@ -105,9 +102,11 @@ def test_records_land_in_order_and_the_flush_waits_for_them(broker: StandaloneBr
     assert _high_watermark(broker.bootstrap, TOPIC, 0) == 0
 
 
-def test_a_batch_that_cannot_be_sent_fails_the_flush(broker: StandaloneBroker) -> None:
-    """No such partition: the send fails, and so does the flush a commit would wait on."""
+@pytest.mark.parametrize("pause_s", [0.0, 1.0])
+def test_a_batch_that_cannot_be_sent_fails_the_flush(broker: StandaloneBroker, pause_s: float) -> None:
+    """No such partition: the send fails, and so does the flush a commit would wait on, also when the send had
+    failed before the flush came (a failed send is not forgotten)."""
     table = _Table(TOPIC)
     with pytest.raises(AssertionError, match="Unrecognized partition"):   # aiokafka's check of the partition
-        asyncio.run(_send_and_flush(broker.bootstrap, table, 999, [(b"k", b"v")]))
+        asyncio.run(_send_and_flush(broker.bootstrap, table, 999, [(b"k", b"v")], pause_s))
     assert table.persisted == {}

@@ -1,13 +1,15 @@
-"""Pending state written before every offset commit, and dropped when partitions are revoked.
+"""Pending state written, and waiting regrouped records sent, before every offset commit.
 
 A Faust sensor's `on_commit_initiated` runs at the start of every commit, before the consumer picks the offsets
 it commits (only records whose handling has ended, their state in the write-back) and before the producer flush
-that precedes the commit: so no offset is committed before the state its records made has been sent, and a
-worker killed at any point restarts from state at least as new as its offsets (tests/test_scale_out.py). An
-exception here stops the commit: the offsets stay where they were.
+that precedes the commit, which waits for the sends started here (streams/engine/commit_barrier.py): so no offset
+is committed before the state its records made is in the changelog, and a worker killed at any point restarts
+from state at least as new as its offsets (tests/test_scale_out.py). The worker's `write` ends the worker on any
+failure (streams/app.py), so no later commit passes it.
 
-On a revoke the pending state is dropped, not written: by then the partitions may be another worker's, and the
-records that made it were not committed, so their next owner reads them again.
+On a revoke, Faust's commit before it (streams/faust_fixes.py) writes what is pending; what records handled after
+that commit made is dropped when the revoke's signal comes (streams/app.py `_revoked`): those records were not
+committed, and their partitions' next owner reads them again.
 """
 
 from __future__ import annotations
