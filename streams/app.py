@@ -93,13 +93,22 @@ tables = {p.name: app.Table(p.name, partitions=partitions(type(p)), key_type=byt
           for p in processors if p.durable}   # bytes in, bytes out: the processors encode their own state
 
 
-barrier = CommitBarrier(app, on_failure=lambda exc: end_for_restart(f"a record or changelog batch was not sent "
-                                                                    f"({exc!r})"))   # no later commit may pass it
+def _send_failed(exc: BaseException) -> None:
+    """A send behind the barrier failed: no later commit passes it (the failure is kept), and the worker ends now.
+    Sends cancelled while the worker stops are only logged: the kept failure blocks any commit after them."""
+    if isinstance(exc, asyncio.CancelledError) and app.should_stop:
+        log.warning("sends still waiting were cancelled by the stop; their records are read again")
+        return
+    end_for_restart(f"a record or changelog batch was not sent ({exc!r})")
+
+
+barrier = CommitBarrier(app, on_failure=_send_failed)
 changelog = ChangelogBatches(barrier)   # what every offset commit waits for (streams/engine/commit_barrier.py)
 
 
 def _table(p: Processor) -> TableBacking:
-    return TableBacking(tables[p.name], changelog)
+    return TableBacking(tables[p.name], changelog,
+                        on_failure=lambda exc: end_for_restart(f"state of {p.name} not written ({exc!r})"))
 
 
 # State changes wait in each store, and regrouped events in the topology, until a commit writes and sends them

@@ -91,3 +91,18 @@ def test_the_topology_joins_input_records_into_one_record_per_partition() -> Non
 def _decode(o) -> list[FlowSample]:  # noqa: ANN001 - an Out
     return decode_batch("telemetry.flows", o.key, o.value, o.headers).events
 
+
+
+def test_full_parts_wait_for_the_sender_not_for_the_route() -> None:
+    """With a buffer, `route` returns no repartition record: a part that fills up is taken by `regrouped_ready`,
+    which the worker hands to its ordered sender at once (streams/engine/ordered_sends.py)."""
+    topology = _topology(60.0)
+    topology.regroup.max_events = 5
+    topic = repartition_topic(FlowLatencyJoin)
+    assert [o for o in topology.route("telemetry.flows", 0, _flows("node-0", range(200)), []) if o.topic == topic] == []
+    ready = topology.regrouped_ready()
+    assert ready and all(o.topic == topic for o in ready)
+    taken = sorted(e.seq for o in ready for e in _decode(o))
+    rest = sorted(e.seq for o in topology.drain_regrouped() for e in _decode(o))
+    assert len(taken) >= 5 * len({o.partition for o in ready}) and sorted(taken + rest) == list(range(200))
+    assert topology.regrouped_ready() == []

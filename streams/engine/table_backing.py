@@ -9,7 +9,7 @@ in batches (streams/engine/changelog_batches.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import faust
 from faust.streams import current_event
@@ -19,9 +19,13 @@ from clocktower.streams.engine.changelog_batches import ChangelogBatches
 
 
 class TableBacking:
-    def __init__(self, table: faust.Table, changelog: ChangelogBatches) -> None:
+    def __init__(self, table: faust.Table, changelog: ChangelogBatches,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """`on_failure`: told when a write raises (the worker's ends it: a write that fails inside a batch would
+        otherwise dead-letter that record, and a later commit pass over it)."""
         self.table = table
         self.changelog = changelog
+        self.on_failure = on_failure
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         event = current_event()
@@ -41,6 +45,14 @@ class TableBacking:
         return len(self.table)
 
     def write(self, partition: int, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        try:
+            self._write(partition, puts, deletes)
+        except Exception as exc:
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            raise
+
+    def _write(self, partition: int, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
         batch = WriteBatch(raw_mode=True)
         for key, value in puts:
             batch.put(key, value)
