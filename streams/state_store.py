@@ -58,7 +58,7 @@ class StateCodec(Protocol):
 
 
 class StateStore:
-    def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | None = None,
+    def __init__(self, codec: StateCodec, backing: MutableMapping[bytes, bytes] | PartitionedBacking | None = None,
                  max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False,
                  max_pending: int = MAX_PENDING) -> None:
         """`write_back`: keep each batch's changes pending until `write_pending` (the module's docstring)."""

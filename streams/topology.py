@@ -78,16 +78,16 @@ class Topology:
     def regrouped_ready(self) -> list[Out]:
         """The records of regrouped events that are ready: parts that filled up, and parts that have waited long
         enough. With a regroup buffer, `route` returns none of these: hand them to the sender at once."""
-        if self.regroup is None:
-            return []
-        parts, self._full = self._full + self.regroup.due(), []
-        return _part_records(parts)
+        return self._take(RegroupBuffer.due)
 
     def drain_regrouped(self) -> list[Out]:
         """The records of every regrouped event waiting (before a commit)."""
+        return self._take(RegroupBuffer.drain)
+
+    def _take(self, take: Callable[[RegroupBuffer], list[Part]]) -> list[Out]:
         if self.regroup is None:
             return []
-        parts, self._full = self._full + self.regroup.drain(), []
+        parts, self._full = self._full + take(self.regroup), []
         return _part_records(parts)
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],

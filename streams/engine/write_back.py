@@ -14,21 +14,17 @@ committed, and their partitions' next owner reads them again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from faust.sensors import Sensor
-
-log = logging.getLogger(__name__)
 
 
 class WriteBackOnCommit(Sensor):
     def __init__(self, write: Callable[[], int]) -> None:
         super().__init__()
         self.write = write
-        self.written = 0
 
     def on_commit_initiated(self, consumer: Any) -> Any:
-        self.written += self.write()
+        self.write()
         return None

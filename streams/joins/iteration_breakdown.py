@@ -73,8 +73,6 @@ class PendingIteration(NamedTuple):
         return cls(it.node, it.ts_ns, it.job, it.rank, it.iteration, it.start_ns, it.end_ns, it.collectives)
 
 
-_ITERATION_FIELDS = PendingIteration._fields
-
 
 def _busy_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
     """Length of the union of `intervals` clipped to [lo, hi]."""
