@@ -6,6 +6,9 @@ One Kafka record = one batch of events of one schema from one node:
   value    a JSON array of events (orjson / pydantic-core, no per-event Python), at most
            MAX_RECORD_BYTES (schemas/topics.py); `schemas.batch_split` cuts bigger batches
 
+`decode_columns` gives the same verdict as columns, through a fast path generated from the models
+(schemas/fast_columns.py) where it can vouch for a record.
+
 Decoding validates everything (schemas/envelope_checks.py: count, key, event time) and raises
 `DecodeError` with a reason that ends up in `deadletter`; it never raises anything else.
 `envelope_checks=False` decodes as before those checks existed (no key, count or event-time rule, values up
@@ -20,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -32,6 +36,7 @@ from clocktower.schemas.envelope_checks import (
     timestamp_fields,
 )
 from clocktower.schemas.event import Event
+from clocktower.schemas.fast_columns import decoder
 from clocktower.schemas.operations import DeadLetter
 from clocktower.schemas.topics import BY_NAME, BY_SCHEMA, MAX_RECORD_BYTES, TELEMETRY  # the limit: defined there
 
@@ -60,6 +65,16 @@ class DecodedBatch:
     schema: str
     node: str
     events: list[Event]
+
+
+@dataclass(frozen=True)
+class DecodedColumns:
+    """A decoded batch as one tuple of values per model field (in field order), each `rows` long."""
+
+    schema: str
+    node: str
+    rows: int
+    columns: list[tuple[Any, ...]]
 
 
 @cache
@@ -91,15 +106,9 @@ def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> st
     return None
 
 
-def decode_batch(topic: str, key: bytes | None, value: bytes | None,
-                 headers: Sequence[tuple[str, bytes | None]] | None, *,
-                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None,
-                 envelope_checks: bool = True) -> DecodedBatch:
-    """Validate one record of `topic`; raise DecodeError with the reason on any defect.
-
-    An event stamped more than `max_future_skew_ns` after `now_ns` (default: this clock) is refused.
-    With `envelope_checks` False, the rules records were stored under before them apply (see the module doc).
-    """
+def _envelope(topic: str, key: bytes | None, value: bytes | None,
+              headers: Sequence[tuple[str, bytes | None]] | None, envelope_checks: bool) -> tuple[str, type[Event]]:
+    """The record's (schema, model) once its topic, key, size, schema and version headers pass; else DecodeError."""
     spec = BY_NAME.get(topic)
     if spec is None:
         raise DecodeError(f"unknown topic {topic!r}")
@@ -121,6 +130,20 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
     version = _header(headers, H_VERSION)
     if version != str(model.VERSION):
         raise DecodeError(f"unsupported version {version!r} of schema {schema!r} (supported: {model.VERSION})")
+    return schema, model
+
+
+def decode_batch(topic: str, key: bytes | None, value: bytes | None,
+                 headers: Sequence[tuple[str, bytes | None]] | None, *,
+                 max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None,
+                 envelope_checks: bool = True) -> DecodedBatch:
+    """Validate one record of `topic`; raise DecodeError with the reason on any defect.
+
+    An event stamped more than `max_future_skew_ns` after `now_ns` (default: this clock) is refused.
+    With `envelope_checks` False, the rules records were stored under before them apply (see the module doc).
+    """
+    schema, model = _envelope(topic, key, value, headers, envelope_checks)
+    assert value is not None   # _envelope refuses None
     try:
         events = _list_adapter(model).validate_json(value)
     except ValidationError as exc:
@@ -137,11 +160,37 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
             raise DecodeError(f"event from node {e.node!r} in a batch keyed {bounded(node, 300)!r}")
     if not envelope_checks:
         return DecodedBatch(schema=schema, node=node, events=events)
-    fields = timestamp_fields(model, spec in TELEMETRY)
+    fields = timestamp_fields(model, BY_NAME[topic] in TELEMETRY)
     problem = future_problem(events, fields, time.time_ns() if now_ns is None else now_ns, max_future_skew_ns)
     if problem is not None:
         raise DecodeError(problem)
     return DecodedBatch(schema=schema, node=node, events=events)
+
+
+def decode_columns(topic: str, key: bytes | None, value: bytes | None,
+                   headers: Sequence[tuple[str, bytes | None]] | None, *,
+                   max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None) -> DecodedColumns:
+    """`decode_batch`'s verdict, as columns: the same records accepted with the same values, the same reasons.
+
+    Most records take the fast path generated from the model (schemas/fast_columns.py: orjson and whole-column
+    checks, no pydantic object per event). A record it cannot vouch for, or one that fails any envelope check,
+    goes through `decode_batch`, which accepts it or gives the dead-letter reason.
+    """
+    schema, model = _envelope(topic, key, value, headers, True)
+    fast = decoder(model)
+    columns = fast.columns(value) if fast is not None and value is not None else None
+    if columns is not None and key:
+        rows = len(columns[0])
+        node = key.decode("utf-8", "replace")
+        limit = (time.time_ns() if now_ns is None else now_ns) + max_future_skew_ns
+        by_name = dict(zip(fast.names, columns, strict=True))   # type: ignore[union-attr]
+        if (rows <= MAX_BATCH_EVENTS and count_problem(_header(headers, H_COUNT), rows) is None
+                and set(by_name["node"]) == {node}
+                and all(max(by_name[f]) <= limit for f in timestamp_fields(model, BY_NAME[topic] in TELEMETRY))):
+            return DecodedColumns(schema, node, rows, columns)
+    batch = decode_batch(topic, key, value, headers, max_future_skew_ns=max_future_skew_ns, now_ns=now_ns)
+    columns = list(zip(*map(attrgetter(*model.model_fields), batch.events), strict=True))
+    return DecodedColumns(schema, batch.node, len(batch.events), columns)
 
 
 def _short_reason(exc: ValidationError) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clocktower.schemas.column_types import Name, TimestampNs
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Event(BaseModel):
@@ -45,3 +48,17 @@ def missing_when_required(event: Event) -> None:
         if getattr(event, name) == value and not given.issuperset(fields):
             missing = [f for f in fields if f not in given]
             raise ValueError(f"{', '.join(missing)} required when {name} is {value!r}")
+
+
+def column_rule(*rule: str) -> Callable[[F], F]:
+    """Say what a model validator checks, so that schemas/fast_columns.py can check it over whole columns.
+
+    ("ordered", a, b): field a <= field b in every event. ("all_fields_given",): the validator passes whenever
+    every field is given (REQUIRED_WHEN, defaults of old records). A validator without a rule keeps its
+    model's records on pydantic's path; the rule must say what the validator does (tests/test_fast_columns.py).
+    Put it under `@model_validator` (and under `@classmethod`).
+    """
+    def mark(func: F) -> F:
+        func.column_rule = rule   # type: ignore[attr-defined]
+        return func
+    return mark

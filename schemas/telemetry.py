@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from clocktower.schemas.column_types import CH, Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
-from clocktower.schemas.event import Event, missing_when_required
+from clocktower.schemas.event import Event, column_rule, missing_when_required
 
 Protocol = Literal["tcp", "udp", "roce"]
 Percent = Annotated[int, Field(ge=0, le=100), CH("UInt8")]
@@ -79,12 +79,14 @@ class CollectiveEvent(Event):
 
     @model_validator(mode="before")
     @classmethod
+    @column_rule("all_fields_given")
     def _source_of_old_records(cls, data: Any) -> Any:
         if isinstance(data, dict) and "source" not in data and str(data.get("communicator", "")).startswith("fr:"):
             return {**data, "source": "flight_recorder"}
         return data
 
     @model_validator(mode="after")
+    @column_rule("ordered", "start_ns", "end_ns")
     def _ends_after_start(self) -> CollectiveEvent:
         if self.end_ns < self.start_ns:
             raise ValueError("end_ns is before start_ns")
@@ -110,6 +112,7 @@ class IterationEvent(Event):
     collectives: UInt32 | None = None
 
     @model_validator(mode="after")
+    @column_rule("ordered", "start_ns", "end_ns")
     def _ends_after_start(self) -> IterationEvent:
         if self.end_ns < self.start_ns:
             raise ValueError("end_ns is before start_ns")
@@ -205,6 +208,7 @@ class LinkState(Event):
                                      "actuator; null = no actuator")
 
     @model_validator(mode="after")
+    @column_rule("all_fields_given")
     def _ib_counters_given(self) -> LinkState:
         missing_when_required(self)
         return self
@@ -240,6 +244,7 @@ class FlowCounters(Event):
     interval_ns: UInt64 = Field(description="length of the drain interval, ns")
 
     @model_validator(mode="after")
+    @column_rule("all_fields_given")
     def _counted_fields_given(self) -> FlowCounters:
         missing_when_required(self)
         return self

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from clocktower.schemas.event import Event
 from clocktower.schemas.topics import BY_NAME
@@ -43,6 +44,11 @@ class BatchSet:
     def add(self, topic: str, partition: int, offset: int, events: list[Event], raw: bytes | None = None,
             node_mac: str = "unchecked") -> None:
         self._batch(topic, partition).add(offset, events, raw, node_mac)
+        self.offsets[(topic, partition)] = offset + 1
+
+    def add_columns(self, topic: str, partition: int, offset: int, rows: int, columns: Sequence[Sequence[Any]],
+                    raw: bytes, node_mac: str = "unchecked") -> None:
+        self._batch(topic, partition).add_columns(offset, rows, columns, raw, node_mac)
         self.offsets[(topic, partition)] = offset + 1
 
     def skip(self, topic: str, partition: int, offset: int) -> None:

@@ -36,6 +36,7 @@ from clocktower.schemas.codec import (
     bounded,
     dead_letter,
     decode_batch,
+    decode_columns,
     encode_batch,
 )
 from clocktower.schemas.kafka_security import KafkaSecurity
@@ -306,11 +307,11 @@ class KafkaClickHouseSink:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         metrics.RECORDS.labels(topic).inc()
         try:
-            batch = decode_batch(topic, msg.key(), msg.value(), msg.headers(),
-                                 max_future_skew_ns=self.max_future_skew_ns)
+            value = msg.value()
+            batch = decode_columns(topic, msg.key(), value, msg.headers(), max_future_skew_ns=self.max_future_skew_ns)
             headers = msg.headers() or []
-            mac = node_mac_status(self.producer_key, topic, msg.key(), msg.value(), headers, NODE_SIGNED_TOPICS)
-            self.batches.add(topic, partition, offset, batch.events, msg.value(), mac)
+            mac = node_mac_status(self.producer_key, topic, msg.key(), value, headers, NODE_SIGNED_TOPICS)
+            self.batches.add_columns(topic, partition, offset, batch.rows, batch.columns, value or b"", mac)
             return False
         except DecodeError as exc:
             reason = str(exc)

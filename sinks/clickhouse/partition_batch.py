@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from operator import attrgetter
+from typing import Any
 
 import pyarrow as pa
 
@@ -48,19 +50,24 @@ class PartitionBatch:
         """Add one record's events, all or nothing: a failure leaves the columns as they were. `node_mac`: whether
         the record was signed by its node (schemas/clickhouse_ddl.py)."""
         columns = list(zip(*map(self._fields, events), strict=True))
-        if len(columns) != len(self._names):
-            raise ValueError(f"{len(columns)} columns for {len(self._names)} fields")
+        self.add_columns(offset, len(events), columns, raw if raw is not None else repr(events).encode(), node_mac)
+
+    def add_columns(self, offset: int, rows: int, columns: Sequence[Sequence[Any]], raw: bytes,
+                    node_mac: str = "unchecked") -> None:
+        """Add one record's decoded columns (one per model field, in field order, each `rows` long), all or
+        nothing; `raw` is the record's value, digested into the dedup token."""
+        if len(columns) != len(self._names) or any(len(c) != rows for c in columns):
+            raise ValueError(f"{len(columns)} columns for {len(self._names)} fields, or not {rows} rows each")
         for name, values in zip(self._names, columns, strict=True):
             self._columns[name].extend(values)
-        n = len(events)
-        self._digest.update(raw if raw is not None else repr(events).encode())
-        self._columns["_partition"].extend([self.partition] * n)
-        self._columns["_offset"].extend([offset] * n)
-        self._columns["_node_mac"].extend([node_mac] * n)
+        self._digest.update(raw)
+        self._columns["_partition"].extend([self.partition] * rows)
+        self._columns["_offset"].extend([offset] * rows)
+        self._columns["_node_mac"].extend([node_mac] * rows)
         if self.first_offset < 0:
             self.first_offset = offset
         self.last_offset = offset
-        self.rows += n
+        self.rows += rows
 
     @property
     def age(self) -> float:
