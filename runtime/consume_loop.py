@@ -2,8 +2,9 @@
 
 One loop, so the rules that make a consumer lose nothing are written once:
 consume (paced by the idle pacer: the embedded broker answers fetches at once) -> hand each record to the
-handler -> store what is due (`store`: rows inserted, acks handed to the publisher) -> commit the offsets
-`store` returns, only then -> at the end, store and commit everything, and close.
+handler -> store what is due (`store`: rows inserted, acks handed to the publisher), or everything once a
+consume brings no record (caught up: nothing to batch with) -> commit the offsets `store` returns, only
+then -> at the end, store and commit everything, and close.
 An offset is therefore never committed before what its record produced is durable, and a crash re-reads
 from the last commit (the handler makes that idempotent). What differs stays in the handler: decoding,
 batching, the sink's loss checks (`held` partitions are neither handled nor resumed by the pacer), the
@@ -67,7 +68,10 @@ def consume_loop(consumer: Consumer, handler: RecordHandler, stop: threading.Eve
                 if handler.handle(msg):
                     break                  # positions were reset: the rest of this list is fetched again
                 commit(consumer, handler.store(due_only=True))   # per record: nothing grows past its bound
-            commit(consumer, handler.store(due_only=True))
+            # Caught up (no record came): store everything now. Under load a consume always brings records and
+            # batches fill to their size; the tail of a burst no longer waits out the batch age (1 s).
+            caught_up = not any(m.error() is None for m in msgs)
+            commit(consumer, handler.store(due_only=not caught_up))
             pacer.after(msgs)
         pacer.release()
         commit(consumer, handler.store(due_only=False))

@@ -82,7 +82,7 @@ def _check(annotation: Any, metadata: Sequence[Any]) -> ColumnCheck:
         if len(inner) != 1 or len(args) != 2:
             raise Unsupported(f"union {annotation}")
         present = _check(inner[0], metadata)
-        return lambda col: present([v for v in col if v is not None])
+        return lambda col: present([v for v in col if v is not None] if None in col else col)
     c = _constraints(metadata)
     if origin is Literal:
         allowed = frozenset(args)

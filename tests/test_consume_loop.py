@@ -110,3 +110,41 @@ def test_the_handler_is_closed_when_the_loop_fails() -> None:
     with pytest.raises(RuntimeError):
         consume_loop(FakeConsumer([[_msg(0, 0)]], stop, []), handler, stop, backoff_s=0)  # type: ignore[arg-type]
     assert handler.closed
+
+
+def test_a_consume_that_brings_no_record_stores_everything_at_once() -> None:
+    """Caught up: the tail of a burst is stored at once instead of waiting out the batch age."""
+    log, _ = _run([[_msg(0, 0)], [], [_msg(1, 0)]], {"every": 100})
+    events = [e for e in log if e[0] != "tick"]
+    assert events == [("handle", 0, 0),                          # not due
+                      ("store", False), ("commit", [(0, 1)]),    # the next consume brought nothing: all stored
+                      ("handle", 1, 0),
+                      ("store", False), ("commit", [(1, 1)])]
+
+
+def test_a_consume_of_only_end_of_partition_events_counts_as_caught_up() -> None:
+    class Eof:
+        def error(self) -> object:
+            return object()   # any error: the pacer's and the loop's test is "no record"
+
+        def topic(self) -> str:
+            return T
+
+        def partition(self) -> int:
+            return 0
+
+    stored: list[bool] = []
+
+    class Recording(Handler):
+        def handle(self, msg: Message) -> bool:
+            return False if isinstance(msg, Eof) else super().handle(msg)
+
+        def store(self, due_only: bool) -> Offsets:
+            stored.append(due_only)
+            return super().store(due_only)
+
+    stop = threading.Event()
+    consume_loop(FakeConsumer([[_msg(0, 0)], [Eof()]], stop, []), Recording([], every=100), stop,  # type: ignore[arg-type,list-item]
+                 backoff_s=0)
+    # the record: due only, per record and after its consume; the end event: due only per record, then everything
+    assert stored[:4] == [True, True, True, False]
