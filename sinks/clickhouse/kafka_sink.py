@@ -3,6 +3,8 @@
 Exactly-once into ClickHouse comes from two rules: offsets are committed only after every
 pending batch is inserted, and each (topic, partition) resumes after the later of its committed
 offset and its highest stored `_offset`, so rows inserted just before a crash are not inserted again.
+Inserts run on one thread, in order, while the next records are decoded (insert_queue.py): a failed one
+stops every later one, so the highest stored offset never passes a record whose rows are missing.
 When the broker lost acknowledged records and reused their offsets (the embedded noida-db does after
 a kill -9), the sink finds the first reused offset on assignment or on an out-of-range fetch,
 deletes the rows stored from it on and reads the log again from there (resume.py), so
@@ -23,7 +25,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -44,6 +46,8 @@ from clocktower.schemas.record_mac import node_mac_status
 from clocktower.schemas.topics import BY_NAME, NODE_SIGNED_TOPICS, TOPICS
 from clocktower.sinks.clickhouse import metrics
 from clocktower.sinks.clickhouse.batch_set import BatchSet, FlushPolicy
+from clocktower.sinks.clickhouse.insert_queue import InsertQueue
+from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, find_resume, known_resume
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
@@ -83,12 +87,12 @@ class KafkaClickHouseSink:
         self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.topics = topics or [t.name for t in TOPICS]
         self.batches = BatchSet(policy, salt=secrets.token_hex(4))
+        self.inserts = InsertQueue(_inserter(writer))   # inserts overlap the next records' decoding
         login = (security or KafkaSecurity()).librdkafka()   # CLOCKTOWER_KAFKA_* SASL/mTLS
         self._group_id = group_id
         extra = dict(consumer_extra or {})
         self._probe_config = {"bootstrap.servers": bootstrap, "enable.auto.commit": False, "logger": RDKAFKA_LOG,
                               **extra, **login}
-        self.rows_inserted = 0
         self.deadlettered = 0
         self._recheck_at: float | None = None   # when to retry a failed or unanswered check (None: none pending)
         self._pending: set[tuple[str, int]] = set()  # assigned but paused: their check has not answered yet
@@ -117,6 +121,10 @@ class KafkaClickHouseSink:
                                   "linger.ms": 5, "compression.type": "lz4",
                                   "log.connection.close": False, "logger": RDKAFKA_LOG, **login})
 
+    @property
+    def rows_inserted(self) -> int:
+        return self.inserts.rows
+
     # --- partition assignment -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition],
                    checked: frozenset[tuple[str, int]] = frozenset()) -> None:
@@ -126,6 +134,9 @@ class KafkaClickHouseSink:
         until a later check answers, as resuming it unchecked could skip records whose rows an earlier check
         deleted (its commit lost) or that a broker loss gave to new records.
         """
+        # Inserts in flight land first: the checks below read (and may delete) what is stored. Their offsets need no
+        # commit here: the resume point covers rows stored and not committed. A failed insert raises: retried.
+        self.inserts.finished(wait=True)
         committed = {(tp.topic, tp.partition): tp.offset
                      for tp in consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)}
         stored: dict[tuple[str, int], int] = {}
@@ -288,6 +299,7 @@ class KafkaClickHouseSink:
         return False
 
     def close(self) -> None:
+        self.inserts.close()
         self.producer.flush(10)
         self.consumer.close()
 
@@ -352,8 +364,10 @@ class KafkaClickHouseSink:
         return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
 
     def _retry_later(self, partitions: list[TopicPartition]) -> None:
-        """Drop pending batches (read again from the committed/stored offsets), pause `partitions`, check later."""
+        """Drop pending batches and inserts (read again from the committed/stored offsets), pause `partitions`, check
+        later."""
         self.batches.take()
+        self.inserts.reset()
         self._pending |= {(tp.topic, tp.partition) for tp in partitions}   # their records are not handled meanwhile
         try:
             self.consumer.pause(partitions)   # no later record may be committed past them
@@ -392,18 +406,27 @@ class KafkaClickHouseSink:
         commit(self.consumer, self.store(due_only))
 
     def store(self, due_only: bool = False) -> dict[tuple[str, int], int]:
-        """Insert the due (or all) batches and make dead letters durable; returns the offsets now safe to commit."""
+        """Hand the due (or all) batches to the insert thread (sinks/clickhouse/insert_queue.py) and return the
+        offsets now safe to commit: those whose inserts are done (every one unless `due_only`: this waits for them),
+        once the dead letters are durable too. A failed insert raises here."""
         keys = self.batches.due_keys() if due_only else None
-        if keys == []:
+        if keys != []:
+            batches, offsets = self.batches.take(keys)
+            if offsets:
+                self.inserts.submit(batches, offsets)
+        done = self.inserts.finished(wait=not due_only)
+        if not done:
             return {}
-        batches, offsets = self.batches.take(keys)
-        if not offsets:
-            return {}
+        if self.producer.flush(30) != 0:
+            raise RuntimeError("dead letters not delivered; not committing")
+        return done
+
+
+def _inserter(writer: TableWriter) -> Callable[[PartitionBatch], None]:
+    """Insert one batch, on the insert thread (a closure, not a method: the sink holds no reference cycle, so a
+    dropped sink and its ClickHouse client go at once)."""
+    def insert(batch: PartitionBatch) -> None:
         with metrics.FLUSH_SECONDS.time():
-            for batch in batches:
-                self.writer.insert(batch)
-                self.rows_inserted += batch.rows
-                metrics.ROWS.labels(batch.spec.table).inc(batch.rows)
-            if self.producer.flush(30) != 0:
-                raise RuntimeError("dead letters not delivered; not committing")
-        return offsets
+            writer.insert(batch)
+        metrics.ROWS.labels(batch.spec.table).inc(batch.rows)
+    return insert

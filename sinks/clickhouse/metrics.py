@@ -5,7 +5,7 @@ from prometheus_client import Counter, Histogram
 RECORDS = Counter("clocktower_sink_records_total", "Kafka records consumed", ["topic"])
 ROWS = Counter("clocktower_sink_rows_total", "rows inserted into ClickHouse", ["table"])
 DEADLETTERS = Counter("clocktower_sink_deadletters_total", "records rejected to deadletter", ["topic"])
-FLUSH_SECONDS = Histogram("clocktower_sink_flush_seconds", "time to insert all batches and commit")
+FLUSH_SECONDS = Histogram("clocktower_sink_flush_seconds", "time to insert one partition batch (on the insert thread)")
 DEADLETTER_FAILURES = Counter("clocktower_sink_deadletter_failures_total",
                               "rejected records skipped because their dead letter could not be built or queued",
                               ["topic"])
