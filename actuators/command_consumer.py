@@ -274,7 +274,7 @@ class CommandConsumer:
             time.sleep(RETRY_S[0])
         return True
 
-    def store(self, due_only: bool) -> Offsets:
+    def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
         """Hand the acks to `publish`, then return their records' offsets to commit (none if publish failed)."""
         with self._lock:
             acks, offsets = self._acks, self._offsets

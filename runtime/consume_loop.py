@@ -2,9 +2,9 @@
 
 One loop, so the rules that make a consumer lose nothing are written once:
 consume (paced by the idle pacer: the embedded broker answers fetches at once) -> hand each record to the
-handler -> store what is due (`store`: rows inserted, acks handed to the publisher), or everything once a
-consume brings no record (caught up: nothing to batch with) -> commit the offsets `store` returns, only
-then -> at the end, store and commit everything, and close.
+handler -> store what is due (`store`: rows inserted, acks handed to the publisher; `caught_up` once a
+consume brings no record) -> commit the offsets `store` returns, only then -> at the end, store and commit
+everything, and close.
 An offset is therefore never committed before what its record produced is durable, and a crash re-reads
 from the last commit (the handler makes that idempotent). What differs stays in the handler: decoding,
 batching, the sink's loss checks (`held` partitions are neither handled nor resumed by the pacer), the
@@ -38,8 +38,9 @@ class RecordHandler(Protocol):
         consumed list is dropped (it is fetched again)."""
         ...
 
-    def store(self, due_only: bool) -> Offsets:
-        """Make the handled records' results durable (all, or only what is due); returns the offsets to commit."""
+    def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
+        """Make the handled records' results durable (all, or only what is due); returns the offsets to commit.
+        `caught_up`: the last consume brought no record, so what waits for more to batch with may go now."""
         ...
 
     def close(self) -> None:
@@ -68,10 +69,10 @@ def consume_loop(consumer: Consumer, handler: RecordHandler, stop: threading.Eve
                 if handler.handle(msg):
                     break                  # positions were reset: the rest of this list is fetched again
                 commit(consumer, handler.store(due_only=True))   # per record: nothing grows past its bound
-            # Caught up (no record came): store everything now. Under load a consume always brings records and
-            # batches fill to their size; the tail of a burst no longer waits out the batch age (1 s).
+            # Caught up (no record came): the handler may store what it would keep batching (the sink: a batch of a
+            # tenth of its size), so the tail of a burst does not wait out the batch age (1 s).
             caught_up = not any(m.error() is None for m in msgs)
-            commit(consumer, handler.store(due_only=not caught_up))
+            commit(consumer, handler.store(due_only=True, caught_up=caught_up))
             pacer.after(msgs)
         pacer.release()
         commit(consumer, handler.store(due_only=False))

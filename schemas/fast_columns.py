@@ -137,8 +137,14 @@ def _sized(kind: type, c: _Constraints, items: ColumnCheck) -> ColumnCheck:
     return check
 
 
+# Model settings that change no value and accept nothing more (anything else, e.g. str_strip_whitespace: pydantic).
+_NEUTRAL_CONFIG = {"extra", "frozen", "title", "json_schema_extra"}
+
+
 def _model_rules(model: type[Event], names: tuple[str, ...]) -> list[Callable[[dict[str, Sequence[Any]]], bool]]:
     """What each model validator checks, as a check over whole columns (every field is given on this path)."""
+    if set(model.model_config) - _NEUTRAL_CONFIG or model.model_config.get("extra") != "forbid":
+        raise Unsupported(f"model settings {sorted(model.model_config)}")
     if model.__pydantic_post_init__ is not None:
         raise Unsupported("model_post_init")
     decorators = model.__pydantic_decorators__
@@ -151,12 +157,20 @@ def _model_rules(model: type[Event], names: tuple[str, ...]) -> list[Callable[[d
             raise Unsupported(f"model validator {name} says nothing of what it checks (column_rule)")
         if rule[0] == "all_fields_given":
             continue   # REQUIRED_WHEN and defaults for old records: met when every field is given
-        if rule[0] == "ordered" and len(rule) == 3 and {rule[1], rule[2]} <= set(names):
+        if rule[0] == "ordered" and len(rule) == 3 and all(
+                f in names and _int_of(model.model_fields[f].annotation) for f in rule[1:]):
             first, then = rule[1], rule[2]
             rules.append(lambda cols, a=first, b=then: all(map(le, cols[a], cols[b])))
             continue
         raise Unsupported(f"model validator {name}: unknown rule {rule!r}")
     return rules
+
+
+def _int_of(annotation: Any) -> bool:
+    """An int, however annotated, and never null: `ordered` compares such columns."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation is int
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,11 @@ class Handler:
         self.pending[(msg.topic(), msg.partition())] = msg.offset() + 1
         return False
 
-    def store(self, due_only: bool) -> Offsets:
-        if not self.pending or (due_only and sum(self.pending.values()) % self.every):
+    def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
+        """Like the sink: once caught up, what waits for more to batch with goes too."""
+        if not self.pending or (due_only and not caught_up and sum(self.pending.values()) % self.every):
             return {}
-        self.log.append(("store", due_only))
+        self.log.append(("store", "caught up" if caught_up else due_only))
         out, self.pending = self.pending, {}
         return out
 
@@ -88,8 +89,8 @@ def test_offsets_are_committed_only_after_store_returns_them() -> None:
     events = [e for e in log if e[0] != "tick"]
     assert events == [("handle", 0, 0),                          # pending sum 1: not due
                       ("handle", 0, 1), ("store", True), ("commit", [(0, 2)]),
-                      ("handle", 1, 0),                          # 1: not due; the end stores everything
-                      ("store", False), ("commit", [(1, 1)])]
+                      ("handle", 1, 0),                          # 1: not due
+                      ("store", "caught up"), ("commit", [(1, 1)])]   # the last consume brought nothing
     assert handler.closed
 
 
@@ -102,7 +103,7 @@ def test_held_partitions_are_skipped_and_a_reset_drops_the_rest_of_the_list() ->
 
 def test_the_handler_is_closed_when_the_loop_fails() -> None:
     class Failing(Handler):
-        def store(self, due_only: bool) -> Offsets:
+        def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
             raise RuntimeError("insert failed")
 
     stop = threading.Event()
@@ -112,14 +113,14 @@ def test_the_handler_is_closed_when_the_loop_fails() -> None:
     assert handler.closed
 
 
-def test_a_consume_that_brings_no_record_stores_everything_at_once() -> None:
-    """Caught up: the tail of a burst is stored at once instead of waiting out the batch age."""
+def test_a_consume_that_brings_no_record_says_the_handler_caught_up() -> None:
+    """Caught up: the handler may store what it keeps batching, so the tail of a burst does not wait out its age."""
     log, _ = _run([[_msg(0, 0)], [], [_msg(1, 0)]], {"every": 100})
     events = [e for e in log if e[0] != "tick"]
-    assert events == [("handle", 0, 0),                          # not due
-                      ("store", False), ("commit", [(0, 1)]),    # the next consume brought nothing: all stored
+    assert events == [("handle", 0, 0),                               # not due
+                      ("store", "caught up"), ("commit", [(0, 1)]),   # the next consume brought nothing
                       ("handle", 1, 0),
-                      ("store", False), ("commit", [(1, 1)])]
+                      ("store", "caught up"), ("commit", [(1, 1)])]   # the fake's polls ran out: nothing again
 
 
 def test_a_consume_of_only_end_of_partition_events_counts_as_caught_up() -> None:
@@ -133,18 +134,30 @@ def test_a_consume_of_only_end_of_partition_events_counts_as_caught_up() -> None
         def partition(self) -> int:
             return 0
 
-    stored: list[bool] = []
+    stored: list[tuple[bool, bool]] = []
 
     class Recording(Handler):
         def handle(self, msg: Message) -> bool:
             return False if isinstance(msg, Eof) else super().handle(msg)
 
-        def store(self, due_only: bool) -> Offsets:
-            stored.append(due_only)
-            return super().store(due_only)
+        def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
+            stored.append((due_only, caught_up))
+            return super().store(due_only, caught_up)
 
     stop = threading.Event()
     consume_loop(FakeConsumer([[_msg(0, 0)], [Eof()]], stop, []), Recording([], every=100), stop,  # type: ignore[arg-type,list-item]
                  backoff_s=0)
-    # the record: due only, per record and after its consume; the end event: due only per record, then everything
-    assert stored[:4] == [True, True, True, False]
+    # the record: due only, per record and after its consume; the end event: per record, then caught up
+    assert stored[:4] == [(True, False), (True, False), (True, False), (True, True)]
+
+
+def test_the_end_stores_and_commits_everything() -> None:
+    class KeepsBatching(Handler):
+        def store(self, due_only: bool, caught_up: bool = False) -> Offsets:
+            return super().store(due_only)   # a handler that never stores early
+
+    log: list[tuple] = []
+    stop = threading.Event()
+    consume_loop(FakeConsumer([[_msg(0, 0)]], stop, log), KeepsBatching(log, every=100), stop,  # type: ignore[arg-type]
+                 backoff_s=0)
+    assert [e for e in log if e[0] in ("store", "commit")] == [("store", False), ("commit", [(0, 1)])]

@@ -338,6 +338,9 @@ class _FakeConsumer:
     def close(self) -> None:
         pass
 
+    def unassign(self) -> None:
+        self.assigned = []
+
 
 class _FakeWriter:
     def __init__(self, stored: dict[tuple[str, int], int] | None = None) -> None:
@@ -559,3 +562,50 @@ def test_an_unchecked_partition_is_not_read_until_its_check_answers(monkeypatch)
     assert asked == [0, 1, 1], "only the unchecked partition is checked again"
     assert sink.consumer.assigns[-1] == [(TOPIC, 0, 4), (TOPIC, 1, 6)], "read on where it was; from the checked 6"
     assert not sink.consumer.paused and sink._recheck_at is None and not sink._pending
+
+
+class _FailingWriter(_FakeWriter):
+    """Fails every insert of a batch holding `fail_at`."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def insert(self, batch: PartitionBatch) -> None:
+        if self.fail_at in batch.to_arrow().column("_offset").to_pylist():
+            raise OSError("insert failed")
+        super().insert(batch)
+
+
+def test_after_a_failed_insert_nothing_later_is_inserted_or_committed_and_a_revoke_or_close_goes_on() -> None:
+    """The insert thread: a failed insert stops every later one (rows at later offsets would move the resume point
+    past the missing ones), nothing is committed past it, and a revoke or close after it does not raise."""
+    writer = _FailingWriter(fail_at=1)
+    sink = _fake_sink(writer)
+    sink.handle(_message(0))
+    sink.flush()
+    assert sink.consumer.commits == [[(TOPIC, 0, 1)]] and writer.offsets == [0] * 10
+    sink.handle(_message(1))
+    with pytest.raises(OSError):
+        sink.flush()
+    sink.handle(_message(2))
+    with pytest.raises(OSError):
+        sink.flush()   # the failure stays: record 2 is not inserted behind the missing record 1
+    assert writer.offsets == [0] * 10 and sink.consumer.commits == [[(TOPIC, 0, 1)]]
+    sink._on_revoke(sink.consumer, [TopicPartition(TOPIC, 0)])   # logged, dropped: read again by the next owner
+    assert sink.inserts.pending == 0 and not sink.batches.batches
+    writer.fail_at = -1
+    sink.handle(_message(1))
+    sink.flush()
+    assert sink.consumer.commits[-1] == [(TOPIC, 0, 2)] and writer.offsets == [0] * 10 + [1] * 10
+    sink.close()
+
+
+def test_close_stores_what_is_pending_through_the_insert_thread() -> None:
+    writer = _FakeWriter()
+    sink = _fake_sink(writer)
+    revoked: list[bool] = []
+    sink.consumer.close = lambda: (revoked.append(True), sink._on_revoke(sink.consumer, []))  # type: ignore[method-assign]
+    sink.handle(_message(0))
+    sink.close()   # librdkafka's close revokes: the revoke stores before the insert thread stops
+    assert revoked and writer.offsets == [0] * 10 and sink.consumer.commits == [[(TOPIC, 0, 1)]]

@@ -18,6 +18,13 @@ class FlushPolicy:
     max_rows: int = 10_000
     max_age_s: float = 1.0
 
+    @property
+    def caught_up_rows(self) -> int:
+        """Once the sink has caught up (a consume brought no record), a batch this big is inserted at once: the
+        tail of a burst does not wait out `max_age_s`, while a trickle's small batches still wait and make one
+        insert a second, not one per idle moment."""
+        return max(1, self.max_rows // 10)
+
 
 class BatchSet:
     """All open batches, keyed by (topic, partition), each flushed when full or old.
@@ -56,10 +63,11 @@ class BatchSet:
         self._batch(topic, partition)
         self.offsets[(topic, partition)] = offset + 1
 
-    def due_keys(self) -> list[Key]:
-        """Partitions whose batch is full or older than max_age_s."""
+    def due_keys(self, caught_up: bool = False) -> list[Key]:
+        """Partitions whose batch is full or older than max_age_s; once `caught_up`, also those of caught_up_rows."""
         p = self.policy
-        return [k for k, b in self.batches.items() if b.rows >= p.max_rows or b.age >= p.max_age_s]
+        least = p.caught_up_rows if caught_up else p.max_rows
+        return [k for k, b in self.batches.items() if b.rows >= least or b.age >= p.max_age_s]
 
     def due(self) -> bool:
         return bool(self.due_keys())

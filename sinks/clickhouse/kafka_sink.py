@@ -274,7 +274,13 @@ class KafkaClickHouseSink:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._recheck_at, self._pending = None, set()   # the next assignment checks whatever it gives
-        self.flush()
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001 - never out of a librdkafka callback: nothing of it was committed, and the
+            # next owner of these partitions resumes from the committed and stored offsets, reading them again
+            log.exception("storing before the revoke failed; the records are read again from the last commit")
+            self.batches.take()
+            self.inserts.reset()
         consumer.unassign()
 
     # --- the loop (runtime/consume_loop.py) -----------------------------------------------------------------
@@ -299,9 +305,11 @@ class KafkaClickHouseSink:
         return False
 
     def close(self) -> None:
-        self.inserts.close()
-        self.producer.flush(10)
-        self.consumer.close()
+        try:
+            self.consumer.close()   # its revoke stores what is pending, through the insert thread
+        finally:
+            self.inserts.close()
+            self.producer.flush(10)
 
     def _handle(self, msg: Message) -> bool:
         """Batch one record or dead-letter it: no record, whatever it holds, stops the sink.
@@ -405,11 +413,12 @@ class KafkaClickHouseSink:
         """Insert the due (or all) batches, make dead letters durable, then commit their offsets."""
         commit(self.consumer, self.store(due_only))
 
-    def store(self, due_only: bool = False) -> dict[tuple[str, int], int]:
+    def store(self, due_only: bool = False, caught_up: bool = False) -> dict[tuple[str, int], int]:
         """Hand the due (or all) batches to the insert thread (sinks/clickhouse/insert_queue.py) and return the
         offsets now safe to commit: those whose inserts are done (every one unless `due_only`: this waits for them),
-        once the dead letters are durable too. A failed insert raises here."""
-        keys = self.batches.due_keys() if due_only else None
+        once the dead letters are durable too. A failed insert raises here. `caught_up` (the last consume brought
+        no record): a batch of a tenth of its size is due too (BatchSet.due_keys)."""
+        keys = self.batches.due_keys(caught_up) if due_only else None
         if keys != []:
             batches, offsets = self.batches.take(keys)
             if offsets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from clickhouse_connect.driver.client import Client
@@ -22,6 +23,9 @@ class TableWriter:
         self.client = client
         self.retries = retries
         self.backoff_s = backoff_s
+        # The sink inserts on its own thread and checks resume points on the main one: one request at a time on
+        # the client, whose session ClickHouse locks per query (two at once fail with SESSION_IS_LOCKED).
+        self._lock = threading.Lock()
 
     def ensure_schema(self) -> None:
         for ddl in all_ddl():
@@ -49,7 +53,8 @@ class TableWriter:
         settings = {"insert_deduplication_token": batch.dedup_token()}
         for attempt in range(self.retries + 1):
             try:
-                self.client.insert_arrow(batch.spec.table, table, settings=settings)
+                with self._lock:
+                    self.client.insert_arrow(batch.spec.table, table, settings=settings)
                 return
             except (ClickHouseError, OSError) as exc:
                 if attempt == self.retries:
@@ -59,24 +64,23 @@ class TableWriter:
 
     def resume_offsets(self, spec: TopicSpec) -> dict[tuple[str, int], int]:
         """Per (topic, partition) of `spec`'s topic, the offset after the last record of it stored in the table."""
-        rows = self.client.query(
+        rows = self._query(
             f"SELECT _partition, max(_offset) FROM `{spec.table}` WHERE _topic = {{t:String}} AND _offset >= 0 "
-            "GROUP BY _partition", parameters={"t": spec.name}
-        ).result_rows
+            "GROUP BY _partition", {"t": spec.name})
         return {(spec.name, int(p)): int(o) + 1 for p, o in rows}
 
     def stored_record(self, spec: TopicSpec, partition: int, offset: int) -> tuple[int, int] | None:
         """(rows, min ts_ns) stored from one record, None if none."""
-        count, ts = self.client.query(
+        count, ts = self._query(
             f"SELECT count(), min(ts_ns) FROM `{spec.table}` WHERE _topic = {{t:String}} AND _partition = {{p:UInt32}} "
-            "AND _offset = {o:Int64}", parameters={"t": spec.name, "p": partition, "o": offset}).result_rows[0]
+            "AND _offset = {o:Int64}", {"t": spec.name, "p": partition, "o": offset})[0]
         return (int(count), int(ts)) if count else None
 
     def dead_lettered(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the deadletter table holds this record."""
-        return bool(self.client.query(
+        return bool(self._query(
             "SELECT count() FROM deadletter WHERE origin_topic = {t:String} AND origin_partition = {p:UInt32} "
-            "AND origin_offset = {o:Int64}", parameters={"t": topic, "p": partition, "o": offset}).result_rows[0][0])
+            "AND origin_offset = {o:Int64}", {"t": topic, "p": partition, "o": offset})[0][0])
 
     def delete_from(self, spec: TopicSpec, partition: int, from_offset: int) -> int:
         """Delete the rows of records at offsets >= `from_offset` (the broker lost them); returns how many went.
@@ -90,10 +94,15 @@ class TableWriter:
                             f"{int(partition)} AND `_offset` >= {int(from_offset)}")
 
     def _delete(self, table: str, where: str) -> int:
-        rows = int(self.client.query(f"SELECT count() FROM {table} WHERE {where}").result_rows[0][0])
+        rows = int(self._query(f"SELECT count() FROM {table} WHERE {where}")[0][0])
         if rows:
-            self.client.command(f"ALTER TABLE {table} DELETE WHERE {where}", settings={"mutations_sync": 2})
+            with self._lock:
+                self.client.command(f"ALTER TABLE {table} DELETE WHERE {where}", settings={"mutations_sync": 2})
         return rows
+
+    def _query(self, sql: str, parameters: dict[str, object] | None = None) -> list:
+        with self._lock:
+            return list(self.client.query(sql, parameters=parameters).result_rows)
 
 
 def _quote(text: str) -> str:
