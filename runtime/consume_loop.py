@@ -69,8 +69,8 @@ def consume_loop(consumer: Consumer, handler: RecordHandler, stop: threading.Eve
                 if handler.handle(msg):
                     break                  # positions were reset: the rest of this list is fetched again
                 commit(consumer, handler.store(due_only=True))   # per record: nothing grows past its bound
-            # Caught up (no record came): the handler may store what it would keep batching (the sink: a batch of a
-            # tenth of its size), so the tail of a burst does not wait out the batch age (1 s).
+            # Caught up (no record came): the handler may store what it would keep batching (the sink: every batch,
+            # once a tenth of a full batch's rows wait in all), so the tail of a burst does not wait out its 1 s.
             caught_up = not any(m.error() is None for m in msgs)
             commit(consumer, handler.store(due_only=True, caught_up=caught_up))
             pacer.after(msgs)

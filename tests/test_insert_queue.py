@@ -81,3 +81,4 @@ def test_at_most_depth_jobs_wait() -> None:
     assert not third.is_alive()
     assert q.finished(wait=True) == {(T, 0): 1, (T, 1): 1, (T, 2): 1}
     q.close()
+

@@ -20,9 +20,9 @@ class FlushPolicy:
 
     @property
     def caught_up_rows(self) -> int:
-        """Once the sink has caught up (a consume brought no record), a batch this big is inserted at once: the
-        tail of a burst does not wait out `max_age_s`, while a trickle's small batches still wait and make one
-        insert a second, not one per idle moment."""
+        """Once the sink has caught up (a consume brought no record) with this many rows waiting over all its
+        batches, it inserts them all at once: the tail of a burst does not wait out `max_age_s`, while a
+        trickle's few rows still wait and make one insert a second per partition, not one per idle moment."""
         return max(1, self.max_rows // 10)
 
 
@@ -64,10 +64,12 @@ class BatchSet:
         self.offsets[(topic, partition)] = offset + 1
 
     def due_keys(self, caught_up: bool = False) -> list[Key]:
-        """Partitions whose batch is full or older than max_age_s; once `caught_up`, also those of caught_up_rows."""
+        """Partitions whose batch is full or older than max_age_s; once `caught_up` with caught_up_rows waiting in
+        all, every partition."""
         p = self.policy
-        least = p.caught_up_rows if caught_up else p.max_rows
-        return [k for k, b in self.batches.items() if b.rows >= least or b.age >= p.max_age_s]
+        if caught_up and sum(b.rows for b in self.batches.values()) >= p.caught_up_rows:
+            return list(self.batches)
+        return [k for k, b in self.batches.items() if b.rows >= p.max_rows or b.age >= p.max_age_s]
 
     def due(self) -> bool:
         return bool(self.due_keys())

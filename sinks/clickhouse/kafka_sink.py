@@ -417,7 +417,7 @@ class KafkaClickHouseSink:
         """Hand the due (or all) batches to the insert thread (sinks/clickhouse/insert_queue.py) and return the
         offsets now safe to commit: those whose inserts are done (every one unless `due_only`: this waits for them),
         once the dead letters are durable too. A failed insert raises here. `caught_up` (the last consume brought
-        no record): a batch of a tenth of its size is due too (BatchSet.due_keys)."""
+        no record): with enough rows waiting, every batch is due (BatchSet.due_keys)."""
         keys = self.batches.due_keys(caught_up) if due_only else None
         if keys != []:
             batches, offsets = self.batches.take(keys)
