@@ -70,7 +70,7 @@ def consume_loop(consumer: Consumer, handler: RecordHandler, stop: threading.Eve
                     break                  # positions were reset: the rest of this list is fetched again
                 commit(consumer, handler.store(due_only=True))   # per record: nothing grows past its bound
             # Caught up (no record came): the handler may store what it would keep batching (the sink: every batch,
-            # once a tenth of a full batch's rows wait in all), so the tail of a burst does not wait out its 1 s.
+            # once a full batch's rows wait in all), so the tail of a burst does not wait out its 1 s.
             caught_up = not any(m.error() is None for m in msgs)
             commit(consumer, handler.store(due_only=True, caught_up=caught_up))
             pacer.after(msgs)

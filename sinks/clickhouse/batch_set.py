@@ -18,15 +18,6 @@ class FlushPolicy:
     max_rows: int = 10_000
     max_age_s: float = 1.0
 
-    @property
-    def caught_up_rows(self) -> int:
-        """Once the sink has caught up (a consume brought no record) with a full batch's rows waiting over all its
-        batches, it inserts them all at once: the tail of a burst does not wait out `max_age_s`, while a live
-        stream (16 nodes: about 10k events/s) still makes about one insert a second per partition, not one per
-        idle moment (with a tenth, 1,000 rows, every idle consume of that stream would qualify: up to 3-4 inserts
-        a second per partition, by the idle pacer's 0.25 s)."""
-        return self.max_rows
-
 
 class BatchSet:
     """All open batches, keyed by (topic, partition), each flushed when full or old.
@@ -66,10 +57,15 @@ class BatchSet:
         self.offsets[(topic, partition)] = offset + 1
 
     def due_keys(self, caught_up: bool = False) -> list[Key]:
-        """Partitions whose batch is full or older than max_age_s; once `caught_up` with caught_up_rows waiting in
-        all, every partition."""
+        """Partitions whose batch is full or older than max_age_s; once `caught_up` (a consume brought no record)
+        with a full batch's rows waiting over all batches, every partition.
+
+        So the tail of a burst does not wait out `max_age_s`, while a live stream (16 nodes: about 10k events/s)
+        still makes about one insert a second per partition, not one per idle moment (with a tenth, 1,000 rows,
+        every idle consume of that stream would qualify: up to 3-4 inserts a second per partition, by the idle
+        pacer's 0.25 s)."""
         p = self.policy
-        if caught_up and sum(b.rows for b in self.batches.values()) >= p.caught_up_rows:
+        if caught_up and sum(b.rows for b in self.batches.values()) >= p.max_rows:
             return list(self.batches)
         return [k for k, b in self.batches.items() if b.rows >= p.max_rows or b.age >= p.max_age_s]
 
