@@ -27,10 +27,10 @@ class Workaround:
 
 
 WORKAROUNDS: tuple[Workaround, ...] = (
-    Workaround("idle fetch back-off", "streams/idle_fetch.py, runtime/idle_pacer.py (sink, actuators)",
+    Workaround("idle fetch back-off", "streams/engine/idle_fetch.py, runtime/idle_pacer.py (sink, actuators)",
                "answers every fetch at once, ignoring fetch.wait.max.ms: an idle consumer spins",
                "holds an empty fetch up to fetch.wait.max.ms"),
-    Workaround("rejoin on an empty assignment", "streams/group_join.py",
+    Workaround("rejoin on an empty assignment", "streams/engine/group_join.py",
                "once answered a follower's SyncGroup with an empty assignment (b''), which kills aiokafka's "
                "coordination task",
                "sends every member its encoded assignment"),

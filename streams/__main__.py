@@ -11,19 +11,22 @@ from pydantic import ValidationError
 
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.parent_watch import watch_parent
+from clocktower.streams.app import build_app
+from clocktower.streams.settings import StreamsSettings
 
-try:   # the app reads its settings and keys when imported: a problem there is one line, not a traceback
-    from clocktower.streams.app import app, settings
-except UserError as exc:
-    print(f"error: {exc}", file=sys.stderr, flush=True)
-    sys.exit(2)
-except ValidationError as exc:
-    err = exc.errors()[0]
-    print(f"error: bad configuration {'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}",
-          file=sys.stderr, flush=True)
-    sys.exit(2)
 
-if __name__ == "__main__":
+def main() -> None:
+    try:   # settings and keys are read first: a problem there is one line, not a traceback
+        settings = StreamsSettings()
+        app = build_app(settings)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        print(f"error: bad configuration {'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}",
+              file=sys.stderr, flush=True)
+        sys.exit(2)
     watch_parent()
     if settings.streams_metrics_port:
         try:
@@ -32,3 +35,7 @@ if __name__ == "__main__":
             logging.getLogger("streams").error("metrics endpoint not started: %s", exc)
     sys.argv = [sys.argv[0], "worker", "--without-web", "-l", settings.streams_log_level, *sys.argv[1:]]
     app.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,14 +1,14 @@
 """Spot a partition whose fetched records stay uncommitted, so the worker ends and is restarted instead.
 
 The inputs are the consumer's own truth, not Faust's bookkeeping: aiokafka's position (the next offset it will hand
-to Faust) and the offset the broker holds as committed, the log start where none is (streams/offset_watchdog.py).
+to Faust) and the offset the broker holds as committed, the log start where none is (streams/engine/offset_watchdog.py).
 Faust's read and committed offsets hid the fault of issue 17: records fetched and discarded in a rebalance, never
 read again, left Faust's read offset at None, so its bookkeeping saw nothing to commit while the position stood at
 the high watermark. Whatever the cause, a position ahead of the commit with neither moving means records the worker
 holds no more and will never commit. A restarted worker resumes from the committed offsets and handles them again
 (the processors drop or re-emit what they have seen), so the stream worker checks every `CHECK_S` and, if a
 partition stays so for `STALL_CHECKS` checks in a row, ends itself with EXIT_COORDINATION_FAILED for its supervisor
-to restart (streams/group_join.py).
+to restart (streams/engine/group_join.py).
 
 Checks are counted, not seconds, so a worker whose event loop was blocked for a while is not ended by the first
 check after it. Pure: the worker feeds it the offsets; Faust commits every few seconds what was handled, so a

@@ -1,29 +1,36 @@
-"""Every registered processor in one process and one partition: the in-memory pipeline.
+"""Every registered processor in one process: the in-memory pipeline, on the app's own router.
 
 What one worker owning every partition computes, without a broker: the tests and benchmarks run it, and the
-record handler routes decoded batches to it. Derived events that other processors consume (per-edge clock
-fits, then clock estimates) are fed on at once, where the Faust app sends them through their topics; the
-solve of a clock update runs as soon as its fits are in, since here they all come in one batch.
+record handler routes decoded batches to it. It routes each batch through the same `Topology` as the Faust app
+(streams/topology.py); where the app publishes what a batch makes, this feeds it back at once: regrouped events
+to the processors behind their repartition topic, derived events (per-edge clock fits, then clock estimates) to
+the processors that read their topic, and clock estimates into the ClockView, as the app's ClockBroadcast does.
+A batch of events from several topics (a simulator's step) is routed one topic at a time, in order of first
+appearance; each processor sees its events in their order.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.control.signing import CommandSigner
 from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.event import Event
+from clocktower.schemas.topics import topic_for
 from clocktower.streams.clocksync.clock_view import ClockView
 from clocktower.streams.emit import Out, records
 from clocktower.streams.event_failure import EventFailure
-from clocktower.streams.joins.clock_solve import ClockSolve
 from clocktower.streams.processor import Processor
 from clocktower.streams.processor_context import KNOWN_AFTER_NS, ProcessorContext
 from clocktower.streams.processor_runner import ProcessorRunner
 from clocktower.streams.registry import build
 from clocktower.streams.remediation_budget import RemediationBudget
+from clocktower.streams.topology import Topology
+
+Batch = tuple[str, int, list[Event], "list[EventFailure] | None", "int | None"]   # topic, partition, events, ...
 
 
 class Processors:
@@ -39,46 +46,72 @@ class Processors:
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
                                remediation_budget=self.budget, approval_verifier=signer.verifier(),
                                known_after_ns=known_after_ns)
-        issuer = CommandIssuer(signer, clock_ns=clock_ns)
-        self.runners = {p.name: ProcessorRunner(p, issuer=issuer) for p in build(ctx)}
+        self.topology = Topology(build(ctx), CommandIssuer(signer, clock_ns=clock_ns), self.budget, lambda p: None)
+
+    @property
+    def runners(self) -> dict[str, ProcessorRunner]:
+        return {r.processor.name: r for r in self.topology.runners}
 
     def processor(self, name: str) -> Processor:
         return self.runners[name].processor
 
     def replace(self, processor: Processor) -> None:
         """Run `processor` in place of the registered one of its name (tests inject faulty ones)."""
-        old = self.runners[processor.name]
-        self.runners[processor.name] = ProcessorRunner(processor, issuer=old.issuer)
+        self.topology.replace(processor)
 
     def on_batch(self, events: Sequence[Event], failures: list[EventFailure] | None = None,
                  record: tuple[str, int, int] | None = None) -> list[Event]:
-        """The events derived from a batch (see ProcessorRunner.run for `failures` and `record`, which only the
-        batch's own events were read from)."""
+        """The events derived from a batch, and from those in turn. With `failures`, an event that raises is recorded
+        there (by its index in `events`; a derived one, without) and the others go on; without, it raises.
+        `record`: the (topic, partition, offset) the batch was read from (one topic's events, then)."""
+        if record is not None:
+            return self._run([(record[0], record[1], list(events), failures, record[2])], failures)
+        return self._run([(topic, 0, evs, _Reindexed(failures, at) if failures is not None else None, None)
+                          for topic, (at, evs) in _by_topic(events).items()], failures)
+
+    def _run(self, batches: list[Batch], failures: list[EventFailure] | None) -> list[Event]:
         out: list[Event] = []
-        batch, own = list(events), failures
-        while batch:
-            derived: list[Event] = []
-            for runner in self.runners.values():
-                if any(isinstance(e, runner.processor.consumes) for e in batch):
-                    derived += runner.run(0, batch, own, record)
-                if isinstance(runner.processor, ClockSolve):
-                    derived += runner.processor.solve_now()
+        queue = deque(batches)
+        derived_failures = None if failures is None else _Relabelled(failures)
+        while queue:
+            topic, partition, evs, fails, offset = queue.popleft()
+            derived, parts = self.topology.step(topic, partition, evs, fails, offset)
             self.clock_view.add_estimates([e for e in derived if isinstance(e, ClockEstimate)])
             out += derived
-            batch = [e for e in derived if any(isinstance(e, r.processor.consumes) for r in self.runners.values())]
-            own = None if failures is None else _Relabelled(failures)
-            record = None
+            queue.extend((t, p, es, derived_failures, None) for t, p, es in parts)
+            queue.extend((t, 0, es, derived_failures, None) for t, (_, es) in _by_topic(derived).items()
+                         if self.topology.reads(t))
         return out
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
               offset: int | None = None) -> list[Out]:
         """The record handler's router: a decoded batch in, the records to publish out."""
-        record = None if offset is None else (topic, partition, offset)
-        return list(records(self.on_batch(events, failures, record)))
+        return list(records(self._run([(topic, partition, list(events), failures, offset)], failures)))
 
     @property
     def probe_time_ns(self) -> int:
         return self.runners["clock_edges"].processor.probe_time.now_ns   # type: ignore[attr-defined]
+
+
+def _by_topic(events: Sequence[Event]) -> dict[str, tuple[list[int], list[Event]]]:
+    """The events of each topic, with their indexes in `events`, topics in order of first appearance."""
+    out: dict[str, tuple[list[int], list[Event]]] = {}
+    for i, e in enumerate(events):
+        at, evs = out.setdefault(topic_for(type(e)).name, ([], []))
+        at.append(i)
+        evs.append(e)
+    return out
+
+
+class _Reindexed(list):
+    """Failures of one topic's share of a mixed batch, recorded by the event's index in the whole batch."""
+
+    def __init__(self, target: list[EventFailure], at: list[int]) -> None:
+        super().__init__()
+        self.target, self.at = target, at
+
+    def append(self, f: EventFailure) -> None:   # type: ignore[override]
+        self.target.append(EventFailure(None if f.index is None else self.at[f.index], f.error))
 
 
 class _Relabelled(list):

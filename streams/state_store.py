@@ -10,7 +10,7 @@ in one go) before the worker commits its offsets. A key written many times betwe
 key made and deleted between them (a half-join that completes) is never written. Pending entries are encoded bytes,
 so a processor sees exactly what it would have read back from the table. What is pending when the worker dies is
 lost with the offsets it was not committed with: the records that made it are read again. On a revoke Faust
-commits first (streams/faust_fixes.py), which writes it; what the records handled after that commit made is
+commits first (streams/engine/faust_fixes.py), which writes it; what the records handled after that commit made is
 dropped (`drop_pending`, and `reload`), and they are read again too. Written state can be ahead of what was sent
 downstream (RocksDB is written before the producer's flush): the processors re-emit what a redelivered record made
 (streams/processor.py), as they did when every batch was written at once.

@@ -1,4 +1,7 @@
-"""Where each processor runs in the Faust app: on its input topic, or behind its repartition topic.
+"""The one router: where each processor runs, on its input topic or behind its repartition topic.
+
+The Faust app (streams/engine/faust_worker.py) and the in-memory pipeline (streams/processors.py) both route
+every batch through `Topology.step`; the app publishes what it returns, the in-memory pipeline feeds it back.
 
 A node-keyed processor runs on its input records' partition. Any other reads its input through its
 repartition topic: the record of an input topic is split by the processor's partition key, each part
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, MutableMapping, Sequence
+from typing import NamedTuple
 
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.event import Event
@@ -29,6 +33,11 @@ from clocktower.streams.state_store import DEFAULT_MAX_ENTRIES, StateStore
 Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
 
 
+class Routed(NamedTuple):
+    derived: list[Event]   # to publish on their own topics
+    parts: list[Part]      # (repartition topic, partition, events) for the processors behind it
+
+
 class Topology:
     def __init__(self, processors: Sequence[Processor], issuer: CommandIssuer, budget: RemediationBudget,
                  backing: Backing, max_entries: int = DEFAULT_MAX_ENTRIES, write_back: bool = False,
@@ -40,18 +49,32 @@ class Topology:
         self.regroup = RegroupBuffer(regroup_linger_s) if regroup_linger_s > 0 else None
         self._full: list[Part] = []   # parts the buffer let go when full, until `regrouped_ready` takes them
         self.runners: list[ProcessorRunner] = []
+        for p in processors:
+            store = StateStore(p, backing(p) if p.durable else None, max_entries, write_back=write_back and p.durable)
+            self.runners.append(ProcessorRunner(p, store, issuer))
+        self._index()
+
+    def _index(self) -> None:
         self._direct: dict[str, list[ProcessorRunner]] = defaultdict(list)      # input topic -> runners
         self._regroup: dict[str, list[ProcessorRunner]] = defaultdict(list)     # input topic -> runners
         self._behind: dict[str, ProcessorRunner] = {}                          # repartition topic -> runner
-        for p in processors:
-            store = StateStore(p, backing(p) if p.durable else None, max_entries, write_back=write_back and p.durable)
-            runner = ProcessorRunner(p, store, issuer)
-            self.runners.append(runner)
-            cls = type(p)
+        for runner in self.runners:
+            cls = type(runner.processor)
             for model in cls.consumes:
                 (self._regroup if repartitions(cls) else self._direct)[BY_MODEL[model].name].append(runner)
             if repartitions(cls):
                 self._behind[repartition_topic(cls)] = runner
+
+    def replace(self, processor: Processor) -> None:
+        """Run `processor` in place of the registered one of its name, on a new store (tests inject faulty ones)."""
+        i = next(i for i, r in enumerate(self.runners) if r.processor.name == processor.name)
+        old = self.runners[i]
+        self.runners[i] = ProcessorRunner(processor, StateStore(processor, None, old.store.max_entries), old.issuer)
+        self._index()
+
+    def reads(self, topic: str) -> bool:
+        """Whether any processor reads `topic` (an input topic or a repartition topic)."""
+        return topic in self._direct or topic in self._regroup or topic in self._behind
 
     @property
     def repartition_topics(self) -> list[str]:
@@ -90,25 +113,35 @@ class Topology:
         parts, self._full = self._full + take(self.regroup), []
         return _part_records(parts)
 
-    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
-              offset: int | None = None) -> list[Out]:
+    def step(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure] | None,
+             offset: int | None = None) -> Routed:
+        """What one batch of `topic` makes: the derived events of the processors that read it there, and its events
+        regrouped for the processors behind a repartition topic. `failures` None: an event that raises raises."""
         record = None if offset is None else (topic, partition, offset)
         runner = self._behind.get(topic)
         if runner is not None:
-            return list(records(runner.run(partition, events, failures, record)))
-        out: list[Out] = []
+            return Routed(runner.run(partition, events, failures, record), [])
+        derived: list[Event] = []
         for runner in self._direct.get(topic, ()):
-            out += records(runner.run(partition, events, failures, record))
-        for runner in self._regroup.get(topic, ()):
-            parts = self._regrouped(runner.processor, events, failures)
-            if self.regroup is None:
-                out += _part_records(parts)
-            else:
-                self._full += [full for part in parts for full in self.regroup.add(*part)]
+            derived += runner.run(partition, events, failures, record)
+        parts = [part for runner in self._regroup.get(topic, ()) for part in self._regrouped(runner.processor, events,
+                                                                                            failures)]
+        return Routed(derived, parts)
+
+    def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
+              offset: int | None = None) -> list[Out]:
+        """The records one batch makes: derived events to their topics, regrouped ones to the repartition topics
+        (or, with a regroup buffer, to the buffer: `regrouped_ready` hands them on)."""
+        derived, parts = self.step(topic, partition, events, failures, offset)
+        out = list(records(derived))
+        if self.regroup is None:
+            out += _part_records(parts)
+        else:
+            self._full += [full for part in parts for full in self.regroup.add(*part)]
         return out
 
     @staticmethod
-    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure]) -> list[Part]:
+    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure] | None) -> list[Part]:
         n = partitions(type(p))
         parts: dict[int, list[Event]] = defaultdict(list)
         for i, e in enumerate(events):
@@ -116,6 +149,8 @@ class Topology:
                 try:
                     parts[partition_of(p.partition_key(e), n)].append(e)
                 except Exception as exc:  # noqa: BLE001 - the record is dead-lettered, the others go on
+                    if failures is None:
+                        raise
                     failures.append(EventFailure(i, exc))
         topic = repartition_topic(type(p))
         return [(topic, part, evs) for part, evs in sorted(parts.items())]

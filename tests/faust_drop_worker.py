@@ -4,7 +4,7 @@
 committed before) and writes the offsets it was handed to OUT as JSON (every one, duplicates included) once 8 s
 pass with nothing new after the race, then goes on running (the test reads the group's commit, then kills it).
 
-FIXES: `all` (streams/faust_fixes), `log-only` (its discard report, without the rewind of never-committed
+FIXES: `all` (streams/engine/faust_fixes), `log-only` (its discard report, without the rewind of never-committed
 partitions), `no-skip` (all but the skip of records a seek asked for again), `no-revoke-commit` (all but the
 commit before a revoke) or `none` (upstream Faust). RACE:
 - `stop-flow` (the default): the first fetch that returns records of TOPIC stops Faust's flow before Faust looks
@@ -30,7 +30,7 @@ import faust
 from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer, ThreadDelegateConsumer
 
-from clocktower.streams import faust_fixes
+from clocktower.streams.engine import faust_fixes
 
 bootstrap, topic_name, expect, out_path, fixes = sys.argv[1:6]
 race = sys.argv[6] if len(sys.argv) > 6 else "stop-flow"

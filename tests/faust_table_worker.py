@@ -3,7 +3,7 @@ its changelog.
 
 `python tests/faust_table_worker.py BOOTSTRAP TOPIC DATADIR FIXES`: app `table-test` counts TOPIC's records per key
 in the table `counts` (changelog `table-test-counts-changelog`) and prints `counted KEY N` for each. FIXES: `all`
-(streams/faust_fixes) or `none` (upstream Faust).
+(streams/engine/faust_fixes) or `none` (upstream Faust).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import faust
 
-from clocktower.streams import faust_fixes
+from clocktower.streams.engine import faust_fixes
 
 bootstrap, topic_name, datadir, fixes = sys.argv[1:5]
 if fixes != "none":

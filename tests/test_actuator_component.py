@@ -293,7 +293,10 @@ def test_the_operators_release_and_undrain_reach_the_node_and_wait_for_its_ack(t
         while act.quarantined("eth0") is not True and time.monotonic() < deadline:
             time.sleep(0.05)
         assert act.quarantined("eth0") and routing.on_backup("eth0")
-        env = _env(CLOCKTOWER_KAFKA_BOOTSTRAP=broker.bootstrap, CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE=str(key))
+        # its own data dir: a `.clocktower` in the working directory (a demo's) holds a producer key, and with one
+        # the CLI believes only node-signed acks
+        env = _env(CLOCKTOWER_KAFKA_BOOTSTRAP=broker.bootstrap, CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE=str(key),
+                   CLOCKTOWER_DATA_DIR=str(tmp_path / "cli"))
         released = clocktower("control", "release", NODE, "eth0", "--wait", "30", env=env)
         assert released.returncode == 0, released.stderr
         assert f"{NODE}: applied" in released.stdout and "released eth0" in released.stdout, released.stdout

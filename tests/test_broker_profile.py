@@ -18,7 +18,7 @@ from clocktower.runtime.broker_profile import PROFILES, WORKAROUNDS, profile_set
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
 from clocktower.sinks.clickhouse.resume import ResumePoint
 from clocktower.sinks.clickhouse.settings import SinkSettings
-from clocktower.streams import group_join
+from clocktower.streams.engine import group_join
 from clocktower.streams.settings import StreamsSettings
 
 README = Path(__file__).parent.parent / "README.md"

@@ -36,10 +36,12 @@ def _run(seconds: int) -> tuple[FleetSimulator, list[ClockEstimate], list[FlowLa
 
 def test_estimates_and_corrected_latency_match_ground_truth() -> None:
     sim, estimates, flows = _run(20)
-    # estimates every 250 ms of probe time, each for all 4 nodes against one reference
+    # one solve per 250 ms step of probe time the watermark crosses, at the watermark (the oldest edge's latest
+    # fit, whose origin moves with the fitters' node clocks: the gaps alternate about 200 and 300 ms), each for
+    # all 4 nodes against one reference, as the Faust app solves
     times = sorted({e.ts_ns for e in estimates})
     assert len(times) >= 60
-    assert all(200_000_000 <= b - a <= 400_000_000 for a, b in zip(times, times[1:], strict=False))
+    assert all(150_000_000 <= b - a <= 400_000_000 for a, b in zip(times, times[1:], strict=False))
     assert {e.reference for e in estimates} == {"node-0.demo"}
     assert {e.node for e in estimates if e.ts_ns == times[-1]} == set(sim.clocks)
     ref = sim.clocks["node-0.demo"]

@@ -1,4 +1,4 @@
-"""streams/faust_fixes.py through Faust's real consumer and the real embedded broker.
+"""streams/engine/faust_fixes.py through Faust's real consumer and the real embedded broker.
 
 A Faust worker (tests/faust_drop_worker.py) reads a partition nobody has committed. Its first fetch of records is
 met by a stopped flow, as when a rebalance starts while a fetch is in flight: Faust discards those records and

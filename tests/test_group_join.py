@@ -17,7 +17,7 @@ import aiokafka.consumer.group_coordinator as group_coordinator
 import pytest
 from aiokafka.errors import KafkaError
 
-from clocktower.streams import group_join
+from clocktower.streams.engine import group_join
 
 
 class _Subscription:
@@ -150,7 +150,7 @@ def test_a_cancelled_coordination_task_is_not_a_failure(monkeypatch: pytest.Monk
 
 
 def test_by_default_a_failure_ends_the_process_with_its_own_exit_code() -> None:
-    code = ("import logging; logging.basicConfig(); from clocktower.streams import group_join; "
+    code = ("import logging; logging.basicConfig(); from clocktower.streams.engine import group_join; "
             "group_join.on_coordination_failure(ValueError('boom')); print('still running')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == group_join.EXIT_COORDINATION_FAILED

@@ -28,7 +28,7 @@ from confluent_kafka import Consumer
 from clocktower.generated_secrets import ensure_control_keys
 from clocktower.sinks.clickhouse import kafka_sink
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-from clocktower.streams import idle_fetch
+from clocktower.streams.engine import idle_fetch
 from tests.conftest import Pipeline
 
 WINDOW_S = 2.0
@@ -128,14 +128,16 @@ def test_an_idle_stream_consumer_backs_off_after_empty_fetches(services: Pipelin
 
 
 def test_the_stream_worker_installs_the_backoff(tmp_path: Path) -> None:
-    """The Faust app's consumers are aiokafka consumers: importing the app installs the fetcher."""
+    """The Faust app's consumers are aiokafka consumers: building the app installs the fetcher."""
     tmp_path.chmod(0o700)
     ensure_control_keys(tmp_path)
     env = {**os.environ, "CLOCKTOWER_DATA_DIR": str(tmp_path),
            "CLOCKTOWER_CONTROL_PRIVATE_KEY_FILE": str(tmp_path / "control.key"),
            "CLOCKTOWER_STREAMS_IDLE_FETCH_BACKOFF_MS": "300"}
-    code = ("import clocktower.streams.app, aiokafka.consumer.consumer as c; "
-            "print(c.Fetcher.__name__, c.Fetcher.idle_backoff_s)")
+    code = ("import clocktower.streams.app as a, aiokafka.consumer.consumer as c\n"
+            "from clocktower.streams.settings import StreamsSettings\n"
+            "a.command_partitions = lambda *args, **kw: 4   # the broker's answer, without a broker\n"
+            "a.build_app(StreamsSettings()); print(c.Fetcher.__name__, c.Fetcher.idle_backoff_s)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["IdleBackoffFetcher", "0.3"]

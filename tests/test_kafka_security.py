@@ -16,7 +16,7 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
 
 from clocktower.schemas.kafka_security import KafkaSecurity
-from clocktower.streams.kafka_credentials import faust_credentials
+from clocktower.streams.engine.kafka_credentials import faust_credentials
 
 
 def _pem_pair(tmp: Path, name: str) -> tuple[Path, Path]:

@@ -1,4 +1,4 @@
-"""The commit-stall check's inputs come from aiokafka and the broker (streams/offset_watchdog.py), not from Faust.
+"""The commit-stall check's inputs come from aiokafka and the broker (streams/engine/offset_watchdog.py), not Faust.
 
 The stall of issue 17, rebuilt with a real aiokafka consumer and the embedded broker: a partition read to its end
 and never committed. Faust's own bookkeeping showed nothing (its read offset was None); the position and the
@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clocktower.streams.commit_stall import CommitStall
-from clocktower.streams.offset_watchdog import positions_and_commits
+from clocktower.streams.engine.offset_watchdog import positions_and_commits
 from tests.standalone_broker import StandaloneBroker, running
 
 pytestmark = pytest.mark.e2e

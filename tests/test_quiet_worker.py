@@ -9,7 +9,7 @@ import logging
 import faust
 import pytest
 
-from clocktower.streams.quiet_worker import QuietWorker
+from clocktower.streams.engine.quiet_worker import QuietWorker
 
 
 @pytest.fixture

@@ -178,10 +178,10 @@ def test_remediation_budget_window_slides_on_processing_time_only() -> None:
 class _Exploding(Processors):
     """Processors whose GPU detector raises on one node: a bug no input should be able to trigger."""
 
-    def on_batch(self, events, failures=None, record=None):  # noqa: ANN001, ANN201
+    def route(self, topic, partition, events, failures, offset=None):  # noqa: ANN001, ANN201
         if events and events[0].node == "boom":
             raise RuntimeError("detector bug " + "x" * 100_000)
-        return super().on_batch(events, failures, record)
+        return super().route(topic, partition, events, failures, offset)
 
 
 def test_a_batch_that_raises_is_dead_lettered_and_the_next_one_processed() -> None:

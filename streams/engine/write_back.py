@@ -7,7 +7,7 @@ is committed before the state its records made is in the changelog, and a worker
 from state at least as new as its offsets (tests/test_scale_out.py). The worker's `write` ends the worker on any
 failure (streams/app.py), so no later commit passes it.
 
-On a revoke, Faust's commit before it (streams/faust_fixes.py) writes what is pending; what records handled after
+On a revoke, Faust's commit before it (streams/engine/faust_fixes.py) writes what is pending; what records handled after
 that commit made is dropped when the revoke's signal comes (streams/app.py `_revoked`): those records were not
 committed, and their partitions' next owner reads them again.
 """

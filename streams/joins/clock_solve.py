@@ -80,13 +80,3 @@ class ClockSolve(Processor):
             return []
         self._solved_step, self._solved_at = wm // self.update_ns, wm
         return list(self.solver.update(wm))
-
-    def solve_now(self) -> list[Output]:
-        """Solve at the watermark even within a step already solved (the in-memory pipeline, where each
-        update's fits all come in one batch, solves every update)."""
-        wm = self.watermark()
-        if wm is None or wm == self._solved_at:
-            return []
-        self._solved_at = wm
-        self._solved_step = max(self._solved_step, wm // self.update_ns)
-        return list(self.solver.update(wm))

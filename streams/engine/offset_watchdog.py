@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from clocktower.streams.faust_fixes import position
+from clocktower.streams.engine.faust_fixes import position
 
 BROKER_TIMEOUT_S = 8.0   # one check's broker requests: a check that cannot finish is skipped, not queued
 
