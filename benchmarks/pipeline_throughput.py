@@ -18,7 +18,7 @@
    fixed costs make the sustainable live rate lower); lag and RSS every 10 s.
 
 Usage: python benchmarks/pipeline_throughput.py [--nodes 16] [--seconds 10] [--quick] [--profile DIR]
-       [--soak SECONDS [--soak-rate EVENTS_PER_S]]
+       [--soak SECONDS [--soak-rate EVENTS_PER_S] [--soak-only]]
 """
 
 from __future__ import annotations
@@ -182,6 +182,14 @@ def _lag_left(stack: Stack) -> int:
     return sum(r["lag"] for r in consumer_lag(stack.s.bootstrap))
 
 
+def _lag_by_group(stack: Stack) -> dict[str, int]:
+    """Records each consumer group has still to read: which of the sink and the streams falls behind."""
+    out: dict[str, int] = {}
+    for r in consumer_lag(stack.s.bootstrap):
+        out[r["group"]] = out.get(r["group"], 0) + r["lag"]
+    return out
+
+
 def _rss(stack: Stack) -> dict[str, float]:
     return {name: rss_mb(child.pid) for name, child in stack.children.items() if child.alive()}
 
@@ -238,30 +246,50 @@ def end_to_end(events: list, root: Path, timeout: float = 600) -> dict:
             "rows_stored": stored, "derived_rows": stored - len(events), "rss_mb": rss}
 
 
-def soak(rate: float, per_node: float, seconds: float, root: Path, every_s: float = 10.0) -> dict:
+def soak(rate: float, per_node: float, seconds: float, root: Path, every_s: float = 10.0,
+         profile: Path | None = None) -> dict:
     """The whole pipeline fed in real time at about `rate` events/s, in whole simulated nodes of `per_node`
-    events/s each, for `seconds`: every `every_s`, the lag left over all groups and each process's RSS. Both
-    should stay flat."""
+    events/s each, for `seconds`: every `every_s`, the lag left per group and each process's RSS (both should
+    stay flat), and each process's CPU per event over the run. With `profile`, py-spy records the stream worker
+    and the sink over the second half."""
     nodes = max(2, round(rate / per_node))
     stack = _running_pipeline(root / "soak")
     samples: list[dict] = []
+    pids = {name: child.pid for name, child in stack.children.items() if child.alive()}
+    spies = {} if profile is None else {f"soak_profile_{name}": PySpy(pids[name], profile / f"soak_{name}.txt")
+                                        for name in ("streams", "sink")}
     try:
         t0 = time.monotonic()
         due = [t0 + every_s]
+        cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
 
         def sample(_: FleetSimulator) -> None:
             if time.monotonic() >= due[0]:
                 due[0] += every_s
                 stack.supervise()
-                samples.append({"t_s": round(time.monotonic() - t0), "lag": _lag_left(stack), "rss_mb": _rss(stack)})
+                lags = _lag_by_group(stack)
+                samples.append({"t_s": round(time.monotonic() - t0), "lag": sum(lags.values()), "lag_by_group": lags,
+                                "rss_mb": _rss(stack)})
                 print(f"soak {samples[-1]}", file=sys.stderr, flush=True)   # progress on long runs
+                if spies and not spies_started and samples[-1]["t_s"] >= seconds / 2:
+                    spies_started.append(True)
+                    for spy in spies.values():
+                        spy.start()
 
+        spies_started: list[bool] = []
         sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=5, faults=False))
         published = run_simulation(sim, KafkaPublisher(stack.s.bootstrap), seconds, realtime=True, on_tick=sample)
+        sent = sum(published.values())
+        cpu = {name: round((_cpu_s(pid) - cpu0[name]) / sent * 1e6, 2) for name, pid in pids.items()}
+        out: dict[str, object] = {"soak_nodes": nodes, "soak_events_per_s": round(sent / seconds),
+                                  "soak_cpu_us_per_event": cpu, "soak_samples": samples}
+        for name, spy in spies.items():
+            if spies_started:
+                spy.stop()
+                out[name] = top_costs(spy.out)
     finally:
         stack.stop()
-    return {"soak_nodes": nodes, "soak_events_per_s": round(sum(published.values()) / seconds),
-            "soak_samples": samples}
+    return out
 
 
 def main() -> None:
@@ -276,7 +304,13 @@ def main() -> None:
                     "of the measured end-to-end rate for SECONDS, reporting lag and RSS every 10 s")
     ap.add_argument("--soak-rate", type=float, metavar="EVENTS_PER_S", help="the soak's rate instead of 70 %% of the "
                     "end-to-end rate")
+    ap.add_argument("--soak-only", action="store_true", help="only the soak, at --soak-rate (with --profile: py-spy "
+                    "of the stream worker and the sink over its second half)")
     args = ap.parse_args()
+    if args.soak_only:
+        if not (args.soak and args.soak_rate):
+            ap.error("--soak-only needs --soak SECONDS and --soak-rate EVENTS_PER_S")
+        return soak_only(args.soak, args.soak_rate, args.profile)
     nodes, seconds = (8, 4.0) if args.quick else (args.nodes, args.seconds)
     events = generate(nodes, seconds)
     # the streams path is far slower than the sink's: its runs take a smaller fleet, so that a run stays short
@@ -297,7 +331,7 @@ def main() -> None:
         e2e = end_to_end(streams_events, tmp)
         per_node = len(streams_events) / (s_nodes * s_seconds)   # events/s of one simulated node
         rate = args.soak_rate or 0.7 * e2e["end_to_end_events_per_s"]
-        soaked = soak(rate, per_node, args.soak, tmp) if args.soak else {}
+        soaked = soak(rate, per_node, args.soak, tmp, profile=args.profile) if args.soak else {}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ratio = pipe["events_per_s"] / raw["events_per_s"]
@@ -319,6 +353,16 @@ def main() -> None:
         "goal_100k_events_per_s": pipe["events_per_s"] >= 100_000,
         "goal_half_of_raw": ratio >= 0.5,
     }, indent=2))
+
+
+def soak_only(seconds: float, rate: float, profile: Path | None) -> None:
+    per_node = len(generate(2, 2.0)) / 4.0   # events/s of one simulated node, as the full run measures it
+    tmp = Path(tempfile.mkdtemp(prefix="ct-bench-"))
+    try:
+        soaked = soak(rate, per_node, seconds, tmp, profile=profile)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"benchmark": "pipeline_throughput", **soaked}, indent=2))
 
 
 if __name__ == "__main__":
