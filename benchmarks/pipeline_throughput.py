@@ -255,10 +255,12 @@ def soak(rate: float, per_node: float, seconds: float, root: Path, every_s: floa
     nodes = max(2, round(rate / per_node))
     stack = _running_pipeline(root / "soak")
     samples: list[dict] = []
-    pids = {name: child.pid for name, child in stack.children.items() if child.alive()}
-    spies = {} if profile is None else {f"soak_profile_{name}": PySpy(pids[name], profile / f"soak_{name}.txt")
-                                        for name in ("streams", "sink")}
+    spies: dict[str, PySpy] = {}
     try:
+        pids = {name: child.pid for name, child in stack.children.items() if child.alive()}
+        if profile is not None:
+            spies = {f"soak_profile_{name}": PySpy(pids[name], profile / f"soak_{name}.txt")
+                     for name in ("streams", "sink") if name in pids}
         t0 = time.monotonic()
         due = [t0 + every_s]
         cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
@@ -279,8 +281,11 @@ def soak(rate: float, per_node: float, seconds: float, root: Path, every_s: floa
         spies_started: list[bool] = []
         sim = FleetSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=5, faults=False))
         published = run_simulation(sim, KafkaPublisher(stack.s.bootstrap), seconds, realtime=True, on_tick=sample)
-        sent = sum(published.values())
-        cpu = {name: round((_cpu_s(pid) - cpu0[name]) / sent * 1e6, 2) for name, pid in pids.items()}
+        sent = max(1, sum(published.values()))
+        # a process the supervisor restarted during the soak has no CPU figure: its first life's time is gone
+        alive = {name: child.pid for name, child in stack.children.items() if child.alive()}
+        cpu = {name: round((_cpu_s(pid) - cpu0[name]) / sent * 1e6, 2) for name, pid in pids.items()
+               if alive.get(name) == pid}
         out: dict[str, object] = {"soak_nodes": nodes, "soak_events_per_s": round(sent / seconds),
                                   "soak_cpu_us_per_event": cpu, "soak_samples": samples}
         for name, spy in spies.items():
@@ -356,7 +361,7 @@ def main() -> None:
 
 
 def soak_only(seconds: float, rate: float, profile: Path | None) -> None:
-    per_node = len(generate(2, 2.0)) / 4.0   # events/s of one simulated node, as the full run measures it
+    per_node = len(generate(8, 10.0)) / 80.0   # events/s of one simulated node, measured as the full run does
     tmp = Path(tempfile.mkdtemp(prefix="ct-bench-"))
     try:
         soaked = soak(rate, per_node, seconds, tmp, profile=profile)

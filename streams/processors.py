@@ -6,7 +6,8 @@ record handler routes decoded batches to it. It routes each batch through the sa
 to the processors behind their repartition topic, derived events (per-edge clock fits, then clock estimates) to
 the processors that read their topic, and clock estimates into the ClockView, as the app's ClockBroadcast does.
 A batch of events from several topics (a simulator's step) is routed one topic at a time, in order of first
-appearance; each processor sees its events in their order.
+appearance; a processor sees its events in their order within one topic and one partition. Derived events are
+fed back on partition 0: every derived topic a processor reads has one partition (checked).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Processors:
 
     @property
     def runners(self) -> dict[str, ProcessorRunner]:
+        """The runners by name (a new dict: use `replace` to swap one)."""
         return {r.processor.name: r for r in self.topology.runners}
 
     def processor(self, name: str) -> Processor:
@@ -75,12 +77,17 @@ class Processors:
         derived_failures = None if failures is None else _Relabelled(failures)
         while queue:
             topic, partition, evs, fails, offset = queue.popleft()
-            derived, parts = self.topology.step(topic, partition, evs, fails, offset)
+            derived, parts, part_at = self.topology.step(topic, partition, evs, fails, offset)
             self.clock_view.add_estimates([e for e in derived if isinstance(e, ClockEstimate)])
             out += derived
-            queue.extend((t, p, es, derived_failures, None) for t, p, es in parts)
-            queue.extend((t, 0, es, derived_failures, None) for t, (_, es) in _by_topic(derived).items()
-                         if self.topology.reads(t))
+            # a regrouped event that fails is recorded by its index in the batch it came from
+            queue.extend((t, p, es, None if fails is None else _Reindexed(fails, at), None)
+                         for (t, p, es), at in zip(parts, part_at, strict=True))
+            for t, (_, es) in _by_topic(derived).items():
+                if self.topology.reads(t):
+                    if topic_for(type(es[0])).partitions != 1:   # the producer's partitioner would spread them
+                        raise RuntimeError(f"derived events on {t} are read back, and it has several partitions")
+                    queue.append((t, 0, es, derived_failures, None))
         return out
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],

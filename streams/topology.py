@@ -36,6 +36,7 @@ Backing = Callable[[Processor], MutableMapping[bytes, bytes] | None]
 class Routed(NamedTuple):
     derived: list[Event]   # to publish on their own topics
     parts: list[Part]      # (repartition topic, partition, events) for the processors behind it
+    part_at: list[list[int]]   # for each part, its events' indexes in the batch
 
 
 class Topology:
@@ -66,9 +67,15 @@ class Topology:
                 self._behind[repartition_topic(cls)] = runner
 
     def replace(self, processor: Processor) -> None:
-        """Run `processor` in place of the registered one of its name, on a new store (tests inject faulty ones)."""
-        i = next(i for i, r in enumerate(self.runners) if r.processor.name == processor.name)
-        old = self.runners[i]
+        """Run `processor` in place of the registered one of its name, on a new in-memory store (the in-memory
+        pipeline's tests inject faulty ones). Refused where state is written back to a table: it would be lost."""
+        at = [i for i, r in enumerate(self.runners) if r.processor.name == processor.name]
+        if not at:
+            raise KeyError(f"no processor named {processor.name!r}")
+        i, old = at[0], self.runners[at[0]]
+        if old.store.write_back:
+            raise ValueError(f"{processor.name}: its state is written back to a table; replace is for the in-memory "
+                             "pipeline")
         self.runners[i] = ProcessorRunner(processor, StateStore(processor, None, old.store.max_entries), old.issuer)
         self._index()
 
@@ -120,19 +127,23 @@ class Topology:
         record = None if offset is None else (topic, partition, offset)
         runner = self._behind.get(topic)
         if runner is not None:
-            return Routed(runner.run(partition, events, failures, record), [])
+            return Routed(runner.run(partition, events, failures, record), [], [])
         derived: list[Event] = []
         for runner in self._direct.get(topic, ()):
             derived += runner.run(partition, events, failures, record)
-        parts = [part for runner in self._regroup.get(topic, ()) for part in self._regrouped(runner.processor, events,
-                                                                                            failures)]
-        return Routed(derived, parts)
+        parts: list[Part] = []
+        part_at: list[list[int]] = []
+        for runner in self._regroup.get(topic, ()):
+            for part, at in self._regrouped(runner.processor, events, failures):
+                parts.append(part)
+                part_at.append(at)
+        return Routed(derived, parts, part_at)
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],
               offset: int | None = None) -> list[Out]:
         """The records one batch makes: derived events to their topics, regrouped ones to the repartition topics
         (or, with a regroup buffer, to the buffer: `regrouped_ready` hands them on)."""
-        derived, parts = self.step(topic, partition, events, failures, offset)
+        derived, parts, _ = self.step(topic, partition, events, failures, offset)
         out = list(records(derived))
         if self.regroup is None:
             out += _part_records(parts)
@@ -141,19 +152,24 @@ class Topology:
         return out
 
     @staticmethod
-    def _regrouped(p: Processor, events: Sequence[Event], failures: list[EventFailure] | None) -> list[Part]:
+    def _regrouped(p: Processor, events: Sequence[Event],
+                   failures: list[EventFailure] | None) -> list[tuple[Part, list[int]]]:
+        """Each part of `events` for `p`'s repartition topic, with its events' indexes in `events`."""
         n = partitions(type(p))
         parts: dict[int, list[Event]] = defaultdict(list)
+        at: dict[int, list[int]] = defaultdict(list)
         for i, e in enumerate(events):
             if isinstance(e, p.consumes):
                 try:
-                    parts[partition_of(p.partition_key(e), n)].append(e)
+                    part = partition_of(p.partition_key(e), n)
+                    parts[part].append(e)
+                    at[part].append(i)
                 except Exception as exc:  # noqa: BLE001 - the record is dead-lettered, the others go on
                     if failures is None:
                         raise
                     failures.append(EventFailure(i, exc))
         topic = repartition_topic(type(p))
-        return [(topic, part, evs) for part, evs in sorted(parts.items())]
+        return [((topic, part, evs), at[part]) for part, evs in sorted(parts.items())]
 
 
 def _part_records(parts: list[Part]) -> list[Out]:

@@ -253,6 +253,6 @@ def test_only_ticks_the_streams_signed_are_read_by_the_allocator() -> None:
     assert "identity: record is not signed" in _reason(ticks.handle("control.ticks", 0, 1, *encode_batch([forged])))
     signer = output_signer(NodeSigning(producer_key=PRODUCER_KEY.decode()))
     assert signer is not None
-    [out] = [signer(o) for o in records([forged])]    # as the worker's timer signs its own (streams/app.py)
+    [out] = [signer(o) for o in records([forged])]    # as the worker's timer signs its own (engine/faust_worker.py)
     assert isinstance(out, Out) and any(h == H_NODE_MAC for h, _ in out.headers)
     assert ticks.handle("control.ticks", 0, 2, out.key, out.value, out.headers) == []   # read: nothing withheld

@@ -20,9 +20,11 @@ from clocktower.streams.registry import PROCESSORS, changelog_topic, streams_rea
 
 UNPATCHED = """
 import aiokafka.consumer.consumer as c
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 print(json.dumps({"fetcher": c.Fetcher.__name__,
-                  "faust_fixed": AIOKafkaConsumerThread.seek_to_committed.__module__.startswith("clocktower")}))
+                  "faust_fixed": AIOKafkaConsumerThread.seek_to_committed.__module__.startswith("clocktower"),
+                  "join_guarded": GroupCoordinator._coordination_routine.__module__.startswith("clocktower")}))
 """
 
 
@@ -58,7 +60,7 @@ def test_importing_the_worker_reads_no_key_queries_no_broker_and_patches_nothing
     bootstrap = f"127.0.0.1:{listener.getsockname()[1]}"
     out = _run("import clocktower.streams.app, clocktower.streams.__main__\n" + UNPATCHED, tmp_path, bootstrap)
     assert out.returncode == 0, out.stderr[-2000:]    # no control key in tmp_path
-    assert json.loads(out.stdout) == {"fetcher": "Fetcher", "faust_fixed": False}
+    assert json.loads(out.stdout) == {"fetcher": "Fetcher", "faust_fixed": False, "join_guarded": False}
     assert _connections(listener) == 0
     # the listener does see a client that connects: without this, a listener that saw nothing would prove nothing
     control = ("from clocktower.streams.command_topic import command_partitions\n"
@@ -77,7 +79,7 @@ def test_build_app_without_a_control_key_stops_before_the_network(tmp_path: Path
     assert out.returncode == 0, out.stderr[-2000:]
     refused, state = out.stdout.splitlines()
     assert refused.startswith("refused:") and "control" in refused
-    assert json.loads(state) == {"fetcher": "Fetcher", "faust_fixed": False}
+    assert json.loads(state) == {"fetcher": "Fetcher", "faust_fixed": False, "join_guarded": False}
     assert _connections(listener) == 0
 
 
@@ -99,4 +101,4 @@ def test_build_app_wires_an_agent_per_topic_and_a_table_per_durable_processor(tm
     assert json.loads(wired) == {"topics": sorted(streams_reads()),
                                  "changelogs": sorted(changelog_topic(c) for c in PROCESSORS if c.durable),
                                  "bounded": True}   # RocksDB memory bounded (streams/table_memory.py)
-    assert json.loads(state) == {"fetcher": "IdleBackoffFetcher", "faust_fixed": True}
+    assert json.loads(state) == {"fetcher": "IdleBackoffFetcher", "faust_fixed": True, "join_guarded": True}

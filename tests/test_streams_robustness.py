@@ -11,17 +11,18 @@ from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.control import ControlCommand, ReplacementRequest
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.schemas.operations import DeadLetter
-from clocktower.schemas.telemetry import GpuHealth, LinkState
+from clocktower.schemas.telemetry import FlowSample, GpuHealth, LinkState
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
+from clocktower.streams.joins.flow_latency import FlowLatencyJoin
 from clocktower.streams.processor import Processor
 from clocktower.streams.processors import Processors
 from clocktower.streams.record_handler import RecordHandler
 from clocktower.streams.remediation_budget import RemediationBudget
 from clocktower.streams.state_store import StateStore
 from tests.control_keys import TEST_SIGNER, TEST_VERIFIER
-from tests.event_samples import GPU_READINGS
+from tests.event_samples import GPU_READINGS, SAMPLES
 
 T0 = 1_780_000_000 * 10**9
 KEY = TEST_SIGNER
@@ -257,3 +258,27 @@ def test_without_a_failures_list_the_first_error_propagates() -> None:
         assert "detector bug" in str(exc)
     else:
         raise AssertionError("the error was swallowed")
+
+
+class _FlowBug(FlowLatencyJoin):
+    """A flow join with a bug that sequence number 13 triggers: it runs behind its repartition topic."""
+
+    def process(self, state, ev) -> list:  # noqa: ANN001
+        if ev.seq == 13:
+            raise ValueError("join bug on seq 13")
+        return super().process(state, ev)
+
+
+def test_a_regrouped_event_that_fails_is_named_by_its_index_in_the_input_record() -> None:
+    """In memory, a flow sample fails behind the flow join's repartition topic: the dead letter of the input record
+    names it as that record's event #5, as the processors' own failures are named."""
+    processors = Processors(KEY, clock_ns=lambda: T0, known_after_ns=0)
+    processors.replace(_FlowBug())
+    base = SAMPLES["flow_sample"]
+    batch = [FlowSample(**{**base, "node": "node-1", "ts_ns": T0 + s, "seq": 8 + s, "src_port": 40000 + s})
+             for s in range(8)]
+    k, v, h = encode_batch(batch)
+    out = RecordHandler(processors).handle("telemetry.flows", 2, 91, k, v, h)
+    dead = [e for e in _published(out) if isinstance(e, DeadLetter)]
+    assert len(dead) == 1 and dead[0].origin_offset == 91
+    assert dead[0].reason.startswith("streams error: 1 of 8 events failed (#5); first: ValueError: join bug")

@@ -7,8 +7,9 @@ offset is committed before what its records made (changelog batches, regrouped r
 producer, whose own flush then waits for the broker's acknowledgement.
 
 A send that fails is kept: every later flush raises it, so no later commit goes through, and `on_failure` (the
-worker's: end it at once for a restart, streams/app.py) is told. A failed task is not simply forgotten: a failure
-while no flush was waiting would otherwise let the next commit pass over records whose output never left.
+worker's: end it at once for a restart, streams/engine/faust_worker.py) is told. A failed task is not simply
+forgotten: a failure while no flush was waiting would otherwise let the next commit pass over records whose output
+never left.
 """
 
 from __future__ import annotations

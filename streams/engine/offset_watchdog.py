@@ -2,7 +2,7 @@
 
 Per assigned partition of the topics the worker acks: aiokafka's position, read on the consumer's own thread, and
 the committed offset fetched from the group coordinator (the broker), or the partition's log start where nothing
-was committed. streams/commit_stall.py decides from these; streams/app.py runs it every CHECK_S.
+was committed. streams/commit_stall.py decides from these; streams/engine/faust_worker.py runs it every CHECK_S.
 """
 
 from __future__ import annotations

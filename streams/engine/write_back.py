@@ -5,11 +5,11 @@ it commits (only records whose handling has ended, their state in the write-back
 that precedes the commit, which waits for the sends started here (streams/engine/commit_barrier.py): so no offset
 is committed before the state its records made is in the changelog, and a worker killed at any point restarts
 from state at least as new as its offsets (tests/test_scale_out.py). The worker's `write` ends the worker on any
-failure (streams/app.py), so no later commit passes it.
+failure (streams/engine/faust_worker.py), so no later commit passes it.
 
-On a revoke, Faust's commit before it (streams/engine/faust_fixes.py) writes what is pending; what records handled after
-that commit made is dropped when the revoke's signal comes (streams/app.py `_revoked`): those records were not
-committed, and their partitions' next owner reads them again.
+On a revoke, Faust's commit before it (streams/engine/faust_fixes.py) writes what is pending; what records handled
+after that commit made is dropped when the revoke's signal comes (streams/engine/faust_worker.py `_revoked`): those
+records were not committed, and their partitions' next owner reads them again.
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ class ClockSolve(Processor):
         self.warmup_ns = warmup_ns   # fitters on other workers start later: the first solves wait for them
         self._latest: dict[tuple[str, str], int] = {}   # edge -> origin of its latest fit
         self._solved_step = -1
-        self._solved_at: int | None = None
         self._first_ns: int | None = None   # the first fit's origin: no solve in the warm-up after it
 
     @classmethod
@@ -78,5 +77,5 @@ class ClockSolve(Processor):
         wm = self.watermark()
         if wm is None or wm // self.update_ns <= self._solved_step or wm - self._first_ns < self.warmup_ns:
             return []
-        self._solved_step, self._solved_at = wm // self.update_ns, wm
+        self._solved_step = wm // self.update_ns
         return list(self.solver.update(wm))
