@@ -179,7 +179,7 @@ def _running_pipeline(root: Path) -> Stack:
 
 def _lag_left(stack: Stack) -> int:
     """Records every consumer group (sink and streams) has still to read."""
-    return sum(r["lag"] for r in consumer_lag(stack.s.bootstrap))
+    return sum(_lag_by_group(stack).values())
 
 
 def _lag_by_group(stack: Stack) -> dict[str, int]:
