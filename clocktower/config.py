@@ -21,5 +21,9 @@ class Settings(StreamsSettings, SinkSettings):
                                  "clocktower-streams-HOST>-N` from the second on); they share the streams' partitions")
     http_max_connections: int = Field(default=32, ge=1, description="concurrent connections the embedded "
                                       "ClickHouse endpoint serves; more wait briefly, then get 503")
+    log_trim_s: float = Field(default=10.0, ge=0, description="with the embedded broker: how often `up` and `demo` "
+                              "delete the records every reader has committed (clocktower/log_trim.py); 0 = never")
+    log_keep_s: float = Field(default=30.0, ge=0, description="with the embedded broker: the newest seconds of "
+                              "every partition that are never deleted, committed or not")
     noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "
                                    "(default: the one installed with the noida-db package, else PATH)")

@@ -22,6 +22,7 @@ from clocktower.child_process import ChildProcess, stop_all
 from clocktower.config import Settings
 from clocktower.data_dir import DataDirLock, checked_data_dir, private_subdirs
 from clocktower.generated_secrets import ensure_producer_key, ensure_secrets
+from clocktower.log_trim import LogTrimmer
 from clocktower.ports import ensure_free, wait_open
 from clocktower.runtime.credentials import DASHBOARDS_USER, control_key_path, credentials_path
 from clocktower.runtime.errors import UserError
@@ -84,6 +85,7 @@ class Stack:
         self.with_streams = with_streams
         self.with_sink = with_sink
         self.children: dict[str, ChildProcess] = {}
+        self.trimmer: LogTrimmer | None = None   # the embedded broker's consumed records go (clocktower/log_trim.py)
         self.services_up = False          # set once the broker, engine and topics are up and the owner note written
         self.env = {
             "CLOCKTOWER_KAFKA_BOOTSTRAP": settings.bootstrap,
@@ -138,6 +140,9 @@ class Stack:
         write_owner(self.data_dir, {"kafka": s.bootstrap, "clickhouse": s.clickhouse,
                                     "clickhouse_embedded": s.embedded_clickhouse})
         self.services_up = True
+        if s.embedded_kafka and s.log_trim_s > 0:
+            self.trimmer = LogTrimmer(s.bootstrap, s.log_trim_s, s.log_keep_s)
+            self.trimmer.start()
         if self.with_sink:
             on_step("starting the ClickHouse sink")
             self.start_worker("sink")
@@ -223,6 +228,8 @@ class Stack:
         reach ClickHouse and the broker), then the services; what is left at a wave's deadline is killed."""
         deadline = time.monotonic() + timeout
         self.services_up = False
+        if self.trimmer is not None:
+            self.trimmer.stop(timeout=2.0)   # a pass under way ends on its own (a daemon thread)
         try:
             with ignoring_stop_signals():
                 workers = [c for n, c in self.children.items() if n not in SERVICES]

@@ -30,6 +30,14 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("idle fetch back-off", "streams/engine/idle_fetch.py, runtime/idle_pacer.py (sink, actuators)",
                "answers every fetch at once, ignoring fetch.wait.max.ms: an idle consumer spins",
                "holds an empty fetch up to fetch.wait.max.ms"),
+    Workaround("trickle fetch pause", "runtime/idle_pacer.py (the sink)",
+               "answers a caught-up consumer's fetch with the few records since the last one, at once: the fetcher "
+               "spins while a live stream trickles in",
+               "holds a fetch until fetch.min.bytes or fetch.wait.max.ms"),
+    Workaround("delete consumed records", "clocktower/log_trim.py (`up`, `demo`)",
+               "keeps every record in memory and rewrites all of them to one JSON file every few seconds: its "
+               "CPU grows with what it keeps",
+               "writes each record once, to a segment file, and deletes by retention"),
     Workaround("rejoin on an empty assignment", "streams/engine/group_join.py",
                "once answered a follower's SyncGroup with an empty assignment (b''), which kills aiokafka's "
                "coordination task",
@@ -59,6 +67,7 @@ class ProfileSettings:
     ack_hold_s: float
     check_reused_offsets: bool
     fetch_response_max_bytes: int | None = None   # librdkafka's receive.message.max.bytes; None: its default
+    sink_trickle_backoff_s: float = 0.0   # the sink, caught up with a live stream, pauses this long between fetches
 
     def librdkafka_consumer(self) -> dict[str, int]:
         """What a librdkafka consumer adds to its configuration under this profile."""
@@ -69,6 +78,8 @@ class ProfileSettings:
 # librdkafka's own maximum for receive.message.max.bytes: a response up to 2 GiB is read, and the buffer for it is
 # allocated only when one that size comes. The broker's memory (it builds the whole response) runs out before that.
 LIBRDKAFKA_MAX_RESPONSE_BYTES = 2_147_483_647
+# A record reaching a caught-up sink waits at most this more (runtime/idle_pacer.py); the sink batches 1 s anyway.
+SINK_TRICKLE_BACKOFF_S = 0.1
 
 
 PROFILES: dict[str, ProfileSettings] = {
@@ -76,7 +87,8 @@ PROFILES: dict[str, ProfileSettings] = {
     # an actuator's command latency low (one consumer per node)
     "embedded": ProfileSettings(idle_fetch_backoff_s=IDLE_FETCH_BACKOFF_S, actuator_idle_backoff_s=0.025,
                                 rejoin_on_empty_assignment=True, ack_hold_s=5.0, check_reused_offsets=True,
-                                fetch_response_max_bytes=LIBRDKAFKA_MAX_RESPONSE_BYTES),
+                                fetch_response_max_bytes=LIBRDKAFKA_MAX_RESPONSE_BYTES,
+                                sink_trickle_backoff_s=SINK_TRICKLE_BACKOFF_S),
     "kafka": ProfileSettings(idle_fetch_backoff_s=0.0, actuator_idle_backoff_s=0.0,
                              rejoin_on_empty_assignment=False, ack_hold_s=0.0, check_reused_offsets=False),
 }

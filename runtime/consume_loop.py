@@ -55,9 +55,10 @@ def commit(consumer: Consumer, offsets: Offsets) -> None:
 
 
 def consume_loop(consumer: Consumer, handler: RecordHandler, stop: threading.Event,
-                 backoff_s: float = IDLE_FETCH_BACKOFF_S) -> None:
-    """Run until `stop` is set; see the module doc. The consumer is subscribed or assigned by the caller."""
-    pacer = IdlePacer(consumer, held=handler.held, backoff_s=backoff_s)
+                 backoff_s: float = IDLE_FETCH_BACKOFF_S, trickle_s: float = 0.0) -> None:
+    """Run until `stop` is set; see the module doc. The consumer is subscribed or assigned by the caller;
+    `backoff_s` and `trickle_s` pace its fetches (runtime/idle_pacer.py)."""
+    pacer = IdlePacer(consumer, held=handler.held, backoff_s=backoff_s, trickle_s=trickle_s)
     try:
         while not stop.is_set():
             handler.before_consume()

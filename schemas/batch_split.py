@@ -31,13 +31,14 @@ class SplitBatch:
     oversized: list[tuple[Event, int]] = field(default_factory=list)   # (event, its encoded size): refused
 
 
-def encode_records(events: Sequence[Event], max_bytes: int = MAX_RECORD_BYTES) -> SplitBatch:
-    """The records (in order) for a non-empty batch of one schema from one node, none over `max_bytes`."""
+def encode_records(events: Sequence[Event], max_bytes: int = MAX_RECORD_BYTES, mixed_nodes: bool = False) -> SplitBatch:
+    """The records (in order) for a non-empty batch of one schema from one node (`mixed_nodes`: from any nodes,
+    for the streams' repartition topics), none over `max_bytes`."""
     out = SplitBatch()
     todo: list[Sequence[Event]] = [events]
     while todo:
         chunk = todo.pop()
-        key, value, headers = encode_batch(chunk)
+        key, value, headers = encode_batch(chunk, mixed_nodes)
         if len(value) <= max_bytes:
             out.records.append(EncodedRecord(len(chunk), key, value, headers))
         elif len(chunk) == 1:

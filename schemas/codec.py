@@ -82,8 +82,9 @@ def _list_adapter(model: type[Event]) -> TypeAdapter[list[Any]]:
     return TypeAdapter(list[model])  # type: ignore[valid-type]
 
 
-def encode_batch(events: Sequence[Event]) -> tuple[bytes, bytes, Headers]:
-    """(key, value, headers) for a non-empty batch of one schema from one node."""
+def encode_batch(events: Sequence[Event], mixed_nodes: bool = False) -> tuple[bytes, bytes, Headers]:
+    """(key, value, headers) for a non-empty batch of one schema from one node. `mixed_nodes`: the streams'
+    own repartition records, which carry many nodes' events (keyed by the first one's node)."""
     if not events:
         raise ValueError("cannot encode an empty batch")
     model = type(events[0])
@@ -91,7 +92,7 @@ def encode_batch(events: Sequence[Event]) -> tuple[bytes, bytes, Headers]:
     for e in events:
         if type(e) is not model:
             raise ValueError(f"mixed schemas in one batch: {model.SCHEMA} and {type(e).SCHEMA}")
-        if e.node != node:
+        if e.node != node and not mixed_nodes:
             raise ValueError(f"mixed nodes in one batch: {node} and {e.node}")
     value = _list_adapter(model).dump_json(list(events))
     headers = [(H_SCHEMA, model.SCHEMA.encode()), (H_VERSION, str(model.VERSION).encode()),
@@ -136,11 +137,12 @@ def _envelope(topic: str, key: bytes | None, value: bytes | None,
 def decode_batch(topic: str, key: bytes | None, value: bytes | None,
                  headers: Sequence[tuple[str, bytes | None]] | None, *,
                  max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, now_ns: int | None = None,
-                 envelope_checks: bool = True) -> DecodedBatch:
+                 envelope_checks: bool = True, mixed_nodes: bool = False) -> DecodedBatch:
     """Validate one record of `topic`; raise DecodeError with the reason on any defect.
 
     An event stamped more than `max_future_skew_ns` after `now_ns` (default: this clock) is refused.
     With `envelope_checks` False, the rules records were stored under before them apply (see the module doc).
+    `mixed_nodes`: a record the streams regrouped themselves, whose events come from many nodes (never a node's).
     """
     schema, model = _envelope(topic, key, value, headers, envelope_checks)
     assert value is not None   # _envelope refuses None
@@ -155,7 +157,7 @@ def decode_batch(topic: str, key: bytes | None, value: bytes | None,
     if envelope_checks and (problem := count_problem(_header(headers, H_COUNT), len(events))) is not None:
         raise DecodeError(problem)
     node = key.decode("utf-8", "replace") if key else events[0].node   # keyless: only without envelope_checks
-    for e in events:
+    for e in () if mixed_nodes else events:
         if e.node != node:
             raise DecodeError(f"event from node {e.node!r} in a batch keyed {bounded(node, 300)!r}")
     if not envelope_checks:

@@ -42,14 +42,17 @@ class Out(NamedTuple):
 def records(events: Iterable[Event], max_events: int = 1000, topic: str | None = None,
             partition: int | None = None) -> Iterator[Out]:
     """A record per node and schema (at most `max_events` events, none over the record limit), to the
-    events' own topic or to `topic`/`partition` (a repartition topic). A control command goes to its node's
-    partition of control.commands (schemas/partitioning.py), the one its node's actuator reads."""
-    keyf = lambda e: (type(e).SCHEMA, e.node)  # noqa: E731
+    events' own topic; or a record per schema, many nodes' events in their order, to `topic`/`partition` (a
+    repartition topic: only the streams read it, and a record per node made 15 small records of a 15-node fleet's
+    50 ms part). A control command goes to its node's partition of control.commands (schemas/partitioning.py), the
+    one its node's actuator reads."""
+    regrouped = topic is not None
+    keyf = (lambda e: type(e).SCHEMA) if regrouped else (lambda e: (type(e).SCHEMA, e.node))  # noqa: E731
     for _, grp in groupby(sorted(events, key=keyf), key=keyf):
         chunk = list(grp)
         for i in range(0, len(chunk), max_events):
             part = chunk[i:i + max_events]
-            split = encode_records(part)
+            split = encode_records(part, mixed_nodes=regrouped)
             for event, size in split.oversized:   # derived events have bounded texts: not expected; never silent
                 log.error("not published: a derived %s event of %s is %d bytes, over the record limit",
                           event.SCHEMA, event.node, size)

@@ -78,7 +78,7 @@ class RecordHandler:
         metrics.RECORDS.labels(topic).inc()
         try:
             batch = decode_batch(_source_topic(headers) if self.internal else topic, key, value, headers,
-                                 max_future_skew_ns=self.max_future_skew_ns)
+                                 max_future_skew_ns=self.max_future_skew_ns, mixed_nodes=self.internal)
         except DecodeError as exc:
             metrics.DECODE_FAILURES.labels(topic).inc()
             log.warning("skipping bad record on %s: %s", topic, bounded(str(exc), 500))

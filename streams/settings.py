@@ -80,6 +80,9 @@ class StreamsSettings(RuntimeSettings):
         default=50.0, ge=0, le=5000, description="events regrouped by a processor's key (flows, jobs, probe edges) "
         "wait up to this long per repartition partition, so that one record carries many input records' events "
         "(streams/regroup_buffer.py): fewer records to send and read again. 0 = a record per input record")
+    streams_producer_linger_ms: float = Field(
+        default=5.0, ge=0, le=1000, description="how long the worker's producer gathers records into one produce "
+        "request (aiokafka's linger_ms): a live stream of small records otherwise sends a request per record")
     streams_audit_dir: Path | None = Field(
         default=None, description="append `topic partition offset` of every record the worker hands to its "
         "processors to DIR/<instance id>.log, one unbuffered write each (a SIGKILL loses no line): an audit of lost "

@@ -236,6 +236,7 @@ class _Log:
         self.failing_commits = 0                # the next n commits raise a transport error
         self.end_lookups = 0
         self.lifetime_start = 0                 # what offsets_for_times answers (-1: no record since then)
+        self.arrives_after_time_lookup: tuple | None = None   # a record appended as offsets_for_times answers
 
 
 class _FakeConsumer:
@@ -255,7 +256,11 @@ class _FakeConsumer:
         return [TopicPartition(TOPIC, 0, self.log.committed)]
 
     def offsets_for_times(self, parts: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
-        return [TopicPartition(TOPIC, 0, self.log.lifetime_start)]
+        found = TopicPartition(TOPIC, 0, self.log.lifetime_start)
+        if self.log.arrives_after_time_lookup is not None:   # a command written just after the time lookup answered
+            self.log.records.append(self.log.arrives_after_time_lookup)
+            self.log.arrives_after_time_lookup = None
+        return [found]
 
     def get_watermark_offsets(self, part: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
         self.log.end_lookups += 1
@@ -339,6 +344,22 @@ def test_a_failed_commit_rebuilds_the_consumer_and_applies_nothing_twice(fake_lo
         (first.command_id, "applied"), (second.command_id, "applied")]
     assert fake_log.committed == 2
     assert run.consumer.stats()["alive"] is False
+
+
+def test_a_command_written_between_the_time_and_end_lookups_is_read(fake_log: _Log, tmp_path: Path) -> None:
+    """The time lookup finds no recent command; one is written right after it answers. The start is the end read
+    before that lookup, so the command is read (the end read after it skipped it: seen once in the full suite)."""
+    from clocktower.actuators.actuator import Actuator as _Actuator
+    fake_log.lifetime_start = -1
+    cmd = _command(NODE, "eth1", 1)
+    fake_log.arrives_after_time_lookup = encode_batch([cmd])
+    state = tmp_path / "state"
+    actuator = _Actuator(NODE, TEST_VERIFIER, SimulatedRouting(), SeenCommands(state), Quarantine(state), Hooks({}),
+                         backups=lambda link: "eth9")
+    consumer = CommandConsumer("fake:9092", actuator, [].extend)
+    assert consumer._assign_own()
+    assert len(fake_log.records) == 1, "the command was written during the lookups"
+    assert [tp.offset for tp in fake_log.consumers[0].assigned] == [0], "it is read"
 
 
 def test_a_new_group_with_no_recent_command_starts_at_an_absolute_end(fake_log: _Log, tmp_path: Path) -> None:

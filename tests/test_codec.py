@@ -118,6 +118,17 @@ def test_encode_refuses_mixed_batches() -> None:
         encode_batch([])
 
 
+def test_a_regrouped_record_carries_many_nodes_and_only_the_streams_own_read_accepts_it() -> None:
+    """The streams' repartition records carry every node's events of a partition's part in one record; read as
+    a node's record (anything a node publishes), a mixed one is refused."""
+    key, value, headers = encode_batch([_link("a"), _link("b"), _link("a", interface="eth1")], mixed_nodes=True)
+    assert key == b"a"
+    batch = decode_batch("telemetry.links", key, value, headers, now_ns=NOW, mixed_nodes=True)
+    assert [(e.node, e.interface) for e in batch.events] == [("a", "eth0"), ("b", "eth0"), ("a", "eth1")]
+    with pytest.raises(DecodeError, match="event from node 'b' in a batch keyed 'a'"):
+        decode_batch("telemetry.links", key, value, headers, now_ns=NOW)
+
+
 def test_dead_letter_keeps_origin_and_raw_bytes() -> None:
     import base64
 

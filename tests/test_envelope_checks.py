@@ -193,3 +193,34 @@ def test_streams_outputs_are_cut_to_the_record_limit() -> None:
     out = list(records(incidents))
     assert len(out) >= 3 and all(len(v) <= MAX_RECORD_BYTES for _, _, v, _, _ in out)
     assert [e for t, k, v, h, _ in out for e in _decode(k, v, h, topic=t).events] == incidents
+
+
+def test_a_repartition_part_is_one_record_whatever_its_nodes_and_only_the_internal_handler_reads_it() -> None:
+    """A node's records carry one node; the streams' regrouped part of many nodes goes out as one record (a
+    record per node made 15 small records of a 15-node fleet's part), which the repartition topic's handler reads
+    and a telemetry topic's handler refuses."""
+    from clocktower.streams.emit import records
+    from clocktower.streams.record_handler import RecordHandler
+
+    events = [_link(i, node=f"n{i % 3}") for i in range(9)]
+    assert len(list(records(events))) == 3, "to their own topic: a record per node"
+    out = list(records(events, topic="clocktower-streams-x-repartition", partition=1))
+    assert len(out) == 1 and out[0].partition == 1
+    _, k, v, h, _ = out[0]
+    assert [e.interface for e in decode_batch("telemetry.links", k, v, h, now_ns=NOW, mixed_nodes=True).events] \
+        == [f"eth{i}" for i in range(9)], "one record, in their order"
+
+    class Seen:
+        budget = type("B", (), {"withheld": 0})()
+
+        def __init__(self) -> None:
+            self.events: list = []
+
+        def route(self, topic, partition, events, failures, offset):  # noqa: ANN001, ANN201
+            self.events += events
+            return []
+
+    internal, external = Seen(), Seen()
+    RecordHandler(internal, internal=True).handle("clocktower-streams-x-repartition", 1, 0, k, v, h)
+    RecordHandler(external).handle("telemetry.links", 1, 0, k, v, h)
+    assert len(internal.events) == 9 and external.events == []

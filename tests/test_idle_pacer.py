@@ -113,3 +113,51 @@ def test_release_resumes_what_the_pacer_paused_and_nothing_else(clock: Clock) ->
     pacer.release()                                   # the sink stops mid back-off
     assert consumer.paused == {0} and consumer.wakes == 0, "resumed without a wake-up; the held one stays paused"
     assert pacer.next_consume()[1] == idle_pacer.ACTIVE_TIMEOUT_S
+
+
+def test_a_caught_up_consumer_pauses_for_the_trickle_then_reads_what_gathered_in_short_rounds(clock: Clock) -> None:
+    """Records flow, but every partition has reported its end since its last record: pause for trickle_s (the
+    embedded broker would answer each fetch at once with the few records since the last)."""
+    consumer = FakeConsumer([0, 1])
+    pacer = IdlePacer(consumer, held=set, backoff_s=0.25, trickle_s=0.1)  # type: ignore[arg-type]
+    pacer.after([_record(0), _eof(0), _record(1)])
+    assert consumer.paused == set(), "partition 1 has not reported its end: maybe a backlog, nothing paused"
+    pacer.after([_record(0), _eof(1)])
+    assert consumer.paused == set(), "partition 0 had a record after its end event"
+    pacer.after([_eof(0), _record(1), _eof(1)])
+    assert consumer.paused == {0, 1} and pacer.trickle_pauses == 1
+    assert pacer.next_consume()[1] <= 0.1
+    clock.now += 0.1
+    pacer.after([])
+    assert consumer.paused == set() and consumer.wakes == 1
+    assert pacer.next_consume() == (idle_pacer.BATCH, idle_pacer.TRICKLE_ROUND_TIMEOUT_S), "short rounds"
+    pacer.after([_record(0), _eof(0)])
+    assert consumer.paused == set(), "the ends were forgotten on resume: each must report again"
+    pacer.after([_record(0), _eof(0), _eof(1)])
+    assert consumer.paused == {0, 1} and pacer.trickle_pauses == 2
+
+
+def test_without_trickle_records_never_pause(clock: Clock) -> None:
+    consumer = FakeConsumer([0])
+    pacer = IdlePacer(consumer, held=set, backoff_s=0.25)  # type: ignore[arg-type]
+    pacer.after([_record(0), _eof(0)])
+    assert consumer.paused == set() and pacer.trickle_pauses == 0
+
+
+def test_a_held_partition_does_not_keep_the_others_from_their_trickle_pause(clock: Clock) -> None:
+    consumer, held = FakeConsumer([0, 1]), {(T, 1)}
+    pacer = IdlePacer(consumer, held=lambda: held, backoff_s=0.25, trickle_s=0.1)  # type: ignore[arg-type]
+    pacer.after([_record(0), _eof(0)])
+    assert consumer.paused == {0}, "the held partition is neither waited for nor paused by the pacer"
+
+
+def test_short_rounds_end_after_a_bound_when_a_burst_keeps_coming(clock: Clock) -> None:
+    consumer = FakeConsumer([0])
+    pacer = IdlePacer(consumer, held=set, backoff_s=0.25, trickle_s=0.1)  # type: ignore[arg-type]
+    pacer.after([_record(0), _eof(0)])
+    clock.now += 0.1
+    pacer.after([])
+    for _ in range(idle_pacer.TRICKLE_ROUNDS):
+        assert pacer.next_consume()[1] == idle_pacer.TRICKLE_ROUND_TIMEOUT_S
+        pacer.after([_record(0)])                     # a backlog: never at its end
+    assert pacer.next_consume() == (idle_pacer.BATCH, idle_pacer.ACTIVE_TIMEOUT_S)

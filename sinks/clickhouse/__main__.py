@@ -27,6 +27,7 @@ def sink_for(s: SinkSettings, writer: TableWriter) -> KafkaClickHouseSink:
     return KafkaClickHouseSink(s.bootstrap, writer, policy=FlushPolicy(s.flush_rows, s.flush_interval_s),
                                instance_id=s.sink_instance_id, max_future_skew_ns=s.max_future_skew_ns,
                                idle_backoff_s=s.workarounds.idle_fetch_backoff_s,
+                               trickle_backoff_s=s.workarounds.sink_trickle_backoff_s,
                                check_reused_offsets=s.workarounds.check_reused_offsets,
                                consumer_extra=s.workarounds.librdkafka_consumer(),
                                producer_key=NodeSigning().producer_key_bytes())   # flags rows no node signed

@@ -76,13 +76,15 @@ class KafkaClickHouseSink:
                  instance_id: str | None = None, security: KafkaSecurity | None = None,
                  max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, idle_backoff_s: float = IDLE_FETCH_BACKOFF_S,
                  check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None,
-                 producer_key: bytes | None = None) -> None:
-        """`idle_backoff_s`, `check_reused_offsets` and `consumer_extra` (librdkafka settings) make up for the
+                 producer_key: bytes | None = None, trickle_backoff_s: float = 0.0) -> None:
+        """`idle_backoff_s`, `trickle_backoff_s`, `check_reused_offsets` and `consumer_extra` (librdkafka settings)
+        make up for the
         embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's. With
         `producer_key` (CLOCKTOWER_PRODUCER_KEY), each row of a node-signed topic says whether its node signed it."""
         self.producer_key = producer_key
         self.writer = writer
         self.idle_backoff_s = idle_backoff_s
+        self.trickle_backoff_s = trickle_backoff_s
         self.check_reused_offsets = check_reused_offsets
         self.max_future_skew_ns = max_future_skew_ns   # CLOCKTOWER_MAX_FUTURE_SKEW_S
         self.topics = topics or [t.name for t in TOPICS]
@@ -286,7 +288,7 @@ class KafkaClickHouseSink:
     # --- the loop (runtime/consume_loop.py) -----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._on_revoke)
-        consume_loop(self.consumer, self, stop, backoff_s=self.idle_backoff_s)
+        consume_loop(self.consumer, self, stop, backoff_s=self.idle_backoff_s, trickle_s=self.trickle_backoff_s)
 
     def held(self) -> set[tuple[str, int]]:
         """Partitions whose loss check has not answered: not read, and never resumed by the idle pacer."""

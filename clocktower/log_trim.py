@@ -1,0 +1,142 @@
+"""Delete what every reader has committed from the embedded broker, which rewrites its whole log every few seconds.
+
+noida-db (the embedded broker) keeps every record in memory and saves its whole state as one JSON file, each byte
+written as a decimal number, about every 10 s, on one thread ("autosave"). Measured here: 50, 100 and 150 MB of
+records kept cost that thread 15, 36 and 55 % of a core, and a pipeline fed 9.4k events/s adds about 26 MB a
+minute, so within minutes the broker's saves take a core and the pipeline falls behind (issue 19's soak). Topics
+keep a day and more of telemetry (schemas/topics.py); nothing here reaches a retention limit.
+
+So, with the embedded broker only, `clocktower up` and `demo` delete every partition's records below the point
+that every consumer group reading it has committed (topic_admin.READERS: the sink and the streams), as Kafka
+Streams purges its repartition topics. Kept on purpose:
+- the record just below each group's committed offset: the sink reads it back on every assignment to check
+  that the broker lost nothing (sinks/clickhouse/resume.py);
+- the last `keep_s` seconds of every partition: a producer's spool reads back what it sent in the last seconds
+  after a broker restart (producers/spooling_publisher.py), and a person may still look at recent records;
+- partitions not every reader has committed yet (a reader that never started protects everything);
+- topics someone reads outside those groups: analytics.clock (every stream worker reads all of it at start,
+  streams/clock_broadcast.py) and the control topics (the actuators; those are capped by `retention.bytes`).
+A Kafka broker keeps its retention as configured: nothing is deleted there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from clocktower.schemas.topics import TOPICS
+from clocktower.streams.clock_broadcast import TOPIC as CLOCK_TOPIC
+from clocktower.topic_admin import READERS, consumer_lag
+
+log = logging.getLogger(__name__)
+
+Part = tuple[str, int]
+# Read by someone outside the groups in READERS (see the module doc).
+OUTSIDE_READERS = frozenset({CLOCK_TOPIC} | {t.name for t in TOPICS if t.retention_bytes is not None})
+
+
+def trimmable(readers: Mapping[str, Iterable[str]] = READERS) -> dict[str, tuple[str, ...]]:
+    """topic -> the groups that must have committed a record before it is deleted."""
+    out: dict[str, list[str]] = {}
+    for group, topics in readers.items():
+        for topic in topics:
+            if topic not in OUTSIDE_READERS:
+                out.setdefault(topic, []).append(group)
+    return {t: tuple(g) for t, g in out.items()}
+
+
+def trim_points(lag_rows: Iterable[Mapping], readers: Mapping[str, Iterable[str]],
+                kept_from: Mapping[Part, int]) -> dict[Part, int]:
+    """Per partition, the offset below which records may be deleted: one below the lowest committed offset of
+    every group in `readers[topic]`, and not past `kept_from` (the first record of the last keep_s seconds).
+
+    `lag_rows`: topic_admin.consumer_lag's rows (group, topic, partition, committed). A partition with a reader
+    that has no commit, or no row at all, or no `kept_from`, gets no point."""
+    committed: dict[Part, dict[str, int | None]] = {}
+    for r in lag_rows:
+        committed.setdefault((r["topic"], r["partition"]), {})[r["group"]] = r["committed"]
+    out: dict[Part, int] = {}
+    for part, by_group in committed.items():
+        groups = readers.get(part[0])
+        if not groups or part not in kept_from:
+            continue
+        offsets = [by_group.get(g) for g in groups]
+        if any(o is None for o in offsets):
+            continue
+        point = min(min(offsets) - 1, kept_from[part])   # type: ignore[type-var]  # None ruled out above
+        if point > 0:
+            out[part] = point
+    return out
+
+
+class LogTrimmer(threading.Thread):
+    """Every `interval_s`, delete what every reader has committed (see the module doc); a failed pass is logged
+    and tried again at the next one. `deleted` counts the records deleted so far."""
+
+    def __init__(self, bootstrap: str, interval_s: float, keep_s: float,
+                 readers: Mapping[str, Iterable[str]] = READERS) -> None:
+        super().__init__(name="log-trim", daemon=True)
+        self.bootstrap, self.interval_s, self.keep_s = bootstrap, interval_s, keep_s
+        self.readers = trimmable(readers)
+        self.lag_readers = {g: tuple(ts) for g, ts in readers.items()}
+        self.deleted = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval_s):
+            try:
+                self.trim_once()
+            except Exception as exc:  # noqa: BLE001 - a pass that fails is retried; the broker keeps everything
+                log.warning("could not delete consumed records from the embedded broker: %s", exc)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def trim_once(self) -> int:
+        """One pass; returns the records it deleted."""
+        rows = consumer_lag(self.bootstrap, self.lag_readers)
+        parts = sorted({(r["topic"], r["partition"]) for r in rows if r["topic"] in self.readers})
+        kept_from, lows = self._offsets(parts)
+        points = trim_points(rows, self.readers, kept_from)
+        todo = [TopicPartition(t, p, o) for (t, p), o in points.items() if o > lows[(t, p)]]
+        if not todo:
+            return 0
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 4})
+        n = 0
+        for tp, fut in admin.delete_records(todo, request_timeout=10).items():
+            try:
+                low = fut.result(15).low_watermark
+            except Exception as exc:  # noqa: BLE001 - one partition's failure leaves it for the next pass
+                log.warning("could not delete %s[%d] below %d: %s", tp.topic, tp.partition, tp.offset, exc)
+                continue
+            n += max(0, low - lows[(tp.topic, tp.partition)])
+        self.deleted += n
+        return n
+
+    def _offsets(self, parts: list[Part]) -> tuple[dict[Part, int], dict[Part, int]]:
+        """Per partition, the first record of the last keep_s seconds (the end when none is that new), and the
+        first record kept now (the low watermark)."""
+        if not parts:
+            return {}, {}
+        since_ms = int((time.time() - self.keep_s) * 1000)
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "clocktower-log-trim",
+                      "enable.auto.commit": False, "log_level": 4})
+        try:
+            found = c.offsets_for_times([TopicPartition(t, p, since_ms) for t, p in parts], timeout=10)
+            kept_from, lows = {}, {}
+            for tp in found:
+                if tp.error is not None:
+                    continue
+                part = (tp.topic, tp.partition)
+                lows[part], high = c.get_watermark_offsets(TopicPartition(*part), timeout=10)
+                kept_from[part] = tp.offset if tp.offset >= 0 else high   # none that new: all before the end may go
+            return kept_from, lows
+        finally:
+            c.close()
