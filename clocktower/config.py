@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from clocktower.sinks.clickhouse.settings import SinkSettings
 from clocktower.streams.settings import StreamsSettings
@@ -23,7 +23,14 @@ class Settings(StreamsSettings, SinkSettings):
                                       "ClickHouse endpoint serves; more wait briefly, then get 503")
     log_trim_s: float = Field(default=10.0, ge=0, description="with the embedded broker: how often `up` and `demo` "
                               "delete the records every reader has committed (clocktower/log_trim.py); 0 = never")
-    log_keep_s: float = Field(default=30.0, ge=0, description="with the embedded broker: the newest seconds of "
-                              "every partition that are never deleted, committed or not")
+    log_keep_s: float = Field(default=30.0, ge=1, description="with the embedded broker: the newest seconds of "
+                              "every partition that are never deleted, committed or not (by the stack's clock)")
+
+    @field_validator("log_trim_s")
+    @classmethod
+    def _trim_period(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("CLOCKTOWER_LOG_TRIM_S is 0 (never delete) or at least 1 s (each pass queries the broker)")
+        return v
     noida_bin: Path | None = Field(default=None, description="the noida-db executable of the embedded broker "
                                    "(default: the one installed with the noida-db package, else PATH)")

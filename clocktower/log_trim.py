@@ -11,8 +11,11 @@ that every consumer group reading it has committed (topic_admin.READERS: the sin
 Streams purges its repartition topics. Kept on purpose:
 - the record just below each group's committed offset: the sink reads it back on every assignment to check
   that the broker lost nothing (sinks/clickhouse/resume.py);
-- the last `keep_s` seconds of every partition: a producer's spool reads back what it sent in the last seconds
-  after a broker restart (producers/spooling_publisher.py), and a person may still look at recent records;
+- the last `keep_s` seconds of every partition (by this process's clock): a person may still look at recent
+  records, and a producer's spool reads back what it sent just before an outage to find what already arrived
+  (producers/spooling_publisher.py). Limit: a spool replaying after an outage longer than `keep_s` no longer
+  finds the records it sent before it that every reader has since consumed, so it sends them again and they are
+  stored twice. Records the broker deleted here count as arrived for the lost-ack check (producers/lost_acks.py);
 - partitions not every reader has committed yet (a reader that never started protects everything);
 - topics someone reads outside those groups: analytics.clock (every stream worker reads all of it at start,
   streams/clock_broadcast.py) and the control topics (the actuators; those are capped by `retention.bytes`).
@@ -24,7 +27,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -36,6 +40,7 @@ from clocktower.topic_admin import READERS, consumer_lag
 log = logging.getLogger(__name__)
 
 Part = tuple[str, int]
+PASS_TIMEOUT_S = 5.0       # each broker request of a pass: a stopping stack waits for no longer
 # Read by someone outside the groups in READERS (see the module doc).
 OUTSIDE_READERS = frozenset({CLOCK_TOPIC} | {t.name for t in TOPICS if t.retention_bytes is not None})
 
@@ -53,7 +58,7 @@ def trimmable(readers: Mapping[str, Iterable[str]] = READERS) -> dict[str, tuple
 def trim_points(lag_rows: Iterable[Mapping], readers: Mapping[str, Iterable[str]],
                 kept_from: Mapping[Part, int]) -> dict[Part, int]:
     """Per partition, the offset below which records may be deleted: one below the lowest committed offset of
-    every group in `readers[topic]`, and not past `kept_from` (the first record of the last keep_s seconds).
+    every group in `readers[topic]`, and not past `kept_from` (the partition's end keep_s seconds ago).
 
     `lag_rows`: topic_admin.consumer_lag's rows (group, topic, partition, committed). A partition with a reader
     that has no commit, or no row at all, or no `kept_from`, gets no point."""
@@ -76,15 +81,20 @@ def trim_points(lag_rows: Iterable[Mapping], readers: Mapping[str, Iterable[str]
 
 class LogTrimmer(threading.Thread):
     """Every `interval_s`, delete what every reader has committed (see the module doc); a failed pass is logged
-    and tried again at the next one. `deleted` counts the records deleted so far."""
+    and tried again at the next one. `deleted` counts the records deleted so far.
+
+    "The last `keep_s` seconds" is measured on this process's clock, not on the producers' timestamps (a node
+    whose clock is behind, or a spool replaying old records, would make new records look old): each pass notes
+    every partition's end, and a pass deletes nothing past the ends noted `keep_s` or more ago."""
 
     def __init__(self, bootstrap: str, interval_s: float, keep_s: float,
-                 readers: Mapping[str, Iterable[str]] = READERS) -> None:
+                 readers: Mapping[str, Iterable[str]] = READERS, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="log-trim", daemon=True)
-        self.bootstrap, self.interval_s, self.keep_s = bootstrap, interval_s, keep_s
+        self.bootstrap, self.interval_s, self.keep_s, self.clock = bootstrap, interval_s, keep_s, clock
         self.readers = trimmable(readers)
         self.lag_readers = {g: tuple(ts) for g, ts in readers.items()}
         self.deleted = 0
+        self._ends: deque[tuple[float, dict[Part, int]]] = deque()   # (when, each partition's end then)
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -92,7 +102,8 @@ class LogTrimmer(threading.Thread):
             try:
                 self.trim_once()
             except Exception as exc:  # noqa: BLE001 - a pass that fails is retried; the broker keeps everything
-                log.warning("could not delete consumed records from the embedded broker: %s", exc)
+                if not self._halt.is_set():
+                    log.warning("could not delete consumed records from the embedded broker: %s", exc)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._halt.set()
@@ -101,42 +112,40 @@ class LogTrimmer(threading.Thread):
 
     def trim_once(self) -> int:
         """One pass; returns the records it deleted."""
-        rows = consumer_lag(self.bootstrap, self.lag_readers)
-        parts = sorted({(r["topic"], r["partition"]) for r in rows if r["topic"] in self.readers})
-        kept_from, lows = self._offsets(parts)
+        rows = [r for r in consumer_lag(self.bootstrap, self.lag_readers, timeout=PASS_TIMEOUT_S)
+                if r["topic"] in self.readers]
+        now = self.clock()
+        self._ends.append((now, {(r["topic"], r["partition"]): r["end"] for r in rows}))
+        kept_from: dict[Part, int] = {}
+        while self._ends and self._ends[0][0] <= now - self.keep_s:   # the newest ends at least keep_s old
+            kept_from = self._ends.popleft()[1]
+        if kept_from:
+            self._ends.appendleft((now - self.keep_s, kept_from))      # still the bound until a newer one ages
         points = trim_points(rows, self.readers, kept_from)
-        todo = [TopicPartition(t, p, o) for (t, p), o in points.items() if o > lows[(t, p)]]
+        if not points or self._halt.is_set():
+            return 0
+        lows = self._lows(list(points))
+        todo = [TopicPartition(t, p, o) for (t, p), o in points.items() if (t, p) in lows and o > lows[(t, p)]]
         if not todo:
             return 0
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 4})
         n = 0
-        for tp, fut in admin.delete_records(todo, request_timeout=10).items():
+        for tp, fut in admin.delete_records(todo, request_timeout=PASS_TIMEOUT_S).items():
             try:
-                low = fut.result(15).low_watermark
+                low = fut.result(PASS_TIMEOUT_S).low_watermark
             except Exception as exc:  # noqa: BLE001 - one partition's failure leaves it for the next pass
                 log.warning("could not delete %s[%d] below %d: %s", tp.topic, tp.partition, tp.offset, exc)
                 continue
             n += max(0, low - lows[(tp.topic, tp.partition)])
         self.deleted += n
+        log.debug("deleted %d consumed records (%d so far)", n, self.deleted)
         return n
 
-    def _offsets(self, parts: list[Part]) -> tuple[dict[Part, int], dict[Part, int]]:
-        """Per partition, the first record of the last keep_s seconds (the end when none is that new), and the
-        first record kept now (the low watermark)."""
-        if not parts:
-            return {}, {}
-        since_ms = int((time.time() - self.keep_s) * 1000)
+    def _lows(self, parts: list[Part]) -> dict[Part, int]:
+        """Each partition's first record kept now (its low watermark)."""
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "clocktower-log-trim",
                       "enable.auto.commit": False, "log_level": 4})
         try:
-            found = c.offsets_for_times([TopicPartition(t, p, since_ms) for t, p in parts], timeout=10)
-            kept_from, lows = {}, {}
-            for tp in found:
-                if tp.error is not None:
-                    continue
-                part = (tp.topic, tp.partition)
-                lows[part], high = c.get_watermark_offsets(TopicPartition(*part), timeout=10)
-                kept_from[part] = tp.offset if tp.offset >= 0 else high   # none that new: all before the end may go
-            return kept_from, lows
+            return {part: c.get_watermark_offsets(TopicPartition(*part), timeout=PASS_TIMEOUT_S)[0] for part in parts}
         finally:
             c.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -63,22 +63,30 @@ class ReleasedAcks:
             first[tp] = min(first.get(tp, r.offset), r.offset)
         return snapshot, first
 
-    def lost(self, checked: list[Released], found: dict[TopicPartitionKey, dict[int, bytes | None]]) -> list[Released]:
+    def lost(self, checked: list[Released], found: dict[TopicPartitionKey, dict[int, bytes | None]],
+             deleted_below: Mapping[TopicPartitionKey, int] | None = None) -> list[Released]:
         """Of `checked` (to_check's snapshot), those whose offset, read back (`found`: offset -> ct-rid per
         topic-partition read), no longer holds their record. Every checked release is forgotten: the lost ones'
         offsets are handed out again, and the others are stored. Releases made during the read are kept for the
-        next check, and a topic-partition missing from `found` was not read: its releases are kept too."""
+        next check, and a topic-partition missing from `found` was not read: its releases are kept too. A release
+        below `deleted_below` (read_rids: the log now starts there) is not lost: the broker deleted it, which the
+        embedded one does only once every reader has read it (clocktower/log_trim.py)."""
+        floor = deleted_below or {}
         judged = [r for r in checked if (r.topic, r.partition) in found]
-        lost = [r for r in judged if found[(r.topic, r.partition)].get(r.offset) != r.rid]
+        lost = [r for r in judged if r.offset >= floor.get((r.topic, r.partition), 0)
+                and found[(r.topic, r.partition)].get(r.offset) != r.rid]
         gone = set(map(id, judged))
         self._released = deque((r for r in self._released if id(r) not in gone), maxlen=self._released.maxlen)
         return lost
 
 
 def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: str, limit: int,
-              timeout_s: float = 30.0) -> dict[TopicPartitionKey, dict[int, bytes | None]]:
-    """offset -> ct-rid of every record from `first` to the end, per topic-partition (`consumer`: assigned here);
-    a topic-partition whose log now starts past `first` (retention deleted records) is left out, so not judged.
+              timeout_s: float = 30.0, deleted_below: dict[TopicPartitionKey, int] | None = None,
+              ) -> dict[TopicPartitionKey, dict[int, bytes | None]]:
+    """offset -> ct-rid of every record from `first` to the end, per topic-partition (`consumer`: assigned here).
+    Where the log now starts past `first` (the broker deleted records: retention, or the embedded broker's
+    consumed records), it is read from its start, which is noted in `deleted_below` when given; without it, such
+    a topic-partition is left out, so not judged.
     Raises when the broker does not answer, or when more than `limit` records would have to be read."""
     found: dict[TopicPartitionKey, dict[int, bytes | None]] = {}
     ends: dict[TopicPartitionKey, int] = {}
@@ -86,7 +94,9 @@ def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: s
     for (topic, partition), start in first.items():
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         if start < low:
-            continue          # retention deleted some of them: this topic-partition is not judged (not read)
+            if deleted_below is None:
+                continue          # some were deleted: this topic-partition is not judged (not read)
+            deleted_below[(topic, partition)] = start = low
         found[(topic, partition)] = {}
         if start < high:
             ends[(topic, partition)] = high

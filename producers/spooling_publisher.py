@@ -681,11 +681,13 @@ class SpoolingPublisher(KafkaPublisher):
                 return True
             checked, first = self._released.to_check(went_away)
         found: dict = {}
+        deleted_below: dict = {}    # where the broker deleted records read by all (clocktower/log_trim.py): arrived
         if first:
             try:
                 consumer = self._readback_consumer()
                 try:
-                    found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit)
+                    found = read_rids(consumer, first, RID_HEADER, self.dedup_scan_limit,
+                                      deleted_below=deleted_below)
                 finally:
                     consumer.close()
             except Exception as exc:  # noqa: BLE001 - the broker may not be ready yet: the next probe tries again
@@ -698,7 +700,7 @@ class SpoolingPublisher(KafkaPublisher):
         with self._lock:
             if self._outages == outages:        # else it went away again meanwhile: that outage is checked next
                 self._went_away = None
-            lost = self._released.lost(checked, found)
+            lost = self._released.lost(checked, found, deleted_below)
             self.acked_lost_records += len(lost)
             self.acked_lost_events += sum(r.events for r in lost)
         if lost:

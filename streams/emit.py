@@ -40,13 +40,14 @@ class Out(NamedTuple):
 
 
 def records(events: Iterable[Event], max_events: int = 1000, topic: str | None = None,
-            partition: int | None = None) -> Iterator[Out]:
+            partition: int | None = None, regrouped: bool = False) -> Iterator[Out]:
     """A record per node and schema (at most `max_events` events, none over the record limit), to the
-    events' own topic; or a record per schema, many nodes' events in their order, to `topic`/`partition` (a
-    repartition topic: only the streams read it, and a record per node made 15 small records of a 15-node fleet's
-    50 ms part). A control command goes to its node's partition of control.commands (schemas/partitioning.py), the
-    one its node's actuator reads."""
-    regrouped = topic is not None
+    events' own topic or to `topic`/`partition`; `regrouped` (a repartition topic, which only the streams' own
+    handler reads: schemas/codec.py `mixed_nodes`), a record per schema, many nodes' events in their order (a
+    record per node made 15 small records of a 15-node fleet's 50 ms part). A control command goes to its node's
+    partition of control.commands (schemas/partitioning.py), the one its node's actuator reads."""
+    if regrouped and topic is None:
+        raise ValueError("regrouped records go to a named repartition topic")
     keyf = (lambda e: type(e).SCHEMA) if regrouped else (lambda e: (type(e).SCHEMA, e.node))  # noqa: E731
     for _, grp in groupby(sorted(events, key=keyf), key=keyf):
         chunk = list(grp)

@@ -173,7 +173,8 @@ class Topology:
 
 
 def _part_records(parts: list[Part]) -> list[Out]:
-    return [o for topic, partition, evs in parts for o in records(evs, topic=topic, partition=partition)]
+    return [o for topic, partition, evs in parts
+            for o in records(evs, topic=topic, partition=partition, regrouped=True)]
 
 
 def record_handlers(topology: Topology, identity: IdentityCheck | None, max_future_skew_ns: int,

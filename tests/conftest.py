@@ -42,7 +42,10 @@ class Pipeline:
 
 def start_pipeline(data_dir: Path, with_streams: bool = True, with_sink: bool = True,
                    worker_env: Mapping[str, str] | None = None, **settings: object) -> Pipeline:
-    """`settings` configure this process's view; `worker_env` (CLOCKTOWER_* variables) its worker processes."""
+    """`settings` configure this process's view; `worker_env` (CLOCKTOWER_* variables) its worker processes.
+    The embedded broker's consumed records are kept (log_trim_s 0) unless a test asks: tests and the failover
+    benchmark read topics from their start after the pipeline did."""
+    settings = {"log_trim_s": 0.0, **settings}
     settings = Settings(data_dir=data_dir, kafka_port=free_port(), http_port=free_port(),
                         kafka_bootstrap=None, clickhouse_url=None, flush_interval_s=0.5, **settings)
     stack = Stack(settings, with_streams=with_streams, with_sink=with_sink, extra_env=worker_env)

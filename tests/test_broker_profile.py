@@ -95,6 +95,8 @@ def test_the_sink_accepts_fetch_responses_over_100_mb_only_with_the_embedded_bro
     configs.append(sink._probe_config)
     ceilings = [c.get("receive.message.max.bytes") for c in configs]
     assert ceilings == ([2_147_483_647] * 2 if profile == "embedded" else [None] * 2)
+    # and it pauses between fetches once caught up only with the embedded broker (a Kafka broker holds the fetch)
+    assert sink.trickle_backoff_s == (0.1 if profile == "embedded" else 0.0)
 
 
 def test_the_stream_worker_rejoins_on_an_empty_assignment_only_with_the_embedded_broker() -> None:

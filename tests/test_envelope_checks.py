@@ -204,7 +204,7 @@ def test_a_repartition_part_is_one_record_whatever_its_nodes_and_only_the_intern
 
     events = [_link(i, node=f"n{i % 3}") for i in range(9)]
     assert len(list(records(events))) == 3, "to their own topic: a record per node"
-    out = list(records(events, topic="clocktower-streams-x-repartition", partition=1))
+    out = list(records(events, topic="clocktower-streams-x-repartition", partition=1, regrouped=True))
     assert len(out) == 1 and out[0].partition == 1
     _, k, v, h, _ = out[0]
     assert [e.interface for e in decode_batch("telemetry.links", k, v, h, now_ns=NOW, mixed_nodes=True).events] \

@@ -161,3 +161,25 @@ def test_short_rounds_end_after_a_bound_when_a_burst_keeps_coming(clock: Clock) 
         assert pacer.next_consume()[1] == idle_pacer.TRICKLE_ROUND_TIMEOUT_S
         pacer.after([_record(0)])                     # a backlog: never at its end
     assert pacer.next_consume() == (idle_pacer.BATCH, idle_pacer.ACTIVE_TIMEOUT_S)
+
+
+def test_an_empty_short_round_is_not_idle(clock: Clock) -> None:
+    """After a trickle pause, the fetch of what gathered may take longer than a short round: an empty round must
+    not pause the partitions for the idle backoff (librdkafka would drop the fetch in flight)."""
+    consumer = FakeConsumer([0, 1])
+    pacer = IdlePacer(consumer, held=set, backoff_s=0.25, trickle_s=0.1)  # type: ignore[arg-type]
+    pacer.after([_record(0), _eof(0), _record(1), _eof(1)])
+    clock.now += 0.1
+    pacer.after([])                                   # resumed
+    for _ in range(idle_pacer.TRICKLE_ROUNDS - 1):
+        pacer.after([])
+        assert consumer.paused == set(), "an empty short round paused the partitions"
+    pacer.after([_record(0), _eof(0), _eof(1)])
+    assert consumer.paused == {0, 1} and pacer.trickle_pauses == 2
+    clock.now += 0.1
+    pacer.after([])
+    for _ in range(idle_pacer.TRICKLE_ROUNDS):
+        pacer.after([])
+    assert consumer.paused == set()
+    pacer.after([])                                   # a full consume with nothing after the rounds: idle
+    assert consumer.paused == {0, 1} and pacer.next_consume()[1] <= 0.25

@@ -45,3 +45,15 @@ def test_records_without_an_id_or_offset_are_not_tracked() -> None:
     acks.released("t", 0, 1, None, events=1)
     acks.released("t", 0, -1, b"r", events=1)
     assert len(acks) == 0
+
+
+def test_a_release_the_broker_deleted_after_every_reader_read_it_is_not_lost() -> None:
+    """The embedded broker deletes consumed records (clocktower/log_trim.py): a release below where the log now
+    starts arrived; one at or past it is judged as before."""
+    acks = ReleasedAcks(clock=_Clock())
+    for off in range(4):
+        acks.released("t", 0, off, b"r%d" % off, events=1)
+    checked, _ = acks.to_check()
+    lost = acks.lost(checked, {("t", 0): {2: b"r2", 3: b"someone-else"}}, {("t", 0): 2})
+    assert [r.offset for r in lost] == [3]
+    assert len(acks) == 0
