@@ -121,6 +121,9 @@ class LogTrimmer(threading.Thread):
             kept_from = self._ends.popleft()[1]
         if kept_from:
             self._ends.appendleft((now - self.keep_s, kept_from))      # still the bound until a newer one ages
+        # never past a partition's end now (a broker that lost records gives their offsets again)
+        current = self._ends[-1][1]
+        kept_from = {part: min(end, current[part]) for part, end in kept_from.items() if part in current}
         points = trim_points(rows, self.readers, kept_from)
         if not points or self._halt.is_set():
             return 0

@@ -106,7 +106,7 @@ def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: s
         raise RuntimeError(f"{total} records to read back, over the limit of {limit}")
     if not assign:
         return found
-    consumer.assign(assign)
+    consumer.assign(assign)   # the consumer resets an offset deleted meanwhile to the earliest (the callers' config)
     deadline = time.monotonic() + timeout_s
     while ends:
         if time.monotonic() > deadline:
@@ -121,4 +121,10 @@ def read_rids(consumer: Consumer, first: dict[TopicPartitionKey, int], ct_rid: s
             found.setdefault(tp, {})[m.offset()] = next((v for k, v in m.headers() or () if k == ct_rid), None)
             if tp in ends and m.offset() >= ends[tp] - 1:
                 del ends[tp]
+    if deleted_below is not None:   # records deleted while this read ran were not read: note where the log starts now
+        for (topic, partition), start in first.items():
+            if (topic, partition) in found:
+                low = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[0]
+                if low > start:
+                    deleted_below[(topic, partition)] = max(deleted_below.get((topic, partition), 0), low)
     return found

@@ -712,6 +712,9 @@ class SpoolingPublisher(KafkaPublisher):
     def _readback_consumer(self) -> Consumer:
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"clocktower-spool-{self._instance}",
                          "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50,
+                         # an offset the broker deleted under the read (clocktower/log_trim.py): go on from the
+                         # log's start, not its end (read_rids notes where that is)
+                         "auto.offset.reset": "earliest",
                          "log.connection.close": False,
                          # a read-back under a flood of 100+ MB: the embedded broker answers it in one response
                          "receive.message.max.bytes": LIBRDKAFKA_MAX_RESPONSE_BYTES,
