@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from clocktower.schemas.topics import TOPICS
@@ -127,8 +127,8 @@ class LogTrimmer(threading.Thread):
         points = trim_points(rows, self.readers, kept_from)
         if not points or self._halt.is_set():
             return 0
-        lows = self._lows(list(points))
-        todo = [TopicPartition(t, p, o) for (t, p), o in points.items() if (t, p) in lows and o > lows[(t, p)]]
+        lows = {(r["topic"], r["partition"]): r["start"] for r in rows}
+        todo = [TopicPartition(t, p, o) for (t, p), o in points.items() if o > lows[(t, p)]]
         if not todo:
             return 0
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 4})
@@ -143,12 +143,3 @@ class LogTrimmer(threading.Thread):
         self.deleted += n
         log.debug("deleted %d consumed records (%d so far)", n, self.deleted)
         return n
-
-    def _lows(self, parts: list[Part]) -> dict[Part, int]:
-        """Each partition's first record kept now (its low watermark)."""
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "clocktower-log-trim",
-                      "enable.auto.commit": False, "log_level": 4})
-        try:
-            return {part: c.get_watermark_offsets(TopicPartition(*part), timeout=PASS_TIMEOUT_S)[0] for part in parts}
-        finally:
-            c.close()

@@ -53,9 +53,9 @@ READERS: dict[str, tuple[str, ...]] = {
 
 def consumer_lag(bootstrap: str, readers: Mapping[str, Collection[str]] = READERS, timeout: float = 10.0,
                  security: KafkaSecurity | None = None) -> list[dict]:
-    """Per (group, topic it reads, partition): the high watermark, the group's committed offset (None: never
-    committed) and its lag, the records it has yet to commit; a partition never committed counts from its low
-    watermark, where the group would start."""
+    """Per (group, topic it reads, partition): the low and high watermarks (`start`, `end`), the group's committed
+    offset (None: never committed) and its lag, the records it has yet to commit; a partition never committed counts
+    from its low watermark, where the group would start."""
     login = (security or KafkaSecurity()).librdkafka()
     consumers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False, **login})
                  for g in readers}
@@ -74,7 +74,7 @@ def consumer_lag(bootstrap: str, readers: Mapping[str, Collection[str]] = READER
             for g in groups:
                 committed = [c.offset if c.offset >= 0 else None
                              for c in consumers[g].committed(tps, timeout=timeout)]
-                out.extend({"group": g, "topic": name, "partition": tp.partition, "end": high,
+                out.extend({"group": g, "topic": name, "partition": tp.partition, "start": low, "end": high,
                             "committed": off, "lag": max(high - (low if off is None else off), 0)}
                            for tp, (low, high), off in zip(tps, marks, committed, strict=True))
     finally:

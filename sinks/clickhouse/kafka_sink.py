@@ -78,8 +78,7 @@ class KafkaClickHouseSink:
                  check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None,
                  producer_key: bytes | None = None, trickle_backoff_s: float = 0.0) -> None:
         """`idle_backoff_s`, `trickle_backoff_s`, `check_reused_offsets` and `consumer_extra` (librdkafka settings)
-        make up for the
-        embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's. With
+        make up for the embedded broker (runtime/broker_profile.py); the sink's main passes the broker profile's. With
         `producer_key` (CLOCKTOWER_PRODUCER_KEY), each row of a node-signed topic says whether its node signed it."""
         self.producer_key = producer_key
         self.writer = writer
