@@ -118,7 +118,7 @@ class IterationBreakdown(Event):
 
 IncidentKind = Literal[
     "link_flap", "link_down", "link_quarantine", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "gpu_lost",
-    "straggler",
+    "straggler", "node_silent",
 ]
 
 
@@ -138,3 +138,6 @@ class Incident(Event):
     detail: Text = ""
     command_ids: list[str] = Field(default_factory=list, max_length=64,
                                    description="ids of the control commands this incident caused, in order")
+    evidence: Text = Field("", description="the figures behind this row, as a JSON object (the detector's readings "
+                                           "and thresholds); \"\" = none (and in rows written before this column "
+                                           "existed)")

@@ -75,10 +75,12 @@ def flap_and_recover(node: str = "node-1") -> list[LinkState]:
 
 
 def hot_cool_hot() -> list[GpuHealth]:
-    """Thermal open at 1 s, resolve at 2 s, open again at 3 s; an ECC rise at 1 s; XID 79 at 4 s."""
-    return [gpu(T0), gpu(T0 + S, throttle_reasons=0x40, ecc_uncorrected=1), gpu(T0 + 2 * S, ecc_uncorrected=1),
-            gpu(T0 + 3 * S, throttle_reasons=0x40, ecc_uncorrected=1),
-            gpu(T0 + 4 * S, xid=79, throttle_reasons=0x40, ecc_uncorrected=1)]
+    """Thermal throttling from 1 s, open (sustained) at 1.5 s, resolved after two cool readings at 2 and 2.5 s;
+    throttled again from 3 s, open at 3.5 s; XID 79 and an ECC rise at 4 s (four emissions: a replay re-emits the
+    newest EMITTED)."""
+    hot = {"throttle_reasons": 0x40, "temperature_c": 92.0}
+    return [gpu(T0), gpu(T0 + S, **hot), gpu(T0 + 3 * S // 2, **hot), gpu(T0 + 2 * S), gpu(T0 + 5 * S // 2),
+            gpu(T0 + 3 * S, **hot), gpu(T0 + 7 * S // 2, **hot), gpu(T0 + 4 * S, xid=79, ecc_uncorrected=1, **hot)]
 
 
 def test_built_from_the_workers_context() -> None:
@@ -160,10 +162,11 @@ def test_gpu_detector_ecc_and_thermal() -> None:
     (ecc,) = det(gpu(T0 + S, ecc_uncorrected=1))
     assert ecc.kind == "gpu_ecc"
     assert det(gpu(T0 + 2 * S, ecc_uncorrected=1)) == []
-    (hot,) = det(gpu(T0 + 3 * S, ecc_uncorrected=1, throttle_reasons=0x40, temperature_c=93))
-    assert hot.kind == "gpu_thermal" and hot.state == "open"
-    assert det(gpu(T0 + 4 * S, ecc_uncorrected=1, throttle_reasons=0x60)) == []
-    (cool,) = det(gpu(T0 + 5 * S, ecc_uncorrected=1))
+    assert det(gpu(T0 + 3 * S, ecc_uncorrected=1, throttle_reasons=0x40, temperature_c=60)) == []   # not sustained
+    (hot,) = det(gpu(T0 + 4 * S, ecc_uncorrected=1, throttle_reasons=0x60, temperature_c=60))
+    assert (hot.kind, hot.state, hot.severity) == ("gpu_thermal", "open", "critical")
+    assert det(gpu(T0 + 5 * S, ecc_uncorrected=1)) == []      # one cool reading is not enough
+    (cool,) = det(gpu(T0 + 6 * S, ecc_uncorrected=1))
     assert cool.state == "resolve" and cool.incident_id == hot.incident_id
 
 
@@ -254,7 +257,7 @@ def test_a_port_silent_for_the_ttl_expires_and_an_open_incident_is_counted() -> 
 def test_gpu_entries_expire_after_the_ttl() -> None:
     det = GpuFaultDetector(ttl_ns=HOUR)
     w = worker(det)
-    w.run(0, [gpu(T0, throttle_reasons=0x40)])
+    w.run(0, [gpu(T0, xid=48)])
     w.run(0, [gpu(T0 + HOUR + 1, index=6)])
     assert det.expired_open == 1 and sorted(w.store.backing) == [b"node-3|6"]
 

@@ -91,10 +91,12 @@ def _detector() -> Callable[[GpuHealth], list]:
 def test_gpu_detector_reads_null_as_unknown() -> None:
     """Null ECC and throttle readings open nothing and close nothing; a lost GPU (all null) still drains."""
     det = _detector()
-    hot = GpuHealth(**{**SAMPLES["gpu_health"], "throttle_reasons": 0x40, "temperature_c": None})
+    first = GpuHealth(**{**SAMPLES["gpu_health"], "throttle_reasons": 0x40, "temperature_c": None})
+    assert det(first) == []       # throttled, not yet for long enough
+    hot = first.model_copy(update={"ts_ns": first.ts_ns + 500_000_000})
     [opened] = det(hot)
-    assert (opened.kind, opened.state, opened.detail) == ("gpu_thermal", "open",
-                                                         "throttle reasons 0x40, temperature unknown")
+    assert (opened.kind, opened.state) == ("gpu_thermal", "open")
+    assert opened.detail.startswith("thermal slowdown for 500 ms: throttle reasons 0x40, temperature unknown")
     unread = GpuHealth(**{**SAMPLES["gpu_health"], "ts_ns": hot.ts_ns + 1, "throttle_reasons": None,
                           "ecc_uncorrected": None})
     assert det(unread) == []      # throttling not known to have cleared: still open
@@ -116,7 +118,8 @@ def test_a_null_first_ecc_reading_is_no_baseline() -> None:
     assert read(1, 7) == []                   # first known count: errors since driver load, not new ones
     assert read(2, None) == []
     [ecc] = read(3, 9)
-    assert (ecc.kind, ecc.detail) == ("gpu_ecc", "uncorrectable ECC errors 7 -> 9")
-    assert read(4, 0) == []                   # driver reloaded: the counter restarts, a new baseline
+    assert (ecc.kind, ecc.detail) == ("gpu_ecc", "uncorrectable ECC errors 7 -> 9; recommended: reset_gpu")
+    [reset] = read(4, 0)                      # driver reloaded: the counter restarts, a new baseline, and the
+    assert (reset.state, reset.incident_id) == ("resolve", ecc.incident_id)   # fault's count with it
     [again] = read(5, 1)
-    assert again.detail == "uncorrectable ECC errors 0 -> 1"
+    assert (again.state, again.detail) == ("open", "uncorrectable ECC errors 0 -> 1; recommended: reset_gpu")

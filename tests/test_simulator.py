@@ -14,7 +14,14 @@ import pytest
 
 from clocktower.producers.event_builder import EventBuilder
 from clocktower.producers.simulator import FleetSimulator, SimConfig, run_simulation
-from clocktower.producers.simulator.fault_schedule import KINDS, THERMAL_THROTTLE
+from clocktower.producers.simulator.fault_schedule import (
+    KINDS,
+    RANDOM_XIDS,
+    SLOWDOWN_C,
+    THERMAL_THROTTLE,
+    WARMUP_FRACTION,
+)
+from clocktower.producers.simulator.gpus import POWER_CAP
 from clocktower.producers.simulator.node_clock import NodeClock
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.event import Event
@@ -208,7 +215,37 @@ def test_no_faults() -> None:
     sim, events = run(SimConfig(duration_s=D, faults=False), 4.0)
     assert sim.faults == []
     assert not any(isinstance(e, LinkState) and not e.up for e in events)
-    assert not any(isinstance(e, GpuHealth) and (e.xid or e.lost or e.throttle_reasons) for e in events)
+    assert not any(isinstance(e, GpuHealth) and (e.xid or e.lost or e.throttle_reasons & ~POWER_CAP)
+                   for e in events)
+
+
+def test_background_noise_shows_power_caps_and_swings_but_no_fault() -> None:
+    sim, events = run(SimConfig(duration_s=60, faults=False, seed=3), 60.0)
+    gpus = of(events, GpuHealth)
+    capped = {(e.node, e.gpu) for e in gpus if e.throttle_reasons == POWER_CAP}
+    assert capped and all(e.throttle_reasons in (0, POWER_CAP) for e in gpus)
+    temps = [e.temperature_c for e in gpus if (e.node, e.gpu) == ("node-0.demo", 0)]
+    assert max(temps) - min(temps) > 2.0 and max(e.temperature_c for e in gpus) < 80
+    assert max(e.ecc_corrected for e in gpus) > 0 and not any(e.ecc_uncorrected for e in gpus)
+    quiet = run(SimConfig(duration_s=60, faults=False, seed=3, background_noise=False), 20.0)[1]
+    assert not any(e.throttle_reasons for e in of(quiet, GpuHealth))
+
+
+def test_random_schedules_put_every_kind_in_its_own_slot_after_the_warm_up() -> None:
+    seen_xids = set()
+    for seed in range(8):
+        config = SimConfig(duration_s=60, seed=seed, schedule="random")
+        sim = FleetSimulator(config, start_ns=START)
+        windows = sim.schedule.windows
+        assert sorted(w.kind for w in windows) == sorted(KINDS)
+        assert windows[0].start_ns >= START + WARMUP_FRACTION * 60 * S
+        finite = [w for w in windows if w.xid != 79]
+        for w, nxt in zip(windows, windows[1:], strict=False):
+            assert w.start_ns < nxt.start_ns and (w not in finite or w.end_ns < nxt.start_ns)   # no overlap
+        seen_xids |= {w.xid for w in windows if w.kind == "gpu_xid"}
+        other = FleetSimulator(config.model_copy(update={"seed": seed + 100}), start_ns=START).schedule.windows
+        assert [w.fault.target for w in other] != [w.fault.target for w in windows]
+    assert seen_xids <= set(RANDOM_XIDS) and len(seen_xids) >= 2
 
 
 def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
@@ -276,28 +313,40 @@ def test_ecc_uncorrected(demo: tuple[FleetSimulator, list[Event]]) -> None:
 
 
 def test_thermal_throttle(demo: tuple[FleetSimulator, list[Event]]) -> None:
+    """The GPU climbs for THERMAL_RAMP_S unthrottled, then reads 90-95 C, throttled; the rank slows once throttled."""
     sim, events = demo
     a, b = window_s(sim, "gpu_thermal")
-    hot = cold = 0
+    ramp_s = sim.schedule.by_kind("gpu_thermal")[0].ramp_ns / S
+    assert ramp_s == pytest.approx((b - a) / 3, abs=1e-6)      # a short run: a third of the window
+    hot = climbing = cold = 0
     for e in of(events, GpuHealth):
         if e.lost:
             continue
         t = true_s(sim, e.node, e.ts_ns)
         if (e.node, e.gpu) == ("node-0.demo", 3) and a <= t <= b:
+            if t < a + ramp_s:
+                climbing += 1
+                assert e.throttle_reasons & THERMAL_THROTTLE == 0 and 55 <= e.temperature_c < SLOWDOWN_C
+                continue
             hot += 1
             assert e.throttle_reasons & THERMAL_THROTTLE == 0x60
             assert 90 <= e.temperature_c <= 95 and 1150 <= e.sm_clock_mhz <= 1250
         else:
             cold += 1
-            assert e.throttle_reasons == 0 and 55 <= e.temperature_c <= 75 and 1950 <= e.sm_clock_mhz <= 1980
+            assert e.throttle_reasons in (0, POWER_CAP) and 55 <= e.temperature_c <= 77
+            assert 1950 <= e.sm_clock_mhz <= 1980 or (e.throttle_reasons and 1600 <= e.sm_clock_mhz < 1700)
             assert 450 <= e.power_w <= 700 and e.mem_clock_mhz == 2619 and e.nvlink_errors == [0] * 18
-    assert hot >= 10 and cold > 2000
-    # rank 3 computes 1.3x slower, the others wait for it in the first bucket
+    assert hot >= 6 and climbing >= 3 and cold > 2000
+    ramp = [e.temperature_c for e in of(events, GpuHealth) if (e.node, e.gpu) == ("node-0.demo", 3)
+            and a <= true_s(sim, e.node, e.ts_ns) < a + ramp_s]
+    assert ramp[-1] - ramp[0] > 10 and ramp[-1] > 80    # it climbs toward the slowdown threshold
+    # rank 3 computes 1.3x slower once throttled; the others wait for it in the first bucket
     compute = _compute_ms(sim, events, 3)
-    assert statistics.median(v for t, v in compute if a + 0.3 < t < b - 0.3) == pytest.approx(260, rel=0.05)
-    assert statistics.median(v for t, v in compute if t < a - 0.3) == pytest.approx(200, rel=0.05)
+    hot_from = a + ramp_s
+    assert statistics.median(v for t, v in compute if hot_from + 0.01 < t < b - 0.01) == pytest.approx(260, rel=0.05)
+    assert statistics.median(v for t, v in compute if t < hot_from - 0.01) == pytest.approx(200, rel=0.05)
     wait = _first_bucket_ms(sim, events, 0)
-    assert statistics.median(v for t, v in wait if a + 0.3 < t < b - 0.3) > 60
+    assert statistics.median(v for t, v in wait if hot_from + 0.01 < t < b - 0.01) > 60
     assert statistics.median(v for t, v in wait if t < a - 0.3 and not _near_fault(sim, t)) < 30
 
 
@@ -305,11 +354,11 @@ def test_straggler(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     a, b = window_s(sim, "straggler")
     compute = _compute_ms(sim, events, 9)
-    assert statistics.median(v for t, v in compute if a + 0.3 < t < b - 0.3) == pytest.approx(300, rel=0.05)
+    assert statistics.median(v for t, v in compute if a + 0.01 < t < b - 0.01) == pytest.approx(300, rel=0.05)
     iters = {r: [(true_s(sim, e.node, e.start_ns), (e.end_ns - e.start_ns) / MS)
                  for e in of(events, IterationEvent) if e.rank == r] for r in (0, 9)}
     for r in (0, 9):   # synchronous: everyone's iteration stretches
-        assert statistics.median(v for t, v in iters[r] if a + 0.3 < t < b - 0.3) > 340
+        assert statistics.median(v for t, v in iters[r] if a + 0.01 < t < b - 0.01) > 340
 
 
 def _compute_ms(sim: FleetSimulator, events: list[Event], rank: int) -> list[tuple[float, float]]:

@@ -226,13 +226,13 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
     batch = [GpuHealth(node="node-1", ts_ns=T0, gpu=0, uuid="GPU-0", **{**GPU_READINGS, "xid": 79}),
              GpuHealth(node="node-1", ts_ns=T0 + 1, gpu=1, uuid="GPU-1", **{**GPU_READINGS, "xid": 79}),
              GpuHealth(node="node-1", ts_ns=T0 + 2, gpu=2, uuid="GPU-2",
-                       **{**GPU_READINGS, "throttle_reasons": 0x40, "temperature_c": 95})]
+                       **{**GPU_READINGS, "xid": 74})]
     k, v, h = encode_batch(batch)
     out = handler.handle("telemetry.gpu", 3, 77, k, v, h)
     events = _published(out)
     incidents = sorted((e.target, e.kind, e.state) for e in events if isinstance(e, Incident))
     assert incidents == [("node-1/gpu0", "gpu_xid", "open"), ("node-1/gpu0", "gpu_xid", "update"),   # the allocator's
-                         ("node-1/gpu2", "gpu_thermal", "open")]
+                         ("node-1/gpu2", "gpu_xid", "open")]
     assert sorted(e.action for e in events if isinstance(e, ControlCommand)) == ["drain", "spare"]
     dead = [e for e in events if isinstance(e, DeadLetter)]
     assert [t for t, *_ in out].count("deadletter") == 1
@@ -241,11 +241,12 @@ def test_one_failing_event_keeps_the_batchs_other_outputs_and_dead_letters_once(
     assert len(dead[0].reason) <= 1200
     after = REGISTRY.get_sample_value("clocktower_streams_batch_failures_total", {"topic": "telemetry.gpu"})
     assert after == before + 1
-    # The thermal incident opened in that batch resolves later: its open was published, so the resolve refers to it.
-    k, v, h = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + S, gpu=2, uuid="GPU-2",
+    # The NVLink incident opened in that batch resolves later (a quiet minute): its open was published, so the
+    # resolve refers to it.
+    k, v, h = encode_batch([GpuHealth(node="node-1", ts_ns=T0 + 61 * S, gpu=2, uuid="GPU-2",
                                        **{**GPU_READINGS, "temperature_c": 60})])
     resolved = [e for e in _published(handler.handle("telemetry.gpu", 3, 78, k, v, h)) if isinstance(e, Incident)]
-    opened = next(e for e in events if isinstance(e, Incident) and e.kind == "gpu_thermal")
+    opened = next(e for e in events if isinstance(e, Incident) and e.target == "node-1/gpu2")
     assert [(e.state, e.incident_id) for e in resolved] == [("resolve", opened.incident_id)]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_NODES = 4096
@@ -29,6 +31,13 @@ class SimConfig(BaseModel):
     probe_peers: int = Field(default=10, ge=1, le=MAX_NODES)
     probe_pairs_per_s: float = Field(default=10.0, gt=0.0, le=10_000.0)
     faults: bool = True
+    schedule: Literal["default", "random"] = Field(
+        default="default", description="default: every kind at fixed fractions of the run (fault_schedule.py); "
+                                        "random: every kind once, in random order, targets, times and strengths, "
+                                        "drawn from `seed`")
+    background_noise: bool = Field(
+        default=True, description="what healthy fleets show and detectors must not call a fault: slow temperature "
+                                  "swings, software power-cap episodes, correctable ECC counts")
 
     @field_validator("nodes")
     @classmethod

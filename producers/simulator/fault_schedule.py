@@ -13,10 +13,21 @@ nodes gets every fault. All times are true ns; node-N below is node N (named `no
 | gpu_xid     | 0.6 D, permanent     | node-3:gpu5                | one reading with XID 79, then lost |
 | gpu_ecc     | 0.7 D                | node-2:gpu1                | ecc_uncorrected 0 -> 1, XID 48 once |
 | straggler   | 0.8 D for 0.1 D      | job-demo:rank9 (node-1:gpu1) | 1.5x compute |
+
+A thermal fault's window starts when the temperature starts to climb: it reaches the GPU's slowdown
+threshold (`SLOWDOWN_C`) `ramp_ns` later (`THERMAL_RAMP_S`, or a third of a short run's window), and only then
+is the throttle bit set and the rank slowed.
+
+`schedule="random"` (SimConfig) draws every kind once instead, for scoring detectors on many schedules
+(benchmarks/detection.py): after a fault-free warm-up of `WARMUP_FRACTION` of the run (the detectors learn
+their baselines), the rest is cut into one slot per kind, in random order; each fault starts 10-40 % into its
+slot and lasts 25-45 % of it (an XID 79 is permanent), so no two faults overlap and each incident has one
+cause. Targets, the XID, the straggler's slowdown and the flap's spacing are drawn too.
 """
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -32,6 +43,11 @@ STRAGGLER_SLOWDOWN = 1.5
 THERMAL_THROTTLE = 0x40 | 0x20   # NVML HW thermal slowdown | SW thermal slowdown
 XID_GPU_LOST = 79
 XID_ECC = 48
+RANDOM_XIDS = (79, 74, 119)     # gpu_xid in random schedules: off the bus, NVLink, GSP timeout
+RANDOM_ECC_XIDS = (48, 95)      # gpu_ecc in random schedules: double-bit, uncontained (each with an ECC rise)
+SLOWDOWN_C = 88.0               # the simulated GPUs' slowdown threshold: throttling starts here
+THERMAL_RAMP_S = 1.0            # from the start of the climb to SLOWDOWN_C
+WARMUP_FRACTION = 0.15
 KINDS = ("link_flap", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "straggler")
 
 
@@ -49,6 +65,8 @@ class FaultWindow:
     interface: str = ""
     factor: float = 1.0
     transitions: tuple[int, ...] = ()   # link_flap: true times of down, up, down, ...
+    xid: int = 0                        # gpu_xid, gpu_ecc: the XID reported (79: the GPU is lost after it)
+    ramp_ns: int = 0                    # gpu_thermal: the climb to SLOWDOWN_C before throttling starts
 
     def active(self, t: int) -> bool:
         return self.start_ns <= t <= self.end_ns
@@ -59,7 +77,8 @@ class FaultSchedule:
 
     def __init__(self, config: SimConfig, topo: Topology, start_ns: int) -> None:
         self.topo = topo
-        self.windows: list[FaultWindow] = _default_windows(config, topo, start_ns) if config.faults else []
+        make = _random_windows if config.schedule == "random" else _default_windows
+        self.windows: list[FaultWindow] = make(config, topo, start_ns) if config.faults else []
         self.faults: list[InjectedFault] = [w.fault for w in self.windows]
         self._flaps = {(w.node, w.interface): w.transitions for w in self.windows if w.kind == "link_flap"}
         self._slow: dict[int, list[FaultWindow]] = {}
@@ -113,13 +132,17 @@ class FaultSchedule:
         """How much slower than normal a rank computes at `t` (thermal, straggler)."""
         f = 1.0
         for w in self._slow.get(rank, ()):
-            if w.active(t):
-                f *= w.factor
+            if w.active(t) and t >= w.start_ns + w.ramp_ns:
+                f *= w.factor   # a thermal fault slows the rank once it is throttled, after its climb
         return f
 
     def thermal(self, node: int, gpu: int, t: int) -> bool:
+        return self.thermal_window(node, gpu, t) is not None
+
+    def thermal_window(self, node: int, gpu: int, t: int) -> FaultWindow | None:
+        """The thermal fault of this GPU in effect at `t`, if any."""
         w = self._thermal.get((node, gpu))
-        return w is not None and w.active(t)
+        return w if w is not None and w.active(t) else None
 
     def xid_window(self, node: int, gpu: int) -> FaultWindow | None:
         return self._xid.get((node, gpu))
@@ -160,16 +183,17 @@ def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[F
     add("gpu_thermal", node, f"{node_id(node)}:gpu{gpu}", at(0.45), at(0.60),
         f"90-95 C, throttle_reasons 0x{THERMAL_THROTTLE:x}, SM clock ~1200 MHz, "
         f"rank {topo.rank(node, gpu)} computes {THERMAL_SLOWDOWN}x slower",
-        gpu=gpu, factor=THERMAL_SLOWDOWN)
+        gpu=gpu, factor=THERMAL_SLOWDOWN, ramp_ns=min(round(THERMAL_RAMP_S * S), (at(0.60) - at(0.45)) // 3))
 
     node, gpu = 3 % n, 5 % g
     add("gpu_xid", node, f"{node_id(node)}:gpu{gpu}", at(0.6), at(1.0),
-        f"XID {XID_GPU_LOST}: GPU fell off the bus (permanent; end_ns is the end of the run)", gpu=gpu)
+        f"XID {XID_GPU_LOST}: GPU fell off the bus (permanent; end_ns is the end of the run)", gpu=gpu,
+        xid=XID_GPU_LOST)
 
     node, gpu = 2 % n, 1 % g
     t = at(0.7)
     add("gpu_ecc", node, f"{node_id(node)}:gpu{gpu}", t, t,
-        f"one uncorrectable ECC error (ecc_uncorrected 0 -> 1), XID {XID_ECC}", gpu=gpu)
+        f"one uncorrectable ECC error (ecc_uncorrected 0 -> 1), XID {XID_ECC}", gpu=gpu, xid=XID_ECC)
 
     node, gpu = 1 % n, 1 % g
     rank = topo.rank(node, gpu)
@@ -177,3 +201,61 @@ def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[F
         f"rank {rank} ({node_id(node)}:gpu{gpu}) computes {STRAGGLER_SLOWDOWN}x slower",
         gpu=gpu, factor=STRAGGLER_SLOWDOWN)
     return windows
+
+
+def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[FaultWindow]:
+    """Every kind once, in random order, targets and strengths (the module's docstring)."""
+    rng = random.Random(f"{config.seed}:schedule")
+    n, g = topo.nodes, topo.gpus_per_node
+    d = config.duration_s * S
+    warmup = round(WARMUP_FRACTION * d)
+    slot = (d - warmup) // len(KINDS)
+    order = rng.sample(KINDS, len(KINDS))
+    gpus = rng.sample([(a, b) for a in range(n) for b in range(g)], 3)   # thermal, xid, ecc: three distinct GPUs
+    windows: list[FaultWindow] = []
+
+    def add(kind: str, node: int, target: str, start: int, end: int, detail: str, **kw: object) -> None:
+        fault_id = f"{kind}-{len(windows) + 1}-{start_ns}"
+        fault = InjectedFault(node=node_id(node), ts_ns=start, fault_id=fault_id, kind=kind,
+                              target=target, start_ns=start, end_ns=end, detail=detail)
+        windows.append(FaultWindow(fault=fault, kind=kind, node=node, start_ns=start, end_ns=end, **kw))
+
+    for i, kind in enumerate(order):
+        t0 = start_ns + warmup + i * slot + round(rng.uniform(0.1, 0.4) * slot)
+        t1 = t0 + round(rng.uniform(0.25, 0.45) * slot)
+        if kind == "link_flap":
+            node = rng.randrange(n)
+            spacing = round(rng.uniform(0.15, 0.4) * S)
+            flips = tuple(t0 + k * spacing for k in range(FLAP_TRANSITIONS))
+            add(kind, node, f"{node_id(node)}:{PRIMARY}", flips[0], flips[-1],
+                f"{PRIMARY} down/up {FLAP_TRANSITIONS // 2} times, {spacing / 1e9:.2f} s apart",
+                interface=PRIMARY, transitions=flips)
+        elif kind == "congestion":
+            src = rng.randrange(n)
+            dst = (src + 1) % n
+            add(kind, src, f"{node_id(src)}->{node_id(dst)}", t0, t1, "50-500 us of queueing on the link", peer=dst)
+        elif kind == "gpu_thermal":
+            node, gpu = gpus[0]
+            add(kind, node, f"{node_id(node)}:gpu{gpu}", t0, t1,
+                f"climbs to {SLOWDOWN_C:.0f} C in {THERMAL_RAMP_S} s, then throttled at 90-95 C, "
+                f"rank {topo.rank(node, gpu)} computes {THERMAL_SLOWDOWN}x slower", gpu=gpu, factor=THERMAL_SLOWDOWN,
+                ramp_ns=round(THERMAL_RAMP_S * S))
+        elif kind == "gpu_xid":
+            node, gpu = gpus[1]
+            xid = rng.choice(RANDOM_XIDS)
+            end = start_ns + round(d) if xid == XID_GPU_LOST else t0
+            add(kind, node, f"{node_id(node)}:gpu{gpu}", t0, end,
+                f"XID {xid}" + (": GPU fell off the bus (permanent)" if xid == XID_GPU_LOST else ", once"),
+                gpu=gpu, xid=xid)
+        elif kind == "gpu_ecc":
+            node, gpu = gpus[2]
+            xid = rng.choice(RANDOM_ECC_XIDS)
+            add(kind, node, f"{node_id(node)}:gpu{gpu}", t0, t0,
+                f"one uncorrectable ECC error (ecc_uncorrected +1), XID {xid}", gpu=gpu, xid=xid)
+        else:
+            rank = rng.randrange(topo.ranks)
+            node, gpu = divmod(rank, g)
+            factor = round(rng.uniform(1.3, 2.0), 2)
+            add(kind, node, f"{JOB_ID}:rank{rank}", t0, t1,
+                f"rank {rank} ({node_id(node)}:gpu{gpu}) computes {factor}x slower", gpu=gpu, factor=factor)
+    return sorted(windows, key=lambda w: w.start_ns)
