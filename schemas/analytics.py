@@ -14,6 +14,7 @@ from clocktower.schemas.column_types import (
     Name,
     Text,
     TimestampNs,
+    UInt8,
     UInt16,
     UInt32,
     UInt64,
@@ -114,6 +115,8 @@ class IterationBreakdown(Event):
     compute_ns: DurationNs
     collectives: UInt32
     comm_bytes: UInt64
+    gpu: UInt8 | None = Field(None, description="the rank's device index on its node, from its iterations; null = "
+                                                "unknown (and in rows written before this column existed)")
 
 
 IncidentKind = Literal[

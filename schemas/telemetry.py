@@ -110,6 +110,8 @@ class IterationEvent(Event):
     start_ns: TimestampNs
     end_ns: TimestampNs
     collectives: UInt32 | None = None
+    gpu: UInt8 | None = Field(default=None, description="the rank's GPU: its device index on its node (LOCAL_RANK), "
+                                                        "so a slow rank is traced to one GPU; null = unknown")
 
     @model_validator(mode="after")
     @column_rule("ordered", "start_ns", "end_ns")

@@ -14,6 +14,7 @@ from clocktower.schemas.topics import BY_MODEL, MAX_MESSAGE_BYTES, TopicSpec
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
+from clocktower.streams.detectors.straggler import StragglerDetector
 from clocktower.streams.joins.clock_edges import ClockEdgeFits
 from clocktower.streams.joins.clock_solve import ClockSolve
 from clocktower.streams.joins.flow_latency import FlowLatencyJoin
@@ -28,6 +29,7 @@ PROCESSORS: tuple[type[Processor], ...] = (
     IterationBreakdownJoin,
     LinkFlapDetector,
     GpuFaultDetector,
+    StragglerDetector,
     ReplacementAllocator,
     ClockEdgeFits,
     ClockSolve,

@@ -44,6 +44,17 @@ def known_rank() -> int | None:
     return int(env) if env.isdigit() else None
 
 
+def local_rank() -> int | None:
+    """This rank's GPU on its node: $LOCAL_RANK (torchrun sets it, and by convention it is the device index), else
+    the current CUDA device when CUDA is up, else None (unknown: a CPU run)."""
+    env = os.environ.get("LOCAL_RANK", "")
+    if env.isdigit() and int(env) < 256:
+        return int(env)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.current_device())
+    return None
+
+
 def default_spool_dir(job: str, node: str, rank: int | None = None) -> Path:
     """One spool per job, node and rank (`rank`, else known_rank(), else the pid), in a per-user directory
     ($CLOCKTOWER_SPOOL_DIR, else $XDG_CACHE_HOME or ~/.cache): a rank restarted under the same job replays
@@ -112,8 +123,9 @@ class Telemetry:
 
     def __init__(self, job: str, *, node: str | None = None, rank: int | None = None,
                  publisher: Publisher | None = None, interval_s: float = 1.0, batch_size: int = 1000,
-                 start_iteration: int = 0, cuda_sync: bool = False) -> None:
+                 start_iteration: int = 0, cuda_sync: bool = False, gpu: int | None = None) -> None:
         self.job = job
+        self.gpu = gpu if gpu is not None else local_rank()   # which GPU of its node a slow rank runs on
         self.node = node or socket.gethostname()
         self._rank = rank
         self._owns_publisher = publisher is None
@@ -195,7 +207,7 @@ class Telemetry:
     def _record_iteration(self, it: int, start_ns: int, end_ns: int, collectives: int | None) -> None:
         self.buffer.add(IterationEvent, {"node": self.node, "ts_ns": time.time_ns(), "job": self.job,
                                          "rank": self.rank, "iteration": it, "start_ns": start_ns,
-                                         "end_ns": end_ns, "collectives": collectives})
+                                         "end_ns": end_ns, "collectives": collectives, "gpu": self.gpu})
 
     # --- flight recorder ----------------------------------------------------------
     def dump_flight_recorder(self, include_pending: bool = False) -> FlightRecorderDump:

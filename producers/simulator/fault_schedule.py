@@ -207,7 +207,7 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
     """Every kind once, in random order, targets and strengths (the module's docstring)."""
     rng = random.Random(f"{config.seed}:schedule")
     n, g = topo.nodes, topo.gpus_per_node
-    d = config.duration_s * S
+    d = round(config.duration_s * S)
     warmup = round(WARMUP_FRACTION * d)
     slot = (d - warmup) // len(KINDS)
     order = rng.sample(KINDS, len(KINDS))
@@ -243,7 +243,7 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
         elif kind == "gpu_xid":
             node, gpu = gpus[1]
             xid = rng.choice(RANDOM_XIDS)
-            end = start_ns + round(d) if xid == XID_GPU_LOST else t0
+            end = start_ns + d if xid == XID_GPU_LOST else t0
             add(kind, node, f"{node_id(node)}:gpu{gpu}", t0, end,
                 f"XID {xid}" + (": GPU fell off the bus (permanent)" if xid == XID_GPU_LOST else ", once"),
                 gpu=gpu, xid=xid)

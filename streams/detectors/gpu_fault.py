@@ -15,10 +15,13 @@ classes name the catalogue's recommended action in the incident (reset the GPU, 
 order nothing: a reset needs the GPU's jobs gone, which is the operator's or the scheduler's call.
 
 Heat is one `gpu_thermal` incident with two levels. A GPU at or above `warn_c` (default 85 C, below the usual
-slowdown thresholds of 87-92 C) for two readings in a row gets an early warning before the throttle bit is set;
+slowdown thresholds of 87-92 C) for two readings in a row, or within CLIMB_BAND_C of it and climbing at
+CLIMB_C_PER_S or faster (an EWMA of the slope between readings: one reading's noise is not a climb), gets an early
+warning before the throttle bit is set;
 thermal or hardware slowdown bits (NVML clocks-event reasons 0x08, 0x20, 0x40) held for `sustain_ns` (default
 0.5 s) raise it to critical (or open it so). A software power cap (0x04) is policy, not a fault, and opens nothing.
-It resolves after two readings in a row unthrottled and at least `COOL_MARGIN_C` below `warn_c`.
+It resolves after two readings in a row unthrottled, at least `COOL_MARGIN_C` below `warn_c` and no longer
+climbing.
 
 A null reading (not supported, or GPU lost) is unknown: it neither opens nor resolves anything, and is no
 baseline: the ECC count is compared only with an earlier known count (a counter that goes down was reset by a
@@ -59,6 +62,9 @@ DEFAULT_QUIET_NS = 60 * 10**9       # a fault class resolves after this long wit
 DEFAULT_WARN_C = 85.0               # early thermal warning at or above this temperature
 DEFAULT_SUSTAIN_NS = 500 * 10**6    # thermal throttling held this long is a fault
 WARM_READINGS = 2                   # readings in a row at or above warn_c for the early warning
+CLIMB_BAND_C = 10.0                 # ... or within this much below warn_c and climbing at CLIMB_C_PER_S or faster
+CLIMB_C_PER_S = 5.0
+SLOPE_ALPHA = 0.3                   # EWMA weight of the newest temperature slope (readings are noisy)
 COOL_READINGS = 2                   # readings in a row cool and unthrottled to resolve
 COOL_MARGIN_C = 3.0                 # cool: below warn_c by this much
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -87,6 +93,9 @@ class Gpu:
     throttled_since: int = 0  # first reading of the current unbroken run of throttled readings (0: none)
     warm: int = 0             # readings in a row at or above warn_c
     cool: int = 0             # readings in a row cool and unthrottled
+    temp_c: float | None = None   # the last known temperature, and when (for the climb's slope)
+    temp_ns: int = 0
+    slope: float = 0.0        # EWMA of the temperature's slope, C/s
 
 
 class GpuFaultDetector(ReplayingDetector):
@@ -205,13 +214,20 @@ class GpuFaultDetector(ReplayingDetector):
         throttled = bool(ev.throttle_reasons & THERMAL_BITS)
         temp = ev.temperature_c
         warm = temp is not None and temp >= self.warn_c
-        cool = not throttled and (temp is None or temp < self.warn_c - COOL_MARGIN_C)
         gpu.throttled_since = (gpu.throttled_since or ev.ts_ns) if throttled else 0
         gpu.warm = gpu.warm + 1 if warm else 0
+        if temp is not None:
+            if gpu.temp_c is not None and ev.ts_ns > gpu.temp_ns:
+                rate = (temp - gpu.temp_c) / ((ev.ts_ns - gpu.temp_ns) / 1e9)
+                gpu.slope += SLOPE_ALPHA * (rate - gpu.slope)
+            gpu.temp_c, gpu.temp_ns = temp, ev.ts_ns
+        climbing = (temp is not None and temp >= self.warn_c - CLIMB_BAND_C and gpu.slope >= CLIMB_C_PER_S)
+        cool = (not throttled and (temp is None or temp < self.warn_c - COOL_MARGIN_C)
+                and gpu.slope < CLIMB_C_PER_S / 2)
         gpu.cool = gpu.cool + 1 if cool else 0
         evidence = {"temperature_c": temp, "throttle_reasons": ev.throttle_reasons, "warn_c": self.warn_c,
-                    "sm_clock_mhz": ev.sm_clock_mhz, "throttled_for_ms": (ev.ts_ns - gpu.throttled_since) / 1e6
-                    if throttled else 0.0}
+                    "sm_clock_mhz": ev.sm_clock_mhz, "slope_c_per_s": round(gpu.slope, 2),
+                    "throttled_for_ms": (ev.ts_ns - gpu.throttled_since) / 1e6 if throttled else 0.0}
         shown = "temperature unknown" if temp is None else f"{temp:.0f} C"
         if throttled and ev.ts_ns - gpu.throttled_since >= self.sustain_ns and gpu.thermal_level != "critical":
             detail = (f"thermal slowdown for {(ev.ts_ns - gpu.throttled_since) / 1e6:.0f} ms: throttle reasons "
@@ -223,9 +239,11 @@ class GpuFaultDetector(ReplayingDetector):
                 gpu.thermal_incident, gpu.thermal_opened = inc.incident_id, ev.ts_ns
             gpu.thermal_level = "critical"
             return [inc]
-        if gpu.thermal_incident is None and gpu.warm >= WARM_READINGS:
-            inc = self._incident(ev, "gpu_thermal", "open", "warning", f"early warning: {shown}, at or above "
-                                 f"{self.warn_c:.0f} C and not yet throttled", evidence=evidence)
+        if gpu.thermal_incident is None and (gpu.warm >= WARM_READINGS or climbing):
+            why = (f"at or above {self.warn_c:.0f} C" if gpu.warm >= WARM_READINGS else
+                   f"climbing {gpu.slope:.0f} C/s toward {self.warn_c:.0f} C")
+            inc = self._incident(ev, "gpu_thermal", "open", "warning", f"early warning: {shown}, {why}, not yet "
+                                 "throttled", evidence=evidence)
             gpu.thermal_incident, gpu.thermal_opened, gpu.thermal_level = inc.incident_id, ev.ts_ns, "warning"
             return [inc]
         if gpu.thermal_incident is not None and gpu.cool >= COOL_READINGS:

@@ -67,10 +67,11 @@ class PendingIteration(NamedTuple):
     start_ns: int
     end_ns: int
     collectives: int | None
+    gpu: int | None = None   # a default: entries written before this field had 8 values
 
     @classmethod
     def of(cls, it: IterationEvent) -> PendingIteration:
-        return cls(it.node, it.ts_ns, it.job, it.rank, it.iteration, it.start_ns, it.end_ns, it.collectives)
+        return cls(it.node, it.ts_ns, it.job, it.rank, it.iteration, it.start_ns, it.end_ns, it.collectives, it.gpu)
 
 
 
@@ -114,7 +115,8 @@ def _row_values(b: IterationBreakdown) -> list[Any]:
 
 
 def _row(values: list[Any]) -> IterationBreakdown:
-    return IterationBreakdown.model_construct(**dict(zip(_ROW_FIELDS, values, strict=True)))
+    """A kept row; one kept before a field was added lacks its value, and gets its default."""
+    return IterationBreakdown.model_construct(**dict(zip(_ROW_FIELDS, values, strict=False)))
 
 
 def rank_key(job: str, rank: int) -> str:
@@ -258,7 +260,7 @@ class IterationBreakdownJoin(Processor):
         return IterationBreakdown.model_construct(
             node=it.node, ts_ns=it.end_ns, job=it.job, rank=it.rank, iteration=it.iteration,
             start_ns=it.start_ns, end_ns=it.end_ns, duration_ns=duration, comm_ns=comm,
-            compute_ns=duration - comm, collectives=len(cols), comm_bytes=sum(b for _, _, b in cols),
+            compute_ns=duration - comm, collectives=len(cols), comm_bytes=sum(b for _, _, b in cols), gpu=it.gpu,
         )
 
     def encode_state(self, value: RankState) -> bytes:

@@ -1,0 +1,201 @@
+"""Fail-slow ranks: a `straggler` incident for a rank that computes slower than its job's other ranks.
+
+Reads the per-rank iteration breakdowns (analytics.iterations) and judges each rank's compute time against its
+peers and its own past (rank_slowdown.py). The incident names the rank (target "job:rankN"), its node and its
+GPU, opens after the slowdown is sustained or a change is found, carries the figures as evidence, and resolves
+when the rank recovers.
+
+A slow rank whose GPU is thermally throttled is one fault, not two: this processor also reads the incidents
+(analytics.incidents), keeps which GPUs have a `gpu_thermal` incident open, and instead of opening a straggler
+incident for such a rank writes an `update` row of the thermal incident that says the rank is slowing its job
+(within THERMAL_GRACE_NS after it resolved, silently: the rank is finishing an iteration it began throttled).
+If the straggler incident opened first (the two topics race), the thermal incident's arrival adds an update to
+the straggler incident naming the thermal one, so the two are linked.
+
+Keyed by "fleet": analytics.iterations and analytics.incidents have one partition each, so one worker sees every
+job and every GPU incident. One state entry per job (its ranks' tracks and latest compute times), one per GPU
+with an open thermal incident, and one per GPU whose rank has a straggler incident open. A redelivered breakdown
+(an iteration of a rank at or before the newest seen) changes nothing and re-emits what it emitted, from the
+newest `RECENT` emissions kept per job. A job's entry holds every rank, so it grows with the job: about 250 bytes
+a rank, written after each batch that touches the job (a 1,000-rank job: 250 KB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+
+from clocktower.schemas.analytics import Incident, IterationBreakdown
+from clocktower.schemas.event import Event
+from clocktower.schemas.ids import bounded_name, stable_id
+from clocktower.streams.detectors.rank_slowdown import RankTrack, SlowdownRule, Verdict, judge
+from clocktower.streams.processor import Output, Processor, compound_key
+
+if TYPE_CHECKING:
+    from clocktower.streams.processor_context import ProcessorContext
+
+RECENT = 16                          # emissions kept per job, for a replay after a crash
+THERMAL_GRACE_NS = 5 * 10**9         # a rank still slow this soon after its GPU's thermal incident resolved is
+                                     # finishing an iteration it began throttled: no straggler of its own
+DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgotten
+
+
+@dataclass
+class Rank:
+    track: RankTrack = field(default_factory=RankTrack)
+    iteration: int = -1              # newest iteration judged
+    node: str = ""
+    gpu: int | None = None
+    incident: str = ""               # open straggler incident ("" = none)
+    opened_ns: int = 0
+    thermal: str = ""                # the thermal incident it was folded into ("" = none)
+
+
+@dataclass
+class Job:
+    ranks: dict[str, Rank] = field(default_factory=dict)          # str(rank) -> its state
+    latest: dict[str, float] = field(default_factory=dict)        # str(rank) -> latest compute ns
+    recent: list[list[Any]] = field(default_factory=list)         # [rank, iteration, [incident dicts]]
+
+
+def gpu_target(node: str, gpu: int | None) -> str:
+    """The target the GPU detector gives a GPU's incidents."""
+    return bounded_name(f"{node}/gpu{gpu}")
+
+
+class StragglerDetector(Processor):
+    name: ClassVar[str] = "straggler"
+    consumes: ClassVar[tuple[type[Event], ...]] = (IterationBreakdown, Incident)
+    key_by: ClassVar[str] = "fleet (analytics.iterations and analytics.incidents have one partition)"
+
+    def __init__(self, rule: SlowdownRule | None = None, ttl_ns: int = DEFAULT_TTL_NS) -> None:
+        self.rule = rule or SlowdownRule()
+        self.state_ttl_ns = ttl_ns
+        self.redelivered = 0
+        self.folded = 0          # slow ranks reported as their GPU's thermal fault
+
+    @classmethod
+    def from_context(cls, ctx: ProcessorContext) -> StragglerDetector:
+        return cls()
+
+    def partition_key(self, event: Event) -> str:
+        return "fleet"
+
+    def counters(self) -> dict[str, int]:
+        return {"redelivered": self.redelivered, "folded_into_thermal": self.folded}
+
+    def process(self, state: Any, event: Event) -> list[Output]:
+        if isinstance(event, Incident):
+            return self._incident(state, event)
+        assert isinstance(event, IterationBreakdown)
+        key = compound_key("job", event.job)
+        job: Job = state.get(key) or Job()
+        r = str(event.rank)
+        rank = job.ranks.get(r) or Rank()
+        if event.iteration <= rank.iteration:
+            self.redelivered += 1
+            return [Incident.model_construct(**d) for rk, it, ds in job.recent
+                    if rk == event.rank and it == event.iteration for d in ds]
+        rank.iteration, rank.node, rank.gpu = event.iteration, event.node, event.gpu
+        job.latest[r] = float(event.compute_ns)
+        job.ranks[r] = rank
+        verdict = judge(rank.track, float(event.compute_ns), list(job.latest.values()), self.rule)
+        out = self._outputs(state, event, rank, verdict) if verdict else []
+        if out:
+            job.recent = [*job.recent, [event.rank, event.iteration, [o.model_dump() for o in out]]][-RECENT:]
+        state.put(key, job, event.ts_ns + self.state_ttl_ns)
+        return list(out)
+
+    def _outputs(self, state: Any, ev: IterationBreakdown, rank: Rank, v: Verdict) -> list[Incident]:
+        evidence = orjson.dumps({
+            "rank": ev.rank, "node": ev.node, "gpu": ev.gpu, "iteration": ev.iteration,
+            "compute_ms": ev.compute_ns / 1e6, "peer_median_ms": v.peer_median / 1e6, "peer_mad_ms": v.peer_mad / 1e6,
+            "excess": round(v.excess, 4), "z": round(v.z, 2), "cusum": round(v.cusum, 3), "peers": v.peers,
+            "baseline_ms": rank.track.baseline / 1e6}).decode()
+        where = f"rank {ev.rank} ({ev.node}/gpu{ev.gpu})" if ev.gpu is not None else f"rank {ev.rank} ({ev.node})"
+        how = f"computes {1 + v.excess:.2f}x the median of its job's {v.peers} ranks"
+        thermal = self._thermal_of(state, ev)
+        # a rank folded into its GPU's thermal incident that is still slow once that resolves: a straggler now
+        if v.opened or (v.slow and rank.track.straggling and rank.thermal and thermal is None and not rank.incident):
+            if thermal is not None:
+                self.folded += 1
+                rank.thermal = thermal[0]
+                if thermal[2]:
+                    return []   # resolved a moment ago: its last slow iteration, not a new fault
+                return [Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=thermal[0], kind="gpu_thermal",
+                                 state="update", severity="critical", target=gpu_target(ev.node, ev.gpu),
+                                 opened_ns=thermal[1], detail=f"{where} of {ev.job} {how}: this thermal fault is "
+                                 "slowing the job (one fault, not a separate straggler)", evidence=evidence)]
+            rank.incident = stable_id("straggler", ev.job, ev.rank, ev.ts_ns)
+            rank.opened_ns, rank.thermal = ev.ts_ns, ""
+            if ev.gpu is not None:
+                state.put(compound_key("straggling", gpu_target(ev.node, ev.gpu)),
+                          (ev.job, ev.rank, rank.incident, rank.opened_ns), ev.ts_ns + self.state_ttl_ns)
+            return [self._row(ev, rank, "open", "warning", f"{where} {how} (iteration {ev.iteration})", evidence)]
+        if v.resolved:
+            out = []
+            if rank.incident:
+                out.append(self._row(ev, rank, "resolve", "info", f"{where} recovered: {how}", evidence))
+                if ev.gpu is not None:
+                    state.delete(compound_key("straggling", gpu_target(ev.node, ev.gpu)))
+            rank.incident, rank.opened_ns, rank.thermal = "", 0, ""
+            return out
+        return []
+
+    @staticmethod
+    def _thermal_of(state: Any, ev: IterationBreakdown) -> tuple[str, int, int] | None:
+        """The thermal incident of the rank's GPU, open or resolved within THERMAL_GRACE_NS: (id, opened_ns,
+        resolved_ns or 0), or None."""
+        found = state.get(compound_key("thermal", gpu_target(ev.node, ev.gpu))) if ev.gpu is not None else None
+        if found is None or (found[2] and ev.ts_ns - found[2] > THERMAL_GRACE_NS):
+            return None
+        return found
+
+    @staticmethod
+    def _row(ev: IterationBreakdown, rank: Rank, state: str, severity: str, detail: str, evidence: str) -> Incident:
+        return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=rank.incident, kind="straggler", state=state,
+                        severity=severity, target=bounded_name(f"{ev.job}:rank{ev.rank}"), opened_ns=rank.opened_ns,
+                        detail=detail, evidence=evidence)
+
+    def _incident(self, state: Any, inc: Incident) -> list[Output]:
+        """Keep which GPUs have a thermal incident open; link a straggler incident already open on one."""
+        if inc.kind != "gpu_thermal":
+            return []
+        key = compound_key("thermal", inc.target)
+        if inc.state == "resolve":
+            state.put(key, (inc.incident_id, inc.opened_ns, inc.ts_ns), inc.ts_ns + THERMAL_GRACE_NS)
+            return []
+        known = state.get(key)
+        if known is not None and known[2] and known[0] == inc.incident_id:
+            return []   # a late update of an incident already resolved
+        state.put(key, (inc.incident_id, inc.opened_ns, 0), inc.ts_ns + self.state_ttl_ns)
+        if known is not None and not known[2]:
+            return []
+        return self._link(state, inc) if inc.state == "open" else []
+
+    def _link(self, state: Any, inc: Incident) -> list[Output]:
+        """A thermal incident opened on a GPU whose rank already has a straggler incident open: say they are one."""
+        straggling = state.get(compound_key("straggling", inc.target))
+        if straggling is None:
+            return []
+        job, rank, incident_id, opened_ns = straggling
+        node = inc.target.rsplit("/", 1)[0]
+        return [Incident(node=node, ts_ns=inc.ts_ns, incident_id=incident_id, kind="straggler", state="update",
+                         severity="warning", target=bounded_name(f"{job}:rank{rank}"), opened_ns=opened_ns,
+                         detail=f"its GPU is thermally throttled ({inc.incident_id}): one fault",
+                         evidence=orjson.dumps({"thermal_incident": inc.incident_id}).decode())]
+
+    def encode_state(self, value: Any) -> bytes:
+        if isinstance(value, Job):
+            return orjson.dumps({"ranks": {r: {**asdict(x), "track": asdict(x.track)} for r, x in value.ranks.items()},
+                                 "latest": value.latest, "recent": value.recent})
+        return orjson.dumps(list(value))
+
+    def decode_state(self, data: bytes) -> Any:
+        d = orjson.loads(data)
+        if isinstance(d, list):
+            return tuple(d)
+        ranks = {r: Rank(**{**x, "track": RankTrack(**x["track"])}) for r, x in d["ranks"].items()}
+        return Job(ranks, d["latest"], d["recent"])

@@ -1,0 +1,158 @@
+"""Fail-slow ranks: the peer and changepoint judgement, and the straggler processor (incidents, thermal, replay)."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clocktower.schemas.analytics import Incident, IterationBreakdown
+from clocktower.streams.detectors.rank_slowdown import RankTrack, SlowdownRule, judge
+from clocktower.streams.detectors.straggler import StragglerDetector
+from tests.test_detectors import Fed
+
+T0 = 1_780_000_000 * 10**9
+MS = 10**6
+RULE = SlowdownRule()
+
+
+def run_job(ranks: int, iterations: int, slow: dict[int, float], *, jitter: float = 0.02, seed: int = 0,
+            slow_from: int = 0) -> list[tuple[int, int, str]]:
+    """Judge a job's ranks over `iterations`; `slow` maps a rank to its compute factor from `slow_from` on.
+    Returns (iteration, rank, "open"/"resolve") for every change."""
+    rng = random.Random(seed)
+    tracks = [RankTrack() for _ in range(ranks)]
+    latest: dict[int, float] = {}
+    out = []
+    for i in range(iterations):
+        for r in range(ranks):
+            c = 200 * MS * (1 + rng.gauss(0, jitter)) * (slow.get(r, 1.0) if i >= slow_from else 1.0)
+            latest[r] = c
+            v = judge(tracks[r], c, list(latest.values()), RULE)
+            if v and v.opened:
+                out.append((i, r, "open"))
+            if v and v.resolved:
+                out.append((i, r, "resolve"))
+    return out
+
+
+def test_a_fresh_large_slowdown_is_found_in_its_first_iteration_and_a_small_one_within_sustain() -> None:
+    assert run_job(32, 60, {9: 1.5}, slow_from=30) == [(30, 9, "open")]
+    [(i, r, state)] = run_job(32, 60, {9: 1.15}, slow_from=30)
+    assert (r, state) == (9, "open") and 30 <= i <= 30 + RULE.sustain - 1
+
+
+def test_a_rank_slow_since_it_started_is_found_after_sustain_iterations() -> None:
+    """No change to find in its own past: the peer comparison alone, held for `sustain` iterations."""
+    [(i, r, state)] = run_job(16, 20, {3: 1.3})
+    assert (r, state) == (3, "open") and i <= RULE.sustain + 1
+
+
+def test_it_resolves_after_sustain_healthy_iterations() -> None:
+    rng = random.Random(1)
+    tracks = [RankTrack() for _ in range(8)]
+    latest: dict[int, float] = {}
+    states = []
+    for i in range(40):
+        for r in range(8):
+            factor = 1.6 if r == 2 and 10 <= i < 20 else 1.0
+            latest[r] = 100 * MS * factor * (1 + rng.gauss(0, 0.01))
+            v = judge(tracks[r], latest[r], list(latest.values()), RULE)
+            if v and (v.opened or v.resolved):
+                states.append((i, "open" if v.opened else "resolve"))
+    assert states == [(10, "open"), (20 + RULE.sustain - 1, "resolve")]
+
+
+def test_too_few_ranks_are_not_judged() -> None:
+    assert judge(RankTrack(), 500 * MS, [100 * MS, 500 * MS], RULE) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(ranks=st.integers(8, 64), jitter=st.floats(0.0, 0.02), seed=st.integers(0, 2**32 - 1))
+def test_jitter_alone_never_makes_a_straggler(ranks: int, jitter: float, seed: int) -> None:
+    assert run_job(ranks, 60, {}, jitter=jitter, seed=seed) == []
+
+
+def bd(rank: int, it: int, compute_ms: float, *, node: str | None = None, gpu: int | None = None,
+       job: str = "job-a") -> IterationBreakdown:
+    """Rank r's breakdown: 8 ranks per node, GPU = r % 8."""
+    node = node or f"node-{rank // 8}"
+    start = T0 + it * 400 * MS
+    compute = round(compute_ms * MS)
+    return IterationBreakdown(node=node, ts_ns=start + compute + 50 * MS, job=job, rank=rank, iteration=it,
+                              start_ns=start, end_ns=start + compute + 50 * MS, duration_ns=compute + 50 * MS,
+                              comm_ns=50 * MS, compute_ns=compute, collectives=4, comm_bytes=1,
+                              gpu=rank % 8 if gpu is None else gpu)
+
+
+def feed(det: Fed, iterations: range, slow: dict[int, float], ranks: int = 16) -> list[Incident]:
+    out = []
+    for it in iterations:
+        for r in range(ranks):
+            out += det(bd(r, it, 200 * slow.get(r, 1.0) * (1 + 0.01 * ((r * 7 + it * 3) % 5 - 2))))
+    return out
+
+
+def test_the_incident_names_the_rank_node_and_gpu_with_its_evidence() -> None:
+    det = Fed(StragglerDetector())
+    assert feed(det, range(10), {}) == []
+    [opened] = feed(det, range(10, 11), {11: 1.5})
+    assert (opened.kind, opened.state, opened.target, opened.node) == ("straggler", "open", "job-a:rank11", "node-1")
+    assert "rank 11 (node-1/gpu3)" in opened.detail and "1.50x" in opened.detail
+    ev = orjson.loads(opened.evidence)
+    assert (ev["rank"], ev["gpu"], ev["iteration"], ev["peers"]) == (11, 3, 10, 16) and ev["excess"] > 0.45
+    assert feed(det, range(11, 15), {11: 1.5}) == []
+    [done] = feed(det, range(15, 15 + RULE.sustain), {})
+    assert (done.state, done.incident_id) == ("resolve", opened.incident_id)
+
+
+def thermal(state: str, node: str = "node-1", gpu: int = 3, ts: int = T0, iid: str = "gpu_thermal:x") -> Incident:
+    return Incident(node=node, ts_ns=ts, incident_id=iid, kind="gpu_thermal", state=state, severity="warning",
+                    target=f"{node}/gpu{gpu}", opened_ns=T0)
+
+
+def test_a_slow_rank_on_a_throttled_gpu_is_the_thermal_incident_not_a_straggler() -> None:
+    det = Fed(StragglerDetector())
+    feed(det, range(10), {})
+    assert det(thermal("open")) == []
+    [row] = feed(det, range(10, 12), {11: 1.3})             # +30 %: the CUSUM crosses in its second iteration
+    assert (row.kind, row.state, row.incident_id, row.target) == ("gpu_thermal", "update", "gpu_thermal:x",
+                                                                  "node-1/gpu3")
+    assert "slowing the job" in row.detail and det.proc.counters()["folded_into_thermal"] == 1
+    assert feed(det, range(12, 14), {11: 1.3}) == []
+    resolved_at = bd(0, 14, 200).ts_ns
+    assert det(thermal("resolve", ts=resolved_at)) == []
+    assert feed(det, range(14, 15), {11: 1.3}) == []        # the iteration it began throttled: within the grace
+    later = feed(det, range(40, 41), {11: 1.3})              # still slow long after: a straggler of its own now
+    assert [(i.kind, i.state) for i in later] == [("straggler", "open")]
+
+
+def test_a_thermal_incident_after_the_straggler_opened_links_the_two() -> None:
+    det = Fed(StragglerDetector())
+    feed(det, range(10), {})
+    [opened] = feed(det, range(10, 11), {11: 1.5})
+    [link] = det(thermal("open", ts=bd(0, 11, 200).ts_ns))
+    assert (link.kind, link.state, link.incident_id) == ("straggler", "update", opened.incident_id)
+    assert "gpu_thermal:x" in link.detail
+    assert det(thermal("update", ts=bd(0, 12, 200).ts_ns)) == []   # an update of it: nothing more
+
+
+def test_a_redelivered_breakdown_re_emits_what_it_emitted_and_changes_nothing() -> None:
+    det = Fed(StragglerDetector())
+    feed(det, range(10), {})
+    [opened] = feed(det, range(10, 11), {11: 1.5})
+    assert det(bd(11, 10, 300)) == [opened]                  # the same iteration again: the same row
+    assert det(bd(5, 3, 900)) == []                          # an old one: nothing, and it is not judged
+    assert det.proc.counters()["redelivered"] == 2
+    assert feed(det, range(11, 12), {11: 1.5}) == []         # still open, one incident
+
+
+def test_jobs_are_judged_apart() -> None:
+    det = Fed(StragglerDetector())
+    for it in range(12):
+        for r in range(8):
+            assert det(bd(r, it, 200, job="fast")) == []
+            det(bd(r, it, 300, job="slow"))                   # a slower job is not slow against the fast one
+    assert det.proc.counters()["redelivered"] == 0
