@@ -69,6 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--start-timeout", type=float, help="give up a source not started after S seconds and run "
                                                        "without it (default 120; the eBPF compile takes ~10)")
     a.add_argument("--gpu-hz", type=float, help="GPU readings per second per GPU (default 10)")
+    a.add_argument("--heartbeat-s", type=float, help="heartbeat period in s (default 0.2): the pipeline calls a node "
+                                                     "silent after 5 missed, at least 1 s")
     a.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 (default: the system's)")
     a.add_argument("--flow-drain-ms", type=float, help="eBPF map drain period in ms (default 100)")
     a.add_argument("--flow-slot-ms", type=float, help="eBPF flow counter resolution in ms (default 10)")
@@ -91,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _settings(args: argparse.Namespace) -> AgentSettings:
-    pairs = {"node": args.node, "gpu_hz": args.gpu_hz, "nvml_library": args.nvml_library,
+    pairs = {"node": args.node, "gpu_hz": args.gpu_hz, "heartbeat_s": args.heartbeat_s,
+             "nvml_library": args.nvml_library,
              "flow_drain_ms": args.flow_drain_ms, "flow_slot_ms": args.flow_slot_ms,
              "tc_interfaces": args.tc_interface,
              "link_interfaces": args.link_interface, "clock_peers": args.clock_peer, "clock_bind": args.clock_bind,

@@ -14,7 +14,8 @@ from clocktower.schemas.topics import BY_SCHEMA, TOPICS
 
 # Which incident kind detects which injected fault kind.
 DETECTS = {"link_flap": "link_flap", "gpu_thermal": "gpu_thermal", "gpu_xid": "gpu_xid", "gpu_ecc": "gpu_ecc",
-           "congestion": "congestion", "straggler": "straggler"}
+           "congestion": "congestion", "straggler": "straggler", "node_silent": "node_silent"}
+WORST = 5   # iterations shown with their blame
 
 
 def table_rows(client: Client) -> dict[str, int]:
@@ -77,11 +78,20 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
     clock = clock_sync_report(client, since_ns, clocks)
     if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
         errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")
+    worst = [dict(zip(("job", "iteration", "slowdown", "slowest_rank", "node", "blame", "evidence"), r, strict=True))
+             for r in client.query(
+        "SELECT job, iteration, slowdown, slowest_rank, node, blame, evidence FROM iteration_blame FINAL "
+        "WHERE ts_ns >= {s:Int64} ORDER BY slowdown DESC, iteration LIMIT {n:UInt32}",
+        parameters={"s": since_ns, "n": WORST}).result_rows]
+    blames = dict(client.query("SELECT blame, count() FROM iteration_blame FINAL WHERE ts_ns >= {s:Int64} "
+                               "GROUP BY blame", parameters={"s": since_ns}).result_rows)
     return {
         "events_produced": dict(sorted(produced.items())),
         "rows": rows,
         "faults_injected": faults,
         "incidents_detected": {k: int(v) for k, v in sorted(incidents.items())},
+        "iterations_blamed": {k: int(v) for k, v in sorted(blames.items())},
+        "worst_iterations": worst,
         "control_commands": {k: int(v) for k, v in sorted(commands.items())},
         **control,
         "clock_sync": clock,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import orjson
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
@@ -13,14 +14,31 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in counts.items()) or "none"
 
 
+def _evidence(text: str, limit: int = 90) -> str:
+    """An evidence JSON object as `key=value, ...` (cut to `limit`), for a person."""
+    try:
+        items = orjson.loads(text).items() if text else []
+    except (orjson.JSONDecodeError, AttributeError):
+        return text[:limit]
+    return ", ".join(f"{k}={v}" for k, v in items if k not in ("slowest_rank", "slowest_node"))[:limit]
+
+
 def render_summary(summary: Mapping) -> Group:
-    """Faults and whether each was detected, incidents, commands, clock sync, then errors or `ok`."""
+    """Faults and whether each was detected, the slowest iterations and their blame, incidents, commands, clock
+    sync, then errors or `ok`."""
     faults = Table(title="faults injected", show_edge=False)
     for col in ("kind", "target", "detected"):
         faults.add_column(col)
     for f in summary["faults_injected"]:
         faults.add_row(escape(f["kind"]), escape(f["target"]), "[green]yes[/green]" if f["detected"] else
                        "[red]no[/red]")
+    worst = Table(title="slowest iterations and why", show_edge=False)
+    for col in ("job", "iteration", "slowdown", "slowest rank", "blame", "evidence"):
+        worst.add_column(col)
+    for w in summary.get("worst_iterations", []):
+        worst.add_row(escape(w["job"]), str(w["iteration"]), f"{w['slowdown']:.2f}x",
+                      f"{w['slowest_rank']} ({escape(w['node'])})", escape(w["blame"]),
+                      escape(_evidence(w["evidence"])))
     clock = summary["clock_sync"]
     lines = [
         f"incidents: {escape(_counts(summary['incidents_detected']))}",
@@ -41,4 +59,4 @@ def render_summary(summary: Mapping) -> Group:
     errors = summary["errors"]
     lines += [f"[red]error:[/red] {escape(e)}" for e in errors] or ["[green]ok[/green]: no errors"]
     lines.append("[dim]the whole summary as JSON: clocktower demo --json[/dim]")
-    return Group(faults, *lines)
+    return Group(faults, *([worst] if summary.get("worst_iterations") else []), *lines)

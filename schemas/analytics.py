@@ -119,6 +119,39 @@ class IterationBreakdown(Event):
                                                 "unknown (and in rows written before this column existed)")
 
 
+Blame = Literal["link", "congestion", "gpu", "host", "none"]
+
+
+class IterationBlame(Event):
+    """Why one iteration of a job took as long as it did: the rank everyone waited for, and the cause.
+
+    One row per job and iteration, once its ranks' breakdowns are in (`node` is the slowest rank's node).
+    `blame`: "gpu" (the slowest rank's GPU has a fault incident open), "host" (that rank computes slowly on a
+    healthy GPU), "link" (communication slow while a link incident is open on one of the job's nodes),
+    "congestion" (... a congestion incident), "none" (not slow, or slow with no cause found; `evidence` says
+    which). `evidence` is a JSON object: the figures and the incident ids behind the verdict.
+    """
+
+    SCHEMA = "iteration_blame"
+    ORDER_BY = ("job", "iteration")
+    REPLACING = True
+
+    job: Name
+    iteration: UInt64
+    start_ns: TimestampNs = Field(description="the earliest rank's start, on its node's clock")
+    duration_ns: DurationNs = Field(description="the longest rank's iteration")
+    baseline_ns: DurationNs = Field(description="the job's typical iteration (EWMA of its iterations not slow)")
+    slowdown: Float64 = Field(description="duration_ns / baseline_ns")
+    ranks: UInt32 = Field(description="ranks whose breakdown was in")
+    slowest_rank: UInt32 = Field(description="the rank that computed longest: the one the others waited for")
+    slowest_gpu: UInt8 | None = Field(description="its GPU (device index on `node`); null = unknown")
+    slowest_compute_ns: DurationNs
+    median_compute_ns: DurationNs
+    median_comm_ns: DurationNs
+    blame: Blame
+    evidence: Text = ""
+
+
 IncidentKind = Literal[
     "link_flap", "link_down", "link_quarantine", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "gpu_lost",
     "straggler", "node_silent",

@@ -268,3 +268,18 @@ class ConnectionState(Event):
     proto: Protocol = "tcp"
     old_state: Name
     new_state: Name
+
+
+class NodeHeartbeat(Event):
+    """The node agent is alive: one every `interval_ms`, whatever its sources have to say.
+
+    A node whose heartbeats stop while its peers' go on has gone silent (the agent died, the host hung, its
+    management network is cut): the silent-node detector says so. `seq` counts from the agent's start, so a
+    restarted agent is seen as one (seq back to 0). The table also says when each node last reported.
+    """
+
+    SCHEMA = "heartbeat"
+    ORDER_BY = ("node", "ts_ns")
+
+    seq: UInt64
+    interval_ms: UInt32 = Field(ge=1, description="how often this agent sends one, ms")

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clocktower.schemas.analytics import ClockEdgeFit, ClockEstimate, FlowLatency, Incident, IterationBreakdown
+from clocktower.schemas.analytics import (
+    ClockEdgeFit,
+    ClockEstimate,
+    FlowLatency,
+    Incident,
+    IterationBlame,
+    IterationBreakdown,
+)
 from clocktower.schemas.control import ControlAck, ControlCommand, ReplacementRequest
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import DeadLetter, InjectedFault, StreamsTick
@@ -24,6 +31,7 @@ from clocktower.schemas.telemetry import (
     GpuHealth,
     IterationEvent,
     LinkState,
+    NodeHeartbeat,
 )
 
 DAY_MS = 24 * 3600 * 1000
@@ -83,12 +91,16 @@ TOPICS: tuple[TopicSpec, ...] = (
               "per-flow bytes, packets and retransmits per drain interval (eBPF)"),
     TopicSpec("telemetry.connections", ConnectionState, "connection_states", 1, 7 * DAY_MS,
               "TCP connection lifecycle (eBPF)"),
+    TopicSpec("telemetry.heartbeats", NodeHeartbeat, "heartbeats", 1, 7 * DAY_MS,
+              "node agents' heartbeats: which nodes are alive"),
     TopicSpec("analytics.flow_latency", FlowLatency, "flow_latency", 2, 7 * DAY_MS, "one-way latency per segment"),
     TopicSpec("analytics.clock", ClockEstimate, "clock_estimates", 1, 7 * DAY_MS, "clock offset/drift per node"),
     TopicSpec("analytics.clock_edges", ClockEdgeFit, "clock_edges", 1, 1 * DAY_MS,
               "per-edge clock fits, input of the network solve (one partition: it must see every edge)"),
     TopicSpec("analytics.iterations", IterationBreakdown, "iteration_breakdown", 1, 30 * DAY_MS,
               "compute vs communication per rank and iteration"),
+    TopicSpec("analytics.blame", IterationBlame, "iteration_blame", 1, 30 * DAY_MS,
+              "per job and iteration: the slowest rank and why the iteration was slow"),
     TopicSpec("analytics.incidents", Incident, "incidents", 1, 90 * DAY_MS, "detected incidents"),
     TopicSpec("control.commands", ControlCommand, "control_commands", 4, 90 * DAY_MS,
               "signed commands, partitioned by node (schemas/partitioning.py): each actuator reads only its own",

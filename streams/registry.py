@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from clocktower.schemas.topics import BY_MODEL, MAX_MESSAGE_BYTES, TopicSpec
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
+from clocktower.streams.detectors.iteration_blame import IterationBlameProcessor
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
 from clocktower.streams.detectors.replacement_allocator import ReplacementAllocator
+from clocktower.streams.detectors.silent_node import SilentNodeDetector
 from clocktower.streams.detectors.straggler import StragglerDetector
 from clocktower.streams.joins.clock_edges import ClockEdgeFits
 from clocktower.streams.joins.clock_solve import ClockSolve
@@ -30,6 +32,8 @@ PROCESSORS: tuple[type[Processor], ...] = (
     LinkFlapDetector,
     GpuFaultDetector,
     StragglerDetector,
+    IterationBlameProcessor,
+    SilentNodeDetector,
     ReplacementAllocator,
     ClockEdgeFits,
     ClockSolve,

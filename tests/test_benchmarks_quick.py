@@ -22,6 +22,7 @@ KEYS = {   # a key each must report: the figure it exists for
     "agent_overhead.py": "agent_cpu_pct_of_one_core",
     "clock_solve.py": "clock_solve_ms_64_nodes",
     "clock_sync.py": "scenarios",
+    "detection.py": "kinds",
     "endpoint_concurrency.py": "ratio",
     "endpoint_insert_parse.py": "insert_2MiB_cpu_s",
     "failover.py": "local_failover_ms_p99",

@@ -58,6 +58,9 @@ SUMMARY = {
                         {"fault_id": "f2", "kind": "gpu_xid", "target": "node-3:gpu5", "node": "node-3",
                          "detected": False}],
     "incidents_detected": {"link_flap": 1}, "control_commands": {"failover": 1},
+    "iterations_blamed": {"host": 1, "none": 9},
+    "worst_iterations": [{"job": "job-demo", "iteration": 120, "slowdown": 1.5, "slowest_rank": 9, "node": "node-1",
+                          "blame": "host", "evidence": '{"incident":"straggler:x"}'}],
     "control_acks": {"applied": 1}, "watchdog_actions": 0, "commands_unacked": [],
     "fault_to_ack": [{"fault_id": "f1", "kind": "link_flap", "node": "node-1", "fault_to_ack_ms": 2345.6}],
     "clock_sync": {"nodes_estimated": 3, "reference": ["node-0"], "flow_latency_rows": 200,
@@ -88,7 +91,8 @@ def test_demo_prints_json_only_when_asked(monkeypatch: pytest.MonkeyPatch, capsy
     assert "{" not in out and "events_produced" not in out, out  # no JSON glued on
     assert "link_states │ 486" in out.splitlines(), f"the summary starts on the progress table's last line:\n{out}"
     for shown in ("link_flap", "node-1:eth0", "yes", "gpu_xid", "no", "failover 1", "acks: applied 1",
-                  "fault to ack: 1 faults, 2,346 to 2,346 ms", "150 of 200", "no errors"):
+                  "fault to ack: 1 faults, 2,346 to 2,346 ms", "150 of 200", "no errors", "slowest iterations",
+                  "1.50x", "host", "straggler:x"):
         assert shown in out, f"{shown!r} not in\n{out}"
     assert json.loads(_demo(monkeypatch, capsys, "--json")) == SUMMARY
     # issue 19: the demo runs as many stream workers as `up` can (the Stack starts settings.streams_workers)

@@ -78,7 +78,7 @@ def hot_cool_hot() -> list[GpuHealth]:
     """Thermal throttling from 1 s, open (sustained) at 1.5 s, resolved after two cool readings at 2 and 2.5 s;
     throttled again from 3 s, open at 3.5 s; XID 79 and an ECC rise at 4 s (four emissions: a replay re-emits the
     newest EMITTED)."""
-    hot = {"throttle_reasons": 0x40, "temperature_c": 92.0}
+    hot = {"throttle_reasons": 0x40, "temperature_c": None}   # unknown: no early warning, the throttle decides
     return [gpu(T0), gpu(T0 + S, **hot), gpu(T0 + 3 * S // 2, **hot), gpu(T0 + 2 * S), gpu(T0 + 5 * S // 2),
             gpu(T0 + 3 * S, **hot), gpu(T0 + 7 * S // 2, **hot), gpu(T0 + 4 * S, xid=79, ecc_uncorrected=1, **hot)]
 

@@ -20,13 +20,22 @@ from clocktower.producers.simulator.fault_schedule import (
     SLOWDOWN_C,
     THERMAL_THROTTLE,
     WARMUP_FRACTION,
+    default_kinds,
 )
 from clocktower.producers.simulator.gpus import POWER_CAP
 from clocktower.producers.simulator.node_clock import NodeClock
 from clocktower.schemas.codec import decode_batch, encode_batch
 from clocktower.schemas.event import Event
 from clocktower.schemas.operations import InjectedFault
-from clocktower.schemas.telemetry import ClockProbe, CollectiveEvent, FlowSample, GpuHealth, IterationEvent, LinkState
+from clocktower.schemas.telemetry import (
+    ClockProbe,
+    CollectiveEvent,
+    FlowSample,
+    GpuHealth,
+    IterationEvent,
+    LinkState,
+    NodeHeartbeat,
+)
 from clocktower.schemas.topics import TELEMETRY, topic_for
 
 S = 1_000_000_000
@@ -180,8 +189,8 @@ def test_fast_builder_refuses_what_validation_refuses() -> None:
 
 def test_ground_truth_has_every_kind_inside_the_run(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, _ = demo
-    assert sorted(f.kind for f in sim.faults) == sorted(KINDS)
-    assert len({f.fault_id for f in sim.faults}) == len(KINDS)
+    assert sorted(f.kind for f in sim.faults) == sorted(default_kinds(D)) == sorted(set(KINDS) - {"node_silent"})
+    assert len({f.fault_id for f in sim.faults}) == len(KINDS) - 1
     for f in sim.faults:
         assert sim.start_ns < f.start_ns <= f.end_ns <= sim.start_ns + D * S
         assert f.ts_ns == f.start_ns and f.node in sim.clocks
@@ -193,7 +202,7 @@ def test_ground_truth_has_every_kind_inside_the_run(demo: tuple[FleetSimulator, 
 @pytest.mark.parametrize("duration", [1.0, 8.0, 60.0, 86_400.0])
 def test_faults_fit_any_run(duration: float) -> None:
     sim = FleetSimulator(SimConfig(duration_s=duration), start_ns=START)
-    assert sorted(f.kind for f in sim.faults) == sorted(KINDS)
+    assert sorted(f.kind for f in sim.faults) == sorted(default_kinds(duration))
     for f in sim.faults:
         assert START < f.start_ns <= f.end_ns <= START + duration * S
     (flap,) = sim.schedule.by_kind("link_flap")
@@ -205,7 +214,7 @@ def test_faults_fit_any_run(duration: float) -> None:
 @pytest.mark.parametrize("nodes,gpus", [(2, 8), (3, 2), (2, 1)])
 def test_small_fleets_get_every_fault(nodes: int, gpus: int) -> None:
     sim, events = run(SimConfig(nodes=nodes, gpus_per_node=gpus, duration_s=D), D, tick_s=1.0)
-    assert sorted(f.kind for f in sim.faults) == sorted(KINDS)
+    assert sorted(f.kind for f in sim.faults) == sorted(default_kinds(D))
     assert all(f.node in sim.clocks for f in sim.faults)
     assert any(isinstance(e, GpuHealth) and e.xid == 79 for e in events)
     assert any(isinstance(e, LinkState) and not e.up for e in events)
@@ -246,6 +255,20 @@ def test_random_schedules_put_every_kind_in_its_own_slot_after_the_warm_up() -> 
         other = FleetSimulator(config.model_copy(update={"seed": seed + 100}), start_ns=START).schedule.windows
         assert [w.fault.target for w in other] != [w.fault.target for w in windows]
     assert seen_xids <= set(RANDOM_XIDS) and len(seen_xids) >= 2
+
+
+def test_a_silent_node_sends_nothing_in_its_window() -> None:
+    """On runs of 30 s or more the default schedule silences the last node (shorter: no room for it)."""
+    assert "node_silent" not in {f.kind for f in FleetSimulator(SimConfig(duration_s=29), start_ns=START).faults}
+    sim, events = run(SimConfig(duration_s=30), 30.0)
+    a, b = window_s(sim, "node_silent")
+    mine = [true_s(sim, e.node, e.ts_ns) for e in events if e.node == "node-3.demo"
+            and isinstance(e, NodeHeartbeat | GpuHealth | LinkState)]
+    assert mine and not any(a + 0.01 < t < b - 0.01 for t in mine)
+    beats = [e for e in of(events, NodeHeartbeat) if e.node == "node-3.demo"]
+    assert any(true_s(sim, e.node, e.ts_ns) > b for e in beats)          # it comes back
+    others = [e for e in of(events, NodeHeartbeat) if e.node == "node-0.demo"]
+    assert len(others) >= 30 / 0.2 - 1 and {e.interval_ms for e in others} == {200}
 
 
 def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
@@ -592,7 +615,7 @@ def test_runner_publishes_events_and_ground_truth(tmp_path: Path) -> None:
     lines = truth.read_text().splitlines()
     by_start = sorted(sim.faults, key=lambda f: f.start_ns)
     assert [InjectedFault.model_validate_json(x) for x in lines] == by_start
-    assert {json.loads(x)["kind"] for x in lines} == set(KINDS)
+    assert {json.loads(x)["kind"] for x in lines} == set(default_kinds(D))
     # each fault is published once, in the tick in which it starts
     published = [(t, e) for t, events in pub.calls for e in events if isinstance(e, InjectedFault)]
     assert [e for _, e in published] == by_start

@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from clocktower.runtime.broker_profile import BrokerProfile, profile_field
 from clocktower.runtime.setting_text import json_or_text
 
-ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock")
+ALL_SOURCES = ("gpu", "flows", "links", "ib", "clock", "heartbeat")
 _PORT_NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,64}$")    # a netdev ("eth0") or an RDMA port ("mlx5_0/1")
 
 
@@ -56,6 +56,9 @@ class AgentSettings(BaseSettings):
         "a source not started by then is given up (failed) and the run goes on without it; BCC's compile of "
         "the flow source takes 7-13 s"))
     gpu_hz: float = Field(default=10.0, gt=0, le=1000)
+    heartbeat_s: float = Field(default=0.2, gt=0, le=3600, description=(
+        "how often the agent says it is alive; the pipeline calls a node silent after 5 missed heartbeats, at "
+        "least 1 s"))
     nvml_library: str | None = Field(default=None, description="path of libnvidia-ml.so.1 (default: the system's)")
     flow_slot_ms: float = Field(default=10.0, gt=0, le=60_000, description="resolution of the eBPF flow counters")
     flow_drain_ms: float = Field(default=100.0, gt=0, le=60_000, description=(

@@ -59,6 +59,11 @@ def _clock(s: AgentSettings, _: TopologyCache) -> Source:
                             key_file=s.clock_key_file, interface=s.clock_interface, allow_any_bind=s.clock_bind_any)
 
 
+def _heartbeat(s: AgentSettings, _: TopologyCache) -> Source:
+    from clocktower.producers.agent.heartbeat_source import HeartbeatSource
+    return HeartbeatSource(s.node, s.heartbeat_s)
+
+
 def topology_for(s: AgentSettings) -> TopologyCache:
     """The node's port topology from its settings; nothing is read until a source first asks."""
     return TopologyCache(partial(discover, s.ib_sysfs_root, s.link_backups, s.backups_from_routes, netns=s.netns),
@@ -66,7 +71,7 @@ def topology_for(s: AgentSettings) -> TopologyCache:
 
 
 BUILDERS: dict[str, Callable[[AgentSettings, TopologyCache], Source]] = {
-    "gpu": _gpu, "flows": _flows, "links": _links, "ib": _ib, "clock": _clock,
+    "gpu": _gpu, "flows": _flows, "links": _links, "ib": _ib, "clock": _clock, "heartbeat": _heartbeat,
 }
 assert set(BUILDERS) == set(ALL_SOURCES)
 

@@ -28,6 +28,7 @@ class SimConfig(BaseModel):
     segments_per_bucket: int = Field(default=8, ge=1, le=1024)
     gpu_health_hz: float = Field(default=10.0, gt=0.0, le=1000.0)
     link_report_hz: float = Field(default=1.0, gt=0.0, le=100.0)
+    heartbeat_s: float = Field(default=0.2, gt=0.0, le=3600.0, description="each node agent's heartbeat period")
     probe_peers: int = Field(default=10, ge=1, le=MAX_NODES)
     probe_pairs_per_s: float = Field(default=10.0, gt=0.0, le=10_000.0)
     faults: bool = True

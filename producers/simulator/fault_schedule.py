@@ -13,6 +13,10 @@ nodes gets every fault. All times are true ns; node-N below is node N (named `no
 | gpu_xid     | 0.6 D, permanent     | node-3:gpu5                | one reading with XID 79, then lost |
 | gpu_ecc     | 0.7 D                | node-2:gpu1                | ecc_uncorrected 0 -> 1, XID 48 once |
 | straggler   | 0.8 D for 0.1 D      | job-demo:rank9 (node-1:gpu1) | 1.5x compute |
+| node_silent | 0.92 D for 0.06 D    | node-(N-1)                 | sends nothing at all (agent dead, host hung) |
+
+node_silent is in the default schedule only on runs of SILENT_MIN_RUN_S or more: on a shorter one its window
+would be shorter than the silence the detector waits for (1 s).
 
 A thermal fault's window starts when the temperature starts to climb: it reaches the GPU's slowdown
 threshold (`SLOWDOWN_C`) `ramp_ns` later (`THERMAL_RAMP_S`, or a third of a short run's window), and only then
@@ -48,7 +52,13 @@ RANDOM_ECC_XIDS = (48, 95)      # gpu_ecc in random schedules: double-bit, uncon
 SLOWDOWN_C = 88.0               # the simulated GPUs' slowdown threshold: throttling starts here
 THERMAL_RAMP_S = 1.0            # from the start of the climb to SLOWDOWN_C
 WARMUP_FRACTION = 0.15
-KINDS = ("link_flap", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "straggler")
+SILENT_MIN_RUN_S = 30.0
+KINDS = ("link_flap", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "straggler", "node_silent")
+
+
+def default_kinds(duration_s: float) -> tuple[str, ...]:
+    """The kinds the default schedule injects on a run this long (node_silent needs SILENT_MIN_RUN_S)."""
+    return KINDS if duration_s >= SILENT_MIN_RUN_S else tuple(k for k in KINDS if k != "node_silent")
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class FaultSchedule:
         self._thermal = {(w.node, w.gpu): w for w in self.windows if w.kind == "gpu_thermal"}
         self._xid = {(w.node, w.gpu): w for w in self.windows if w.kind == "gpu_xid"}
         self._ecc = {(w.node, w.gpu): w for w in self.windows if w.kind == "gpu_ecc"}
+        self._silent = [w for w in self.windows if w.kind == "node_silent"]
 
     def by_kind(self, kind: str) -> list[FaultWindow]:
         return [w for w in self.windows if w.kind == kind]
@@ -122,6 +133,10 @@ class FaultSchedule:
         """Whether the directed link src -> dst is congested at `t`."""
         windows = self._congested_links.get((src, dst))
         return windows is not None and any(w.active(t) for w in windows)
+
+    def silent_between(self, t0: int, t1: int) -> dict[str, FaultWindow]:
+        """The nodes (by id) silenced at some time in [t0, t1], with their windows."""
+        return {w.fault.node: w for w in self._silent if w.start_ns <= t1 and w.end_ns >= t0}
 
     def any_congested(self, t: int) -> bool:
         return any(w.active(t) for w in self._congested)
@@ -200,6 +215,11 @@ def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[F
     add("straggler", node, f"{JOB_ID}:rank{rank}", at(0.8), at(0.9),
         f"rank {rank} ({node_id(node)}:gpu{gpu}) computes {STRAGGLER_SLOWDOWN}x slower",
         gpu=gpu, factor=STRAGGLER_SLOWDOWN)
+
+    if "node_silent" in default_kinds(d):
+        node = n - 1
+        add("node_silent", node, node_id(node), at(0.92), at(0.98),
+            "the node sends nothing at all: no heartbeat, GPU, link, flow, probe or training event")
     return windows
 
 
@@ -252,6 +272,9 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
             xid = rng.choice(RANDOM_ECC_XIDS)
             add(kind, node, f"{node_id(node)}:gpu{gpu}", t0, t0,
                 f"one uncorrectable ECC error (ecc_uncorrected +1), XID {xid}", gpu=gpu, xid=xid)
+        elif kind == "node_silent":
+            node = rng.randrange(1, n)   # not node 0: the clock sync's reference
+            add(kind, node, node_id(node), t0, t1, "the node sends nothing at all")
         else:
             rank = rng.randrange(topo.ranks)
             node, gpu = divmod(rank, g)

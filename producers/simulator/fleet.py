@@ -24,6 +24,7 @@ from clocktower.producers.simulator.config import SimConfig, check_nodes
 from clocktower.producers.simulator.fault_schedule import FaultSchedule
 from clocktower.producers.simulator.flows import Planned, RingFlows
 from clocktower.producers.simulator.gpus import GpuMonitor
+from clocktower.producers.simulator.heartbeats import HeartbeatPlanner
 from clocktower.producers.simulator.links import LinkMonitor
 from clocktower.producers.simulator.node_clock import NodeClock
 from clocktower.producers.simulator.probes import ClockProber
@@ -69,6 +70,7 @@ class FleetSimulator:
         self.gpus = GpuMonitor(config, topo, clocks, faults, self.training, start, rng("gpus"))
         self.links = LinkMonitor(config, topo, clocks, faults, start, rng("links"))
         self.probes = ClockProber(config, topo, clocks, faults, start, rng("probes"))
+        self.heartbeats = HeartbeatPlanner(config, topo, clocks, start, rng("heartbeats"))
         self.counts: Counter[str] = Counter()
         self._pending: Planned = []
 
@@ -87,11 +89,14 @@ class FleetSimulator:
         self.gpus.plan(to_true_ns, pending)
         self.links.plan(to_true_ns, pending)
         self.probes.plan(to_true_ns, pending)
+        self.heartbeats.plan(to_true_ns, pending)
         self.training.forget_before(to_true_ns)
 
         pending.sort(key=_first)   # stable; mostly sorted already
         cut = bisect_right(pending, to_true_ns, key=_first)
-        events = [e for _, e in pending[:cut]]
+        silent = self.schedule.silent_between(self._now, to_true_ns)
+        events = ([e for t, e in pending[:cut] if not (e.node in silent and silent[e.node].active(t))] if silent
+                  else [e for _, e in pending[:cut]])
         del pending[:cut]
         self._now = to_true_ns
         for model, n in Counter(map(type, events)).items():

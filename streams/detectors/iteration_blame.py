@@ -1,0 +1,147 @@
+"""Blame per iteration: for every job iteration, the slowest rank and why it was slow (blame.py), as an
+`IterationBlame` row on analytics.blame.
+
+Reads the ranks' breakdowns (analytics.iterations) and the incidents (analytics.incidents), both of one partition,
+so one worker sees every job and every incident (key "fleet"). An iteration is judged once as many ranks reported
+it as the job had in its last judged iteration, or, for one whose ranks stay missing (the first, or a rank that
+died), once a rank of the job reported `LAG` iterations later. The open incidents are what was open when the
+iteration was judged: GPU incidents by their GPU, link and congestion incidents by node.
+
+State: one entry per job (its baseline, the iterations waiting for ranks, the newest judged, and its newest
+`RECENT` rows, re-emitted when a redelivered breakdown of their iteration comes again), and one fleet-wide entry of
+open incidents (at most `MAX_OPEN`; past that a new one is not kept, counted in `open_dropped`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+
+from clocktower.schemas.analytics import Incident, IterationBlame, IterationBreakdown
+from clocktower.schemas.event import Event
+from clocktower.streams.detectors.blame import (
+    GPU_KINDS,
+    LINK_KINDS,
+    BlameRule,
+    JobBaseline,
+    Open,
+    RankTime,
+    judge,
+)
+from clocktower.streams.processor import Output, Processor, compound_key
+
+if TYPE_CHECKING:
+    from clocktower.streams.processor_context import ProcessorContext
+
+LAG = 2
+RECENT = 8
+MAX_OPEN = 10_000
+OPEN = "open"
+DEFAULT_TTL_NS = 3600 * 10**9
+OPEN_TTL_NS = 365 * 24 * 3600 * 10**9
+
+
+class IterationBlameProcessor(Processor):
+    name: ClassVar[str] = "iteration_blame"
+    consumes: ClassVar[tuple[type[Event], ...]] = (IterationBreakdown, Incident)
+    key_by: ClassVar[str] = "fleet (analytics.iterations and analytics.incidents have one partition)"
+
+    def __init__(self, rule: BlameRule | None = None, ttl_ns: int = DEFAULT_TTL_NS) -> None:
+        self.rule = rule or BlameRule()
+        self.state_ttl_ns = ttl_ns
+        self.late = 0            # breakdowns of an iteration already judged
+        self.open_dropped = 0
+
+    @classmethod
+    def from_context(cls, ctx: ProcessorContext) -> IterationBlameProcessor:
+        return cls()
+
+    def partition_key(self, event: Event) -> str:
+        return "fleet"
+
+    def counters(self) -> dict[str, int]:
+        return {"late_breakdowns": self.late, "open_dropped": self.open_dropped}
+
+    def process(self, state: Any, event: Event) -> list[Output]:
+        if isinstance(event, Incident):
+            self._track(state, event)
+            return []
+        assert isinstance(event, IterationBreakdown)
+        key = compound_key("job", event.job)
+        job = state.get(key) or {"base": asdict(JobBaseline()), "pending": {}, "done": -1, "ranks": 0,
+                                 "recent": []}
+        if event.iteration <= job["done"]:
+            self.late += 1
+            return [IterationBlame.model_construct(**row) for row in job["recent"]
+                    if row["iteration"] == event.iteration]
+        job["pending"].setdefault(str(event.iteration), {})[str(event.rank)] = [
+            event.node, event.gpu, event.start_ns, event.duration_ns, event.compute_ns, event.comm_ns]
+        out = []
+        for it in sorted(int(i) for i in job["pending"]):
+            ranks = job["pending"][str(it)]
+            complete = job["ranks"] > 0 and len(ranks) >= job["ranks"]
+            if not (complete or event.iteration >= it + LAG):
+                break
+            out.append(self._judge(state, event.job, it, ranks, job))
+            del job["pending"][str(it)]
+            job["done"] = it
+            job["ranks"] = max(job["ranks"], len(ranks))
+        job["recent"] = (job["recent"] + [r.model_dump() for r in out])[-RECENT:]
+        state.put(key, job, event.ts_ns + self.state_ttl_ns)
+        return list(out)
+
+    def _judge(self, state: Any, job_name: str, iteration: int, ranks: dict, job: dict) -> IterationBlame:
+        times = [RankTime(int(r), node, gpu, start, duration, compute, comm)
+                 for r, (node, gpu, start, duration, compute, comm) in ranks.items()]
+        base = JobBaseline(**job["base"])
+        v = judge(job_name, times, base, self._open(state), self.rule)
+        job["base"] = asdict(base)
+        s = v.slowest
+        return IterationBlame(
+            node=s.node, ts_ns=max(t.start_ns + t.duration_ns for t in times), job=job_name, iteration=iteration,
+            start_ns=min(t.start_ns for t in times), duration_ns=v.duration_ns, baseline_ns=v.baseline_ns,
+            slowdown=round(v.slowdown, 4), ranks=len(times), slowest_rank=s.rank, slowest_gpu=s.gpu,
+            slowest_compute_ns=s.compute_ns, median_compute_ns=v.median_compute_ns, median_comm_ns=v.median_comm_ns,
+            blame=v.blame, evidence=orjson.dumps(v.evidence).decode())
+
+    @staticmethod
+    def _open(state: Any) -> Open:
+        d = state.get(OPEN) or {}
+        return Open(gpu={k: tuple(v) for k, v in d.get("gpu", {}).items()},
+                    link={k: [tuple(x) for x in v] for k, v in d.get("link", {}).items()},
+                    congestion={k: [tuple(x) for x in v] for k, v in d.get("congestion", {}).items()},
+                    straggler=dict(d.get("straggler", {})))
+
+    def _track(self, state: Any, inc: Incident) -> None:
+        """Keep the open GPU, link and congestion incidents (an incident may change kind: link_down -> link_flap)."""
+        d = state.get(OPEN) or {"gpu": {}, "link": {}, "congestion": {}, "straggler": {}}
+        d.setdefault("straggler", {})
+        for group in ("link", "congestion"):
+            for node in list(d[group]):
+                d[group][node] = [x for x in d[group][node] if x[1] != inc.incident_id]
+                if not d[group][node]:
+                    del d[group][node]
+        d["gpu"] = {k: v for k, v in d["gpu"].items() if v[1] != inc.incident_id}
+        d["straggler"] = {k: v for k, v in d["straggler"].items() if v != inc.incident_id}
+        if inc.state != "resolve":
+            size = len(d["gpu"]) + len(d["straggler"]) + sum(len(v) for v in d["link"].values()) + sum(
+                len(v) for v in d["congestion"].values())
+            if size >= MAX_OPEN:
+                self.open_dropped += 1
+            elif inc.kind in GPU_KINDS:
+                d["gpu"][inc.target] = [inc.kind, inc.incident_id]
+            elif inc.kind in LINK_KINDS:
+                d["link"].setdefault(inc.node, []).append([inc.kind, inc.incident_id])
+            elif inc.kind == "congestion":
+                d["congestion"].setdefault(inc.node, []).append([inc.kind, inc.incident_id])
+            elif inc.kind == "straggler":
+                d["straggler"][inc.target] = inc.incident_id
+        state.put(OPEN, d, inc.ts_ns + OPEN_TTL_NS)
+
+    def encode_state(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def decode_state(self, data: bytes) -> Any:
+        return orjson.loads(data)
