@@ -49,6 +49,9 @@ class FlowLatency(Event):
     clock_corrected: Bool
     corrected_latency_ns: Int64 | None = Field(description="latency with both clocks corrected, ns")
     error_bound_ns: Int64 | None = Field(description="bound on the corrected latency's error, ns")
+    priority: UInt8 | None = Field(None, description="the sender's skb priority (traffic class) for the segment; "
+                                                     "null = unknown (and in rows written before this column "
+                                                     "existed)")
 
 
 class ClockEstimate(Event):

@@ -20,6 +20,7 @@ from clocktower.control.issuer import CommandIssuer
 from clocktower.control.signing import CommandSigner
 from clocktower.schemas.analytics import ClockEstimate
 from clocktower.schemas.event import Event
+from clocktower.schemas.partitioning import partition_of
 from clocktower.schemas.topics import topic_for
 from clocktower.streams.clocksync.clock_view import ClockView
 from clocktower.streams.emit import Out, records
@@ -85,9 +86,14 @@ class Processors:
                          for (t, p, es), at in zip(parts, part_at, strict=True))
             for t, (_, es) in _by_topic(derived).items():
                 if self.topology.reads(t):
-                    if topic_for(type(es[0])).partitions != 1:   # the producer's partitioner would spread them
-                        raise RuntimeError(f"derived events on {t} are read back, and it has several partitions")
-                    queue.append((t, 0, es, derived_failures, None))
+                    partitions = topic_for(type(es[0])).partitions
+                    if partitions == 1:
+                        queue.append((t, 0, es, derived_failures, None))
+                        continue
+                    by_partition: dict[int, list[Event]] = {}   # as the producer spreads them: by node
+                    for e in es:
+                        by_partition.setdefault(partition_of(e.node, partitions), []).append(e)
+                    queue.extend((t, p, part, derived_failures, None) for p, part in sorted(by_partition.items()))
         return out
 
     def route(self, topic: str, partition: int, events: Sequence[Event], failures: list[EventFailure],

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clocktower.schemas.topics import BY_MODEL, MAX_MESSAGE_BYTES, TopicSpec
+from clocktower.streams.detectors.congestion import CongestionDetector
 from clocktower.streams.detectors.gpu_fault import GpuFaultDetector
 from clocktower.streams.detectors.iteration_blame import IterationBlameProcessor
 from clocktower.streams.detectors.link_flap import LinkFlapDetector
@@ -31,6 +32,7 @@ PROCESSORS: tuple[type[Processor], ...] = (
     IterationBreakdownJoin,
     LinkFlapDetector,
     GpuFaultDetector,
+    CongestionDetector,
     StragglerDetector,
     IterationBlameProcessor,
     SilentNodeDetector,

@@ -49,12 +49,13 @@ def test_slow_communication_is_the_link_or_the_congestion_open_on_the_jobs_nodes
     base = JobBaseline()
     warm(base)
     slow_comm = ranks([200.0] * 16, comm_ms=90.0)
-    v = judge("j", slow_comm, base, Open(link={"node-1": [("link_flap", "lf-1")]},
-                                         congestion={"node-0": [("congestion", "c-1")]}), RULE)
-    assert (v.blame, v.evidence["incidents"]) == ("link", ["lf-1"])
-    v = judge("j", slow_comm, base, Open(congestion={"node-0": [("congestion", "c-1")]}), RULE)
+    v = judge("j", slow_comm, base, Open(link={"node-1": [("link_flap", "lf-1", T0 + 2)]},
+                                         congestion={"node-0": [("congestion", "c-1", T0 + 1)]}), RULE)
+    assert (v.blame, v.evidence["incidents"]) == ("link", ["lf-1"])      # the newest cause
+    v = judge("j", slow_comm, base, Open(link={"node-1": [("link_flap", "lf-1", T0)]},
+                                         congestion={"node-0": [("congestion", "c-1", T0 + 1)]}), RULE)
     assert (v.blame, v.evidence["incidents"]) == ("congestion", ["c-1"])
-    v = judge("j", slow_comm, base, Open(link={"node-9": [("link_down", "x")]}), RULE)   # not the job's node
+    v = judge("j", slow_comm, base, Open(link={"node-9": [("link_down", "x", T0)]}), RULE)   # not the job's node
     assert v.blame == "none" and "no link or congestion" in v.evidence["why"]
 
 

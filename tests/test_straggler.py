@@ -122,10 +122,10 @@ def test_a_slow_rank_on_a_throttled_gpu_is_the_thermal_incident_not_a_straggler(
                                                                   "node-1/gpu3")
     assert "slowing the job" in row.detail and det.proc.counters()["folded_into_thermal"] == 1
     assert feed(det, range(12, 14), {11: 1.3}) == []
-    resolved_at = bd(0, 14, 200).ts_ns
+    resolved_at = bd(0, 14, 200).start_ns + 1
     assert det(thermal("resolve", ts=resolved_at)) == []
-    assert feed(det, range(14, 15), {11: 1.3}) == []        # the iteration it began throttled: within the grace
-    later = feed(det, range(40, 41), {11: 1.3})              # still slow long after: a straggler of its own now
+    assert feed(det, range(14, 15), {11: 1.3}) == []        # the iteration it began throttled: folded
+    later = feed(det, range(15, 16), {11: 1.3})              # still slow once cool: a straggler of its own now
     assert [(i.kind, i.state) for i in later] == [("straggler", "open")]
 
 

@@ -11,7 +11,8 @@ in their first collective). Its verdict:
   rank's straggler incident, if one is open);
 - **link**: the ranks computed alike but communicated longer than the job's communication baseline, while a link
   incident (down, flap, quarantine) is open on one of the job's nodes;
-- **congestion**: ... while a congestion incident is open on one of the job's nodes.
+- **congestion**: ... while a congestion incident is open on one of the job's nodes (when both are open, the one
+  opened last is blamed: a congestion that began after a flap is the congestion).
 
 Pure: `judge` takes the iteration's ranks and what is open, and returns the verdict and its evidence.
 """
@@ -57,8 +58,8 @@ class Open:
     """The incidents open now: GPU incidents by "node/gpuN", link and congestion incidents by node."""
 
     gpu: dict[str, tuple[str, str]] = field(default_factory=dict)          # target -> (kind, id)
-    link: dict[str, list[tuple[str, str]]] = field(default_factory=dict)   # node -> [(kind, id)]
-    congestion: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    link: dict[str, list[tuple]] = field(default_factory=dict)         # node -> [(kind, id, opened_ns)]
+    congestion: dict[str, list[tuple]] = field(default_factory=dict)   # node -> [(kind, id, opened_ns)]
     straggler: dict[str, str] = field(default_factory=dict)                 # "job:rankN" -> id
 
 
@@ -104,14 +105,11 @@ def judge(job: str, ranks: list[RankTime], base: JobBaseline, open_: Open, rule:
                 evidence.update(incident=straggler, incident_kind="straggler")
     elif comm_excess >= rule.comm_excess:
         nodes = sorted({r.node for r in ranks})
-        links = [i for n in nodes for i in open_.link.get(n, [])]
-        congested = [i for n in nodes for i in open_.congestion.get(n, [])]
-        if links:
-            blame = "link"
-            evidence["incidents"] = [i for _, i in links]
-        elif congested:
-            blame = "congestion"
-            evidence["incidents"] = [i for _, i in congested]
+        found = [("link", i) for n in nodes for i in open_.link.get(n, [])] + [
+            ("congestion", i) for n in nodes for i in open_.congestion.get(n, [])]
+        if found:   # the newest cause: a congestion that began after a flap is the congestion
+            blame = max(found, key=lambda f: f[1][2] if len(f[1]) > 2 else 0)[0]
+            evidence["incidents"] = [i[1] for b, i in found if b == blame]
         else:
             evidence["why"] = "communication is slow and no link or congestion incident is open"
     else:

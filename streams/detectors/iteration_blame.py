@@ -133,9 +133,9 @@ class IterationBlameProcessor(Processor):
             elif inc.kind in GPU_KINDS:
                 d["gpu"][inc.target] = [inc.kind, inc.incident_id]
             elif inc.kind in LINK_KINDS:
-                d["link"].setdefault(inc.node, []).append([inc.kind, inc.incident_id])
+                d["link"].setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
             elif inc.kind == "congestion":
-                d["congestion"].setdefault(inc.node, []).append([inc.kind, inc.incident_id])
+                d["congestion"].setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
             elif inc.kind == "straggler":
                 d["straggler"][inc.target] = inc.incident_id
         state.put(OPEN, d, inc.ts_ns + OPEN_TTL_NS)

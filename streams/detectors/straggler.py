@@ -8,7 +8,7 @@ when the rank recovers.
 A slow rank whose GPU is thermally throttled is one fault, not two: this processor also reads the incidents
 (analytics.incidents), keeps which GPUs have a `gpu_thermal` incident open, and instead of opening a straggler
 incident for such a rank writes an `update` row of the thermal incident that says the rank is slowing its job
-(within THERMAL_GRACE_NS after it resolved, silently: the rank is finishing an iteration it began throttled).
+(silently for an iteration that began before the incident resolved: it ran throttled in part).
 If the straggler incident opened first (the two topics race), the thermal incident's arrival adds an update to
 the straggler incident naming the thermal one, so the two are linked.
 
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
 RECENT = 16                          # emissions kept per job, for a replay after a crash
-THERMAL_GRACE_NS = 5 * 10**9         # a rank still slow this soon after its GPU's thermal incident resolved is
-                                     # finishing an iteration it began throttled: no straggler of its own
+THERMAL_GRACE_NS = 5 * 10**9         # how long a resolved thermal incident is kept: an iteration that began before
+                                     # it resolved was throttled in part, and is no straggler of its own
 DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgotten
 
 
@@ -146,10 +146,10 @@ class StragglerDetector(Processor):
 
     @staticmethod
     def _thermal_of(state: Any, ev: IterationBreakdown) -> tuple[str, int, int] | None:
-        """The thermal incident of the rank's GPU, open or resolved within THERMAL_GRACE_NS: (id, opened_ns,
-        resolved_ns or 0), or None."""
+        """The thermal incident of the rank's GPU, open, or resolved after this iteration began (it ran throttled
+        in part): (id, opened_ns, resolved_ns or 0), or None. Both times are on the rank's node's clock."""
         found = state.get(compound_key("thermal", gpu_target(ev.node, ev.gpu))) if ev.gpu is not None else None
-        if found is None or (found[2] and ev.ts_ns - found[2] > THERMAL_GRACE_NS):
+        if found is None or (found[2] and ev.start_ns > found[2]):
             return None
         return found
 

@@ -116,4 +116,5 @@ class FlowLatencyJoin(Processor):
             src_port=tx.src_port, dst_port=tx.dst_port, proto=tx.proto, seq=tx.seq, bytes=tx.bytes,
             tx_ns=tx.ts_ns, rx_ns=rx.ts_ns, latency_ns=rx.ts_ns - tx.ts_ns,
             clock_corrected=corrected is not None, corrected_latency_ns=corrected, error_bound_ns=bound,
+            priority=tx.priority,
         )

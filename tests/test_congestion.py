@@ -1,0 +1,95 @@
+"""Congestion from one-way delay: the per-class queueing budget, and the detector's incidents."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clocktower.schemas.analytics import FlowLatency
+from clocktower.streams.detectors.congestion import CongestionDetector
+from clocktower.streams.detectors.delay_budget import WINDOW_NS, DelayRule, LinkDelay, observe
+from tests.test_detectors import Fed
+
+T0 = 1_780_000_000 * 10**9
+US = 1_000
+MS = 1_000_000
+RULE = DelayRule()
+
+
+def healthy(rng: random.Random) -> int:
+    """The simulator's healthy link: 5 us, |N(0, 0.3 us)| jitter, exponential queueing of mean 0.8 us."""
+    return 5 * US + int(abs(rng.gauss(0, 300)) + rng.expovariate(1 / 800))
+
+
+def run(link: LinkDelay, samples: int, delay, t0: int = T0, step: int = MS, priority: int = 3) -> list:
+    return [c for i in range(samples) if (c := observe(link, t0 + i * step, delay(i), priority, RULE))]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_healthy_link_is_never_congested(seed: int) -> None:
+    rng = random.Random(seed)
+    assert run(LinkDelay(), 5_000, lambda i: healthy(rng)) == []
+
+
+def test_queueing_over_the_high_budget_opens_within_sustain_samples_and_clears_with_hysteresis() -> None:
+    rng = random.Random(1)
+    link = LinkDelay()
+    run(link, 1_000, lambda i: healthy(rng))
+    changes = run(link, 100, lambda i: healthy(rng) + rng.randint(50 * US, 500 * US), t0=T0 + 1_000 * MS)
+    [opened] = changes
+    assert (opened.klass, opened.opened, opened.budget_ns) == ("high", True, RULE.high_budget_ns)
+    assert 5 * US <= opened.baseline_ns <= 6 * US and opened.queue_ns > RULE.high_budget_ns
+    cleared = run(link, 200, lambda i: healthy(rng), t0=T0 + 1_100 * MS)
+    assert [(c.klass, c.opened) for c in cleared] == [("high", False)]
+
+
+def test_the_low_class_has_its_own_larger_budget() -> None:
+    link = LinkDelay()
+    run(link, 100, lambda i: 5 * US, priority=0)
+    assert run(link, 100, lambda i: 105 * US, t0=T0 + 100 * MS, priority=0) == []        # 100 us: under 250
+    [c] = run(link, 100, lambda i: 405 * US, t0=T0 + 200 * MS, priority=0)
+    assert (c.klass, c.opened) == ("low", True)
+
+
+def test_a_congestion_longer_than_the_window_does_not_become_the_floor() -> None:
+    link = LinkDelay()
+    run(link, 100, lambda i: 5 * US, step=10 * MS)
+    [opened] = run(link, 2 * WINDOW_NS // (100 * MS), lambda i: 300 * US, t0=T0 + 10**9, step=100 * MS)
+    assert opened.opened and link.baseline() == 5 * US and link.congested["high"]
+
+
+def row(ts: int, delay: int | None, src: str = "a", dst: str = "b", seq: int = 0, priority: int = 3) -> FlowLatency:
+    return FlowLatency(node=dst, ts_ns=ts, src_node=src, src_ip="10.0.0.1", dst_ip="10.0.0.2", src_port=40000,
+                       dst_port=4791, proto="roce", seq=seq, bytes=4096, tx_ns=ts - 5 * US, rx_ns=ts,
+                       latency_ns=5 * US, clock_corrected=delay is not None, corrected_latency_ns=delay,
+                       error_bound_ns=None if delay is None else 50, priority=priority)
+
+
+def test_the_detector_opens_and_resolves_one_incident_per_link_and_class() -> None:
+    det = Fed(CongestionDetector())
+    out = []
+    for i in range(300):
+        congested = 100 <= i < 200
+        out += det(row(T0 + i * MS, (200 * US if congested else 5 * US), seq=i))
+        out += det(row(T0 + i * MS, 5 * US, src="c", seq=i))      # another link into b: healthy
+    assert [(o.state, o.target, o.node, o.severity) for o in out] == [
+        ("open", "a->b", "b", "critical"), ("resolve", "a->b", "b", "info")]
+    assert out[0].incident_id == out[1].incident_id
+    ev = orjson.loads(out[0].evidence)
+    assert (ev["class"], ev["baseline_ns"], ev["budget_ns"]) == ("high", 5 * US, RULE.high_budget_ns)
+
+
+def test_uncorrected_and_redelivered_rows_change_nothing() -> None:
+    det = Fed(CongestionDetector())
+    for i in range(50):
+        assert det(row(T0 + i * MS, None, seq=i)) == []
+    assert det.proc.counters()["uncorrected"] == 50
+    for i in range(50):
+        det(row(T0 + i * MS, 5 * US, seq=i))
+    for _ in range(20):                                   # one late segment redelivered: not 20 samples
+        assert det(row(T0 + 49 * MS, 300 * US, seq=49)) == []
+    assert det.proc.counters()["redelivered"] == 20
