@@ -18,6 +18,9 @@ Params (streams/detectors/link_flap.py): failover and quarantine {"from": link, 
 with the quarantine mark. The backup a command names is checked against the node's own (`backups`: configured, or
 discovered from its routes), never obeyed: a signed command built from a forged link report once named `lo`, and
 moving a node's default route there blackholes it.
+
+QoS (streams/detectors/congestion.py): `rate_limit` {"share": "0.25"}, `pause` and `resume`, target "low": the low
+traffic class's share of this node's shaped links (control/traffic_class.py), applied by its `TrafficShaper`.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.traffic_shaper import TrafficShaper
 from clocktower.control.command_check import MAX_LIFETIME_NS, refusal
 from clocktower.control.signing import CommandVerifier
+from clocktower.control.traffic_class import PAUSED_SHARE, SHAPED, parse_share
 from clocktower.runtime.rate_limit import TokenBucket
 from clocktower.schemas.codec import bounded
 from clocktower.schemas.control import ControlAck, ControlCommand
@@ -44,6 +49,7 @@ REFUSAL_LINES_BURST = 200
 DETAIL_LIMIT = 4000
 LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
 HOOK_ACTIONS = ("drain", "spare", "undrain")
+QOS_ACTIONS = ("rate_limit", "pause", "resume")
 
 
 class Refused(Exception):
@@ -59,10 +65,12 @@ class Actuator:
 
     def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
                  quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns, *,
-                 backups: Callable[[str], str]) -> None:
+                 backups: Callable[[str], str], shaper: TrafficShaper | None = None) -> None:
         """`backups(link)`: the backup port this node has for `link` ("" if none), from its own configuration or
-        discovery (the agent's port topology), never from a report or a command."""
+        discovery (the agent's port topology), never from a report or a command. `shaper`: the node's traffic
+        shaper for `rate_limit`, `pause` and `resume` (None: those are refused, saying how to configure one)."""
         self.node = node
+        self.shaper = shaper
         self.backups = backups
         self.verifier = verifier
         self.routing = routing
@@ -95,7 +103,8 @@ class Actuator:
         """A refused ack for a command that could not even be read (a malformed record naming `command_id`)."""
         return ControlAck(node=self.node, ts_ns=self.clock(), command_id=bounded(command_id, 256) or "unknown",
                           status="refused", detail=bounded(reason, DETAIL_LIMIT),
-                          action=action if action in LINK_ACTIONS + HOOK_ACTIONS else "",  # type: ignore[arg-type]
+                          action=action if action in LINK_ACTIONS + HOOK_ACTIONS + QOS_ACTIONS  # type: ignore[arg-type]
+                          else "",
                           target=bounded(target, 256))
 
     def _handle(self, cmd: ControlCommand) -> ControlAck:
@@ -146,12 +155,30 @@ class Actuator:
             if not cmd.target:
                 raise Refused("no link named (empty target)")
             return getattr(self, f"_{cmd.action}")(cmd)
+        if cmd.action in QOS_ACTIONS:
+            return self._qos(cmd)
         if cmd.action in HOOK_ACTIONS:
             if not self.hooks.has(cmd.action):
                 raise Refused(f"no {cmd.action} hook configured on this node "
                               f"(CLOCKTOWER_ACTUATOR_{cmd.action.upper()}_HOOK)")
             return self.hooks.run(cmd) or f"{cmd.action} hook ran"
         raise Refused(f"{cmd.action} is not supported by this actuator")
+
+    def _qos(self, cmd: ControlCommand) -> str:
+        """`rate_limit` {"share"}, `pause` and `resume` of the low traffic class (control/traffic_class.py): the
+        only class the pipeline slows. The shaped links and their rates are this node's configuration."""
+        if self.shaper is None:
+            raise Refused("no traffic shaper on this node (CLOCKTOWER_ACTUATOR_QOS_LINKS=LINK=MBITS,...)")
+        if cmd.target != SHAPED:
+            raise Refused(f"only the {SHAPED!r} traffic class is shaped (the command names {cmd.target!r})")
+        try:
+            if cmd.action == "resume":
+                return self.shaper.resume()
+            if cmd.action == "pause":
+                return self.shaper.limit(PAUSED_SHARE)
+            return self.shaper.limit(parse_share(cmd.params.get("share", "")))
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
 
     def _backup(self, cmd: ControlCommand, key: str) -> str:
         backup = cmd.params.get(key, "")

@@ -20,10 +20,12 @@ from pathlib import Path
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.command_consumer import CommandConsumer
 from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.kernel_shaper import KernelShaper
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.settings import ActuatorSettings
+from clocktower.actuators.traffic_shaper import TrafficShaper
 from clocktower.control.key_files import verifier_from_file
 from clocktower.control.signing import CommandVerifier
 from clocktower.runtime.broker_profile import profile_settings
@@ -46,11 +48,12 @@ class Availability:
 
 
 def open_actuator(node: str, verifier: CommandVerifier, routing: LinkRouting, state_dir: Path,
-                  hooks: Hooks | None = None, *, backups: Callable[[str], str]) -> Actuator:
+                  hooks: Hooks | None = None, *, backups: Callable[[str], str],
+                  shaper: TrafficShaper | None = None) -> Actuator:
     """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts); `backups(link)`
-    is the node's own backup port of `link` (see Actuator)."""
+    is the node's own backup port of `link`, `shaper` its traffic shaper (see Actuator)."""
     return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}),
-                    backups=backups)
+                    backups=backups, shaper=shaper)
 
 
 class ActuatorComponent:
@@ -61,12 +64,13 @@ class ActuatorComponent:
     def __init__(self, node: str, bootstrap: str, routing: Callable[[], LinkRouting],
                  settings: ActuatorSettings | None = None, security: KafkaSecurity | None = None,
                  durable_publish: Callable[[list[Event]], None] | None = None, *,
-                 backups: Callable[[str], str]) -> None:
+                 backups: Callable[[str], str], netns: str | None = None) -> None:
         """`backups(link)`: the node's own backup port of `link` (its port topology); a command's is checked
         against it. `durable_publish`, when given, takes the acks instead of the runner's `emit` and returns only
         once they are acknowledged or on disk (the agent's spooling publisher, flushed): the consumer commits a
         command's offset right after, so an ack still in a memory queue would be lost with the process."""
         self.node = node
+        self.netns = netns   # the named network namespace whose links a KernelShaper shapes (None: this one's)
         self._durable_publish = durable_publish
         self.backups = backups
         self.bootstrap = bootstrap
@@ -95,14 +99,17 @@ class ActuatorComponent:
         except Exception as exc:  # noqa: BLE001 - any reason the backend cannot run is the reason this is off
             return Availability(False, f"routing backend unusable: {exc}")
         hooks = ", ".join(f"{a} hook" for a in self.settings.hooks()) or "no drain/spare hooks"
-        return Availability(True, f"commands for {self.node} verified with {path}; {hooks}")
+        qos = (f"QoS on {', '.join(self.settings.qos_links)}" if self.settings.qos_links else
+               "no QoS (CLOCKTOWER_ACTUATOR_QOS_LINKS)")
+        return Availability(True, f"commands for {self.node} verified with {path}; {hooks}; {qos}")
 
     def start(self, emit: Emit) -> None:
         if self._verifier is None or self._routing is None:
             raise RuntimeError("start() before a successful check()")
         s = self.settings
+        shaper = KernelShaper(s.qos_links, netns=self.netns) if s.qos_links else None
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
-                                       Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups)
+                                       Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups, shaper=shaper)
 
         deliver = self._durable_publish or emit
 

@@ -42,6 +42,31 @@ def parse_argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _rates(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        link, eq, rate = item.partition("=")
+        if not eq or not link.strip():
+            raise ValueError(f"qos_links item {item!r} is not LINK=MBITS")
+        try:
+            out[link.strip()] = int(rate)
+        except ValueError:
+            raise ValueError(f"qos_links: {rate!r} is not a whole number of Mbit/s") from None
+    return out
+
+
+def parse_qos_links(value: Any) -> dict[str, int]:
+    """`{"eth0": 400000}` (a dict or its JSON) or `eth0=400000,eth1=400000` -> {link: Mbit/s}; ValueError says why."""
+    value = json_or_text(value, "{", "qos_links", _rates)
+    if not isinstance(value, dict):
+        raise ValueError("qos_links must be a JSON object or LINK=MBITS,... pairs")
+    for link, rate in value.items():
+        if not isinstance(link, str) or not 0 < len(link) <= 64 or not isinstance(rate, int) or \
+                not 0 < rate <= 10_000_000:
+            raise ValueError(f"qos_links: {link!r}={rate!r} is not a link name and a rate in (0, 10,000,000] Mbit/s")
+    return dict(value)
+
+
 class ActuatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_ACTUATOR_", extra="ignore", populate_by_name=True)
 
@@ -68,8 +93,16 @@ class ActuatorSettings(BaseSettings):
     def idle_backoff_s(self) -> float:
         ms = self.idle_fetch_backoff_ms
         return profile_settings(self.broker_profile).actuator_idle_backoff_s if ms is None else ms / 1e3
+    qos_links: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict, description=(
+        "the links whose egress this node shapes for `rate_limit`/`pause`/`resume`, with their rates in Mbit/s, as "
+        "eth0=400000,eth1=400000 or JSON; none: QoS commands are refused"))
     watchdog_ms: float = Field(default=50.0, ge=0, le=60_000, description=(
         "T_watchdog: a primary link without carrier this long is failed over by the agent itself (0: at once)"))
+
+    @field_validator("qos_links", mode="before")
+    @classmethod
+    def _qos_links(cls, value: Any) -> dict[str, int]:
+        return parse_qos_links(value)
 
     @field_validator("drain_hook", "undrain_hook", "spare_hook", mode="before")
     @classmethod

@@ -173,7 +173,7 @@ class _Actuation:
         topo = topology or PortTopology   # none: no backup known, so no link is moved by a command
         self.component = ActuatorComponent(node, bootstrap, self._routing, self.settings,
                                            durable_publish=durable_publish,
-                                           backups=lambda link: topo().backup_of(link))
+                                           backups=lambda link: topo().backup_of(link), netns=netns)
         self.watchdog = None if self.routing is None else LinkWatchdog(
             node, self.routing, {}, lambda ack: self.emit([ack]), delay_s=self.settings.watchdog_ms / 1e3)
 

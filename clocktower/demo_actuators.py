@@ -33,6 +33,7 @@ from clocktower.actuators.command_consumer import TOPIC, CommandConsumer, group_
 from clocktower.actuators.component import open_actuator
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.key_files import verifier_from_file
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator.topology import BACKUP, PRIMARY
@@ -68,6 +69,7 @@ class DemoActuators:
         self.state_root = state_root
         self.publisher: KafkaPublisher | None = None
         self.routing = {n: SimulatedRouting(INTERFACES) for n in self.nodes}
+        self.shapers = {n: SimulatedShaper() for n in self.nodes}
         self.actuators: dict[str, Actuator] = {}
         self.consumers: dict[str, CommandConsumer] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -83,7 +85,8 @@ class DemoActuators:
             state = self.state_root / node
             private_dir(state)
             act = open_actuator(node, verifier, self.routing[node], state, hooks,
-                                backups=lambda link: BACKUP if link == PRIMARY else "")   # the simulated nodes' own
+                                backups=lambda link: BACKUP if link == PRIMARY else "",   # the simulated nodes' own
+                                shaper=self.shapers[node])
             self.actuators[node] = act
             self.consumers[node] = cons = CommandConsumer(self.bootstrap, act, self._publish)
             thread = threading.Thread(target=cons.run, args=(self._stop,), name=f"actuator-{node}", daemon=True)

@@ -122,11 +122,13 @@ BY_SCHEMA: dict[str, TopicSpec] = {t.model.SCHEMA: t for t in TOPICS}
 BY_MODEL: dict[type[Event], TopicSpec] = {t.model: t for t in TOPICS}
 TELEMETRY: tuple[TopicSpec, ...] = tuple(t for t in TOPICS if t.name.startswith("telemetry."))
 # What is signed in a node's name (ct-node-mac, schemas/record_mac.py): the nodes' telemetry and acks, the
-# replacement requests the streams publish for a node, and each stream worker's ticks (in the name of its instance
-# id). With a producer key, the streams act on these only when
+# replacement requests the streams publish for a node, the one-way latencies they publish for the receiving node
+# (the congestion detector reads them back and orders QoS), and each stream worker's ticks (in the name of its
+# instance id). With a producer key, the streams act on these only when
 # signed, and the sink flags each of their rows (`_node_mac`); nodes sign nothing else.
 NODE_SIGNED_TOPICS: frozenset[str] = frozenset({*(t.name for t in TELEMETRY), BY_MODEL[ControlAck].name,
-                                               BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name})
+                                               BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name,
+                                               BY_MODEL[FlowLatency].name})
 
 
 def topic_for(model: type[Event]) -> TopicSpec:

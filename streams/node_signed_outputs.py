@@ -6,6 +6,8 @@ can write the topic cannot get a node drained. The streams hold the producer key
 a request is keyed by (the faulty node) and sign the record with it (schemas/record_mac.py). control.ticks, each
 worker's tick that has the allocator re-check withheld requests (schemas/operations.py StreamsTick), is signed the
 same way in the worker's name, so that a client without the key cannot time those re-checks either.
+analytics.flow_latency is signed in the receiving node's name: the congestion detector reads it back and orders
+QoS from it (rate_limit, pause), so a client that can write the topic must not be able to invent a congestion.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from clocktower.schemas.analytics import FlowLatency
 from clocktower.schemas.control import ReplacementRequest
 from clocktower.schemas.operations import StreamsTick
 from clocktower.schemas.record_mac import NodeSigning, node_key, sign
 from clocktower.schemas.topics import BY_MODEL
 from clocktower.streams.emit import Out
 
-SIGNED_TOPICS = frozenset({BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name})
+SIGNED_TOPICS = frozenset({BY_MODEL[ReplacementRequest].name, BY_MODEL[StreamsTick].name, BY_MODEL[FlowLatency].name})
 
 OutputSigner = Callable[[Out], Out]
 

@@ -42,7 +42,8 @@ def test_topics_read_outside_the_groups_are_never_trimmed() -> None:
     assert "analytics.clock" in OUTSIDE_READERS and "control.commands" in OUTSIDE_READERS
     assert not OUTSIDE_READERS & set(topics)
     assert topics["telemetry.flows"] == ("clocktower-sink", "clocktower-streams")
-    assert topics["analytics.flow_latency"] == ("clocktower-sink",)
+    assert topics["analytics.flow_latency"] == ("clocktower-sink", "clocktower-streams")   # the congestion detector
+    assert topics["groundtruth.faults"] == ("clocktower-sink",)
     assert set(topics) | OUTSIDE_READERS >= {t for ts in READERS.values() for t in ts}
 
 

@@ -1,5 +1,12 @@
 """Congestion from one-way delay: a `congestion` incident per link and priority class whose queueing delay
-exceeds its budget (delay_budget.py), with its evidence, resolved with hysteresis.
+exceeds its budget (delay_budget.py), with its evidence, resolved with hysteresis, and QoS on the sender.
+
+When the high class (the collectives) is over its budget on a link src -> dst, the lower class is slowed first, on
+the node that sends into the queue: `rate_limit` {"share": `limit_share`} of its low class (control/traffic_class.py)
+with the incident's open row; `pause` of it if the queue is still over budget `escalate` samples later (an
+`update` row); `resume` with the resolve row. Every row names the commands it caused (`command_ids`). A low-class
+incident orders nothing: there is no lower class to slow. Redirecting flows to another path is not done here:
+the link-flap detector's failover moves a link's traffic, and a path choice per flow needs the fabric's routing.
 
 Reads the joined one-way latencies (analytics.flow_latency), keyed by the receiving node (the records' own key):
 every segment of a link src -> dst is received by dst, so one worker holds the link. One state entry per link
@@ -8,7 +15,8 @@ correction are skipped (counted in `uncorrected`): see delay_budget.py.
 
 The incident's target is "src->dst" (the direction that queues), its node the receiver; the severity is critical
 for the high class (the collectives are held up) and warning for the low one. A redelivered row (a segment of the
-link seen among its newest `SEEN`) changes nothing.
+link seen among its newest `SEEN`) changes nothing, and re-emits what it emitted (the newest `EMITTED` emissions are
+kept, so a worker killed between writing its state and publishing does not lose a command).
 """
 
 from __future__ import annotations
@@ -18,17 +26,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from clocktower.control.intent import CommandIntent, command_id_of
+from clocktower.control.traffic_class import SHAPED
 from clocktower.schemas.analytics import FlowLatency, Incident
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
 from clocktower.streams.detectors.delay_budget import Change, DelayRule, LinkDelay, observe
+from clocktower.streams.detectors.delivery_log import decode_output, encode_output
 from clocktower.streams.processor import Output, Processor, compound_key
 
 if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
 SEEN = 64
+EMITTED = 4
 DEFAULT_TTL_NS = 3600 * 10**9
+LIMIT_SHARE = 0.25     # `rate_limit`: the low class may use a quarter of the link
+ESCALATE = 24          # samples still over budget after the rate limit before the low class is paused
 
 
 class CongestionDetector(Processor):
@@ -36,8 +50,10 @@ class CongestionDetector(Processor):
     consumes: ClassVar[tuple[type[Event], ...]] = (FlowLatency,)
     key_by: ClassVar[str] = "node"
 
-    def __init__(self, rule: DelayRule | None = None, ttl_ns: int = DEFAULT_TTL_NS) -> None:
+    def __init__(self, rule: DelayRule | None = None, ttl_ns: int = DEFAULT_TTL_NS, limit_share: float = LIMIT_SHARE,
+                 escalate: int = ESCALATE) -> None:
         self.rule = rule or DelayRule()
+        self.limit_share, self.escalate = limit_share, escalate
         self.state_ttl_ns = ttl_ns
         self.uncorrected = 0
         self.redelivered = 0
@@ -55,35 +71,71 @@ class CongestionDetector(Processor):
             self.uncorrected += 1
             return []
         key = compound_key(event.src_node, event.node)
-        entry = state.get(key) or {"link": LinkDelay(), "open": {}, "seen": []}
+        entry = state.get(key) or {"link": LinkDelay(), "open": {}, "seen": [], "emitted": []}
         sample = [event.src_port, event.seq, event.tx_ns]
         if sample in entry["seen"]:
             self.redelivered += 1
-            return []
+            return [decode_output(o) for s, outs in entry.get("emitted", []) if s == sample for o in outs]
         entry["seen"] = [*entry["seen"], sample][-SEEN:]
         change = observe(entry["link"], event.rx_ns, event.corrected_latency_ns, event.priority, self.rule)
-        out = [self._row(event, entry, change)] if change else []
+        out = self._rows(event, entry, change) if change else self._escalate(event, entry)
+        if out:
+            entry["emitted"] = [*entry.get("emitted", []), [sample, [encode_output(o) for o in out]]][-EMITTED:]
         state.put(key, entry, event.ts_ns + self.state_ttl_ns)
         return list(out)
 
-    def _row(self, ev: FlowLatency, entry: dict, c: Change) -> Incident:
-        target = bounded_name(f"{ev.src_node}->{ev.node}")
-        evidence = orjson.dumps({"class": c.klass, "queueing_ns": round(c.queue_ns), "baseline_ns": c.baseline_ns,
-                                 "budget_ns": c.budget_ns, "one_way_ns": ev.corrected_latency_ns,
-                                 "error_bound_ns": ev.error_bound_ns, "samples": entry["link"].samples}).decode()
+    def _qos(self, ev: FlowLatency, incident_id: str, action: str) -> CommandIntent:
+        params = {"share": f"{self.limit_share:g}"} if action == "rate_limit" else {}
+        return CommandIntent(node=ev.src_node, action=action, target=SHAPED, ts_ns=ev.ts_ns,   # type: ignore[arg-type]
+                             incident_id=incident_id, params={**params, "toward": ev.node})
+
+    def _escalate(self, ev: FlowLatency, entry: dict) -> list[Output]:
+        """Still over the high budget `escalate` samples after the rate limit: pause the low class."""
+        opened = entry["open"].get("high")
+        link: LinkDelay = entry["link"]
+        if not opened or len(opened) < 3 or opened[2] or link.over.get("high", 0) < self.rule.sustain + self.escalate:
+            return []
+        opened[2] = True
+        intent = self._qos(ev, opened[0], "pause")
+        return [self._incident(ev, opened[0], opened[1], "update", "critical", "high",
+                               f"high-priority queueing still {link.queue['high'] / 1e3:.0f} us: low class paused "
+                               f"on {ev.src_node}", self._evidence(ev, entry, link.queue["high"], "high"), [intent]),
+                intent]
+
+    def _rows(self, ev: FlowLatency, entry: dict, c: Change) -> list[Output]:
+        evidence = self._evidence(ev, entry, c.queue_ns, c.klass, c.baseline_ns, c.budget_ns)
+        high = c.klass == "high"
         if c.opened:
-            incident_id = stable_id("congestion", target, c.klass, ev.ts_ns)
-            entry["open"][c.klass] = [incident_id, ev.ts_ns]
-            return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=incident_id, kind="congestion", state="open",
-                            severity="critical" if c.klass == "high" else "warning", target=target,
-                            opened_ns=ev.ts_ns, detail=f"{c.klass}-priority queueing {c.queue_ns / 1e3:.0f} us over "
-                            f"a {c.baseline_ns / 1e3:.1f} us floor, budget {c.budget_ns / 1e3:.0f} us",
-                            evidence=evidence)
-        incident_id, opened = entry["open"].pop(c.klass, ["", ev.ts_ns])
-        return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=incident_id or stable_id(
-                            "congestion", target, c.klass, opened), kind="congestion", state="resolve",
-                        severity="info", target=target, opened_ns=opened,
-                        detail=f"{c.klass}-priority queueing back to {c.queue_ns / 1e3:.1f} us", evidence=evidence)
+            incident_id = stable_id("congestion", f"{ev.src_node}->{ev.node}", c.klass, ev.ts_ns)
+            entry["open"][c.klass] = [incident_id, ev.ts_ns, False]
+            intents = [self._qos(ev, incident_id, "rate_limit")] if high else []
+            detail = (f"{c.klass}-priority queueing {c.queue_ns / 1e3:.0f} us over a {c.baseline_ns / 1e3:.1f} us "
+                      f"floor, budget {c.budget_ns / 1e3:.0f} us")
+            detail += f"; low class limited to {self.limit_share:.0%} on {ev.src_node}" if high else ""
+            return [self._incident(ev, incident_id, ev.ts_ns, "open", "critical" if high else "warning", c.klass,
+                                   detail, evidence, intents), *intents]
+        incident_id, opened, *_ = entry["open"].pop(c.klass, [stable_id("congestion", f"{ev.src_node}->{ev.node}",
+                                                                         c.klass, ev.ts_ns), ev.ts_ns])
+        intents = [self._qos(ev, incident_id, "resume")] if high else []
+        detail = f"{c.klass}-priority queueing back to {c.queue_ns / 1e3:.1f} us"
+        detail += f"; low class resumed on {ev.src_node}" if high else ""
+        return [self._incident(ev, incident_id, opened, "resolve", "info", c.klass, detail, evidence, intents),
+                *intents]
+
+    @staticmethod
+    def _evidence(ev: FlowLatency, entry: dict, queue_ns: float, klass: str, baseline_ns: int | None = None,
+                  budget_ns: int | None = None) -> str:
+        return orjson.dumps({"class": klass, "queueing_ns": round(queue_ns),
+                             "baseline_ns": entry["link"].baseline() if baseline_ns is None else baseline_ns,
+                             "budget_ns": budget_ns, "one_way_ns": ev.corrected_latency_ns,
+                             "error_bound_ns": ev.error_bound_ns, "samples": entry["link"].samples}).decode()
+
+    @staticmethod
+    def _incident(ev: FlowLatency, incident_id: str, opened_ns: int, state: str, severity: str, klass: str,
+                  detail: str, evidence: str, intents: list[CommandIntent]) -> Incident:
+        return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=incident_id, kind="congestion", state=state,
+                        severity=severity, target=bounded_name(f"{ev.src_node}->{ev.node}"), opened_ns=opened_ns,
+                        detail=detail, evidence=evidence, command_ids=[command_id_of(i) for i in intents])
 
     def encode_state(self, value: dict) -> bytes:
         return orjson.dumps({**value, "link": asdict(value["link"])})

@@ -1,0 +1,252 @@
+"""QoS commands on the node: rate_limit, pause and resume of the low traffic class, through a TrafficShaper.
+
+The kernel test builds two network namespaces joined by a veth pair whose sending end is capped at 20 Mbit/s with
+tbf (the link's capacity). A bulk TCP stream in the low class fills the queue, and a high-priority UDP probe
+(skb->priority 1:10, as the agent's classifier marks the collectives; here SO_PRIORITY) measures its one-way delay
+(both ends share the host's clock, so the delay is exact). After the actuator's `rate_limit` of the low class,
+the probe's delay comes back within its budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.kernel_shaper import KernelShaper
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.settings import ActuatorSettings, parse_qos_links
+from clocktower.actuators.simulated_shaper import SimulatedShaper
+from clocktower.control.traffic_class import HIGH_CLASSID, LOW_CLASSID, traffic_class
+from tests.control_keys import TEST_VERIFIER
+from tests.failover_bed import in_netns
+from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, _cmd
+
+SO_PRIORITY = 12
+
+
+def _actuator(state: Path, shaper=None) -> Actuator:  # noqa: ANN001
+    clock = Clock()
+    return Actuator(NODE, TEST_VERIFIER, RecordingRouting(), SeenCommands(state, clock=clock),
+                    Quarantine(state, clock=clock), Hooks({}), clock=clock, backups=OWN_BACKUPS.get, shaper=shaper)
+
+
+def test_the_classes_of_skb_priorities() -> None:
+    assert [traffic_class(p) for p in (None, 0, 2, 3, 6, HIGH_CLASSID, LOW_CLASSID, 0x20010)] == [
+        "low", "low", "low", "high", "high", "high", "low", "high"]
+
+
+def test_rate_limit_pause_and_resume_go_through_the_shaper(tmp_path: Path) -> None:
+    shaper = SimulatedShaper()
+    act = _actuator(tmp_path, shaper)
+    ack = act.handle(_cmd("rate_limit", "low", {"share": "0.25", "toward": "node-b"}, ts_ns=Clock().now))
+    assert (ack.status, ack.action, ack.detail) == ("applied", "rate_limit", "low class capped at 25% of the link")
+    assert shaper.low_share() == 0.25
+    assert act.handle(_cmd("pause", "low", {}, ts_ns=Clock().now + 1)).status == "applied"
+    assert shaper.low_share() == 0.0
+    ack = act.handle(_cmd("resume", "low", {}, ts_ns=Clock().now + 2))
+    assert ack.status == "applied" and shaper.low_share() == 1.0
+
+
+@pytest.mark.parametrize("target,params,why", [
+    ("high", {"share": "0.5"}, "only the 'low' traffic class is shaped"),
+    ("low", {"share": "2"}, "share 2.0 is not in (0, 1]"),
+    ("low", {}, "is not a number"),
+])
+def test_bad_qos_commands_are_refused(tmp_path: Path, target: str, params: dict, why: str) -> None:
+    shaper = SimulatedShaper()
+    ack = _actuator(tmp_path, shaper).handle(_cmd("rate_limit", target, params, ts_ns=Clock().now))
+    assert ack.status == "refused" and why in ack.detail and shaper.low_share() is None
+
+
+def test_without_a_shaper_qos_is_refused_saying_how_to_configure_one(tmp_path: Path) -> None:
+    ack = _actuator(tmp_path).handle(_cmd("pause", "low", {}, ts_ns=Clock().now))
+    assert ack.status == "refused" and "CLOCKTOWER_ACTUATOR_QOS_LINKS" in ack.detail
+
+
+def test_qos_links_setting() -> None:
+    assert parse_qos_links("eth0=400000, eth1=200000") == {"eth0": 400000, "eth1": 200000}
+    assert parse_qos_links('{"ib0": 100}') == {"ib0": 100}
+    for bad in ("eth0", "eth0=fast", "eth0=0", '{"eth0": -1}'):
+        with pytest.raises(ValueError):
+            parse_qos_links(bad)
+    assert ActuatorSettings(qos_links="eth0=1000").qos_links == {"eth0": 1000}
+
+
+# -- the kernel: HTB in network namespaces ------------------------------------------------------------------------
+
+A, B = "ct-qos-a", "ct-qos-b"
+ADDR = {A: "10.79.0.1", B: "10.79.0.2"}
+LINK = "qos0"
+RATE_MBIT = 20
+PROBE_PORT, BULK_PORT = 47001, 47002
+BUDGET_MS = 2.0        # the probe's budget on this 20 Mbit/s link: a few packets' serialization (0.6 ms each)
+BULK_STREAMS = 3
+
+
+@contextlib.contextmanager
+def two_hosts() -> Iterator[None]:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces and tc need root")
+    try:
+        from pyroute2 import IPRoute, netns
+    except ImportError as e:   # pragma: no cover - pyroute2 is a dependency
+        pytest.skip(f"pyroute2 missing: {e}")
+    made = []
+    try:
+        for ns in (A, B):
+            with contextlib.suppress(OSError, FileNotFoundError):
+                netns.remove(ns)
+            netns.create(ns)
+            made.append(ns)
+        with IPRoute() as ip:
+            ip.link("add", ifname="ctqa", kind="veth", peer={"ifname": "ctqb"})
+            ip.link("set", index=ip.link_lookup(ifname="ctqa")[0], net_ns_fd=A)
+            ip.link("set", index=ip.link_lookup(ifname="ctqb")[0], net_ns_fd=B)
+        for ns, dev in ((A, "ctqa"), (B, "ctqb")):
+            with IPRoute(netns=ns, flags=0) as ipr:
+                idx = ipr.link_lookup(ifname=dev)[0]
+                ipr.link("set", index=idx, ifname=LINK)
+                ipr.addr("add", index=idx, address=ADDR[ns], prefixlen=24)
+                ipr.link("set", index=idx, state="up")
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        with IPRoute(netns=A, flags=0) as ipr:   # the link's capacity: 20 Mbit/s, a deep queue
+            ipr.tc("add", "tbf", ipr.link_lookup(ifname=LINK)[0], 0x10000, rate=f"{RATE_MBIT}mbit", burst=15000,
+                   latency="300ms")
+        yield
+    except OSError as e:
+        pytest.skip(f"cannot build network namespaces with tc here: {e}")
+    finally:
+        for ns in made:
+            with contextlib.suppress(OSError, FileNotFoundError):
+                netns.remove(ns)
+
+
+class Traffic:
+    """A bulk TCP stream a -> b (low class) and a 200 Hz UDP probe a -> b (high class) with one-way delays."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.bulk_on = threading.Event()
+        self.delays: list[tuple[float, float]] = []   # (receive time, one-way delay ms)
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
+
+    def start(self) -> None:
+        listener = in_netns(B, lambda: _bound(socket.SOCK_STREAM, BULK_PORT))
+        listener.listen(BULK_STREAMS)
+        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, PROBE_PORT))
+        self.socks += [listener, receiver]
+        self._spawn(self._drain_bulk, listener)
+        self._spawn(self._receive_probes, receiver)
+        self._spawn(lambda: in_netns(A, self._send_probes))
+        for _ in range(BULK_STREAMS):
+            self._spawn(lambda: in_netns(A, self._send_bulk))
+
+    def _spawn(self, fn, *args) -> None:  # noqa: ANN001
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _drain_bulk(self, listener: socket.socket) -> None:
+        listener.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.settimeout(0.2)
+            self.socks.append(conn)
+            self._spawn(self._drain, conn)
+
+    def _drain(self, conn: socket.socket) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                if not conn.recv(1 << 16):
+                    return
+
+    def _send_bulk(self) -> None:
+        self.bulk_on.wait()
+        s = socket.create_connection((ADDR[B], BULK_PORT), timeout=2)
+        s.setsockopt(socket.SOL_SOCKET, SO_PRIORITY, 0)   # the low class (the qdisc's default)
+        s.settimeout(0.2)
+        self.socks.append(s)
+        chunk = b"x" * 65536
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                s.send(chunk)
+
+    def _send_probes(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_PRIORITY, HIGH_CLASSID)
+        self.socks.append(s)
+        while not self.stop.is_set():
+            s.sendto(struct.pack("!q", time.clock_gettime_ns(time.CLOCK_REALTIME)) + b"p" * 100, (ADDR[B], PROBE_PORT))
+            time.sleep(0.005)
+
+    def _receive_probes(self, s: socket.socket) -> None:
+        s.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                data = s.recv(2048)
+            except OSError:
+                continue
+            now = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            self.delays.append((time.monotonic(), (now - struct.unpack("!q", data[:8])[0]) / 1e6))
+
+    def p50_after(self, t: float, seconds: float) -> float:
+        time.sleep(max(0.0, t + seconds - time.monotonic()))
+        xs = [d for at, d in self.delays if t <= at <= t + seconds]
+        assert len(xs) > 20, f"only {len(xs)} probes arrived"
+        return statistics.median(xs)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=3)
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _bound(kind: int, port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, kind)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ADDR[B], port))
+    return s
+
+
+def test_rate_limiting_the_low_class_brings_the_high_class_delay_back_within_budget(tmp_path: Path) -> None:
+    with two_hosts():
+        traffic = Traffic()
+        try:
+            traffic.start()
+            quiet = traffic.p50_after(time.monotonic() + 0.3, 1.0)
+            traffic.bulk_on.set()
+            congested = traffic.p50_after(time.monotonic() + 1.0, 1.0)
+            act = _actuator(tmp_path, KernelShaper({LINK: RATE_MBIT}, netns=A))
+            ack = act.handle(_cmd("rate_limit", "low", {"share": "0.25"}, ts_ns=Clock().now))
+            assert ack.status == "applied" and "HTB installed" in ack.detail and "capped at 25%" in ack.detail, ack
+            limited = traffic.p50_after(time.monotonic() + 0.5, 1.0)
+            again = act.handle(_cmd("rate_limit", "low", {"share": "0.25"}, ts_ns=Clock().now + 1))
+            assert again.status == "applied" and "HTB installed" not in again.detail      # idempotent
+            assert act.handle(_cmd("resume", "low", {}, ts_ns=Clock().now + 2)).status == "applied"
+            resumed = traffic.p50_after(time.monotonic() + 0.5, 1.0)    # HTB still serves high first
+        finally:
+            traffic.close()
+    print(f"probe p50 ms: quiet {quiet:.3f}, congested {congested:.2f}, limited {limited:.3f}, resumed {resumed:.3f}")
+    assert quiet < 1.0, quiet
+    assert congested > 2 * BUDGET_MS, (quiet, congested)
+    assert limited < BUDGET_MS, (quiet, congested, limited)
+    assert resumed < BUDGET_MS, (quiet, congested, limited, resumed)
