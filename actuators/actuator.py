@@ -171,12 +171,13 @@ class Actuator:
             raise Refused("no traffic shaper on this node (CLOCKTOWER_ACTUATOR_QOS_LINKS=LINK=MBITS,...)")
         if cmd.target != SHAPED:
             raise Refused(f"only the {SHAPED!r} traffic class is shaped (the command names {cmd.target!r})")
+        holder = cmd.params.get("toward", "") or cmd.incident_id   # the congested link the limit is held for
         try:
             if cmd.action == "resume":
-                return self.shaper.resume()
+                return self.shaper.resume(holder)
             if cmd.action == "pause":
-                return self.shaper.limit(PAUSED_SHARE)
-            return self.shaper.limit(parse_share(cmd.params.get("share", "")))
+                return self.shaper.limit(PAUSED_SHARE, holder)
+            return self.shaper.limit(parse_share(cmd.params.get("share", "")), holder)
         except ValueError as exc:
             raise Refused(str(exc)) from None
 

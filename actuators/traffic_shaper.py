@@ -15,16 +15,36 @@ class ShapingError(Exception):
 
 @runtime_checkable
 class TrafficShaper(Protocol):
-    """Every method is idempotent and thread-safe, and returns what was done in words."""
+    """Every method is idempotent and thread-safe, and returns what was done in words.
 
-    def limit(self, share: float) -> str:
-        """Cap the low class to `share` of each shaped link (0: a trickle), the high class served first."""
+    Limits are held per `holder` (the congested link's receiver, `toward` in the command): the low class gets the
+    smallest share any holder asks, so one link's `resume` does not lift a limit another link still needs, and a
+    `rate_limit` does not undo another's `pause`. Once no holder is left, shaping is removed."""
+
+    def limit(self, share: float, holder: str) -> str:
+        """Cap the low class to `share` of each shaped link (0: a trickle) for `holder`, the high class first."""
         ...
 
-    def resume(self) -> str:
-        """Give the low class the whole link again (the high class is still served first)."""
+    def resume(self, holder: str) -> str:
+        """Drop `holder`'s limit; with none left, remove the shaping."""
         ...
 
     def low_share(self) -> float | None:
         """The low class's cap now (1.0 = none), or None where nothing was shaped yet."""
         ...
+
+
+class Holders:
+    """The limits held on a node's low class, by holder: the shaper applies the smallest."""
+
+    def __init__(self) -> None:
+        self.shares: dict[str, float] = {}
+
+    def hold(self, holder: str, share: float) -> float:
+        self.shares[holder] = share
+        return min(self.shares.values())
+
+    def release(self, holder: str) -> float | None:
+        """The share still to apply, or None when no limit is held."""
+        self.shares.pop(holder, None)
+        return min(self.shares.values()) if self.shares else None

@@ -1,11 +1,12 @@
 """The two traffic classes that congestion control shares between the streams and the actuators.
 
 Traffic is "high" (the collectives: held up, they stall every rank) or "low" (bulk: checkpoints, data loading,
-logs), by the packet's skb->priority. The actuator shapes a node's egress with an HTB qdisc whose classes are
-1:10 (high, served first) and 1:20 (low, the default), and HTB puts a packet whose skb->priority is one of its
-class ids straight into that class: the agent's tc classifier sets skb->priority per flow (its `prio` map), or an
-application sets it with SO_PRIORITY. A plain small priority (SO_PRIORITY 0-6, as NCCL's traffic class setting
-gives) counts as high from HIGH_PRIORITY up, for judging delay; to be *shaped* as high it must be marked 1:10.
+logs), by the packet's skb->priority. The actuator shapes a node's egress with an HTB qdisc of its own handle
+(c7:, chosen so as not to take an operator's 1:) whose classes are c7:10 (high, served first) and c7:20 (low, the
+default), and HTB puts a packet whose skb->priority is one of its class ids straight into that class: the agent's
+tc classifier sets skb->priority per flow (its `prio` map), or an application sets it with SO_PRIORITY (0xc70010).
+A plain small priority (SO_PRIORITY 0-6, as NCCL's traffic class setting gives) counts as high from HIGH_PRIORITY
+up, for judging delay; to be *shaped* as high it must be marked c7:10.
 
 Only the low class is ever slowed: `rate_limit` caps its share of the link, `pause` holds it to a trickle, `resume`
 gives it the whole link back.
@@ -16,8 +17,9 @@ from __future__ import annotations
 from typing import Literal
 
 TrafficClass = Literal["high", "low"]
-HIGH_CLASSID = 0x10010   # HTB class 1:10
-LOW_CLASSID = 0x10020    # HTB class 1:20, the qdisc's default
+HANDLE = 0xC7            # the actuator's HTB qdisc: c7:
+HIGH_CLASSID = HANDLE << 16 | 0x10   # HTB class c7:10
+LOW_CLASSID = HANDLE << 16 | 0x20    # HTB class c7:20, the qdisc's default
 HIGH_PRIORITY = 3        # a plain skb priority from which traffic is high
 SHAPED: TrafficClass = "low"
 PAUSED_SHARE = 0.0       # `pause`: the low class keeps only a trickle (HTB cannot stop a class outright)
@@ -27,7 +29,7 @@ def traffic_class(priority: int | None) -> TrafficClass:
     """The class of traffic sent with skb->priority `priority` (None: unknown, low)."""
     if priority is None:
         return "low"
-    if priority >> 16 == HIGH_CLASSID >> 16:   # an HTB class id of the actuator's qdisc
+    if priority >> 16 == HANDLE:   # a class id of the actuator's qdisc
         return "high" if priority == HIGH_CLASSID else "low"
     return "high" if priority >= HIGH_PRIORITY else "low"
 

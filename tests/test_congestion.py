@@ -12,6 +12,7 @@ from clocktower.control.intent import CommandIntent, command_id_of
 from clocktower.schemas.analytics import FlowLatency, Incident
 from clocktower.streams.detectors.congestion import CongestionDetector
 from clocktower.streams.detectors.delay_budget import WINDOW_NS, DelayRule, LinkDelay, observe
+from clocktower.streams.state_store import StateStore
 from tests.test_detectors import Fed
 
 T0 = 1_780_000_000 * 10**9
@@ -111,4 +112,37 @@ def test_a_replayed_sample_re_emits_its_commands() -> None:
     opened_at = min(emitted)
     assert opened_at >= 50 and [type(o).__name__ for o in emitted[opened_at]] == ["Incident", "CommandIntent"]
     assert det(row(T0 + opened_at * MS, 200 * US, seq=opened_at)) == emitted[opened_at]
-    assert det(row(T0 + 79 * MS, 200 * US, seq=79)) == emitted.get(79, [])
+
+
+def test_a_lasting_rise_of_the_path_delay_becomes_the_floor_and_clears() -> None:
+    """A route change (or a clock-correction step) adds 40 us for good: congestion at first, then the new floor."""
+    link = LinkDelay()
+    run(link, 1_000, lambda i: 5 * US)
+    changes = run(link, 1_000, lambda i: 45 * US, t0=T0 + 10**9, step=100 * MS)   # 100 s at the new delay
+    assert [(c.klass, c.opened) for c in changes] == [("high", True), ("high", False)]
+    assert link.baseline() == 45 * US
+
+
+def test_an_open_congestion_whose_collectives_stop_resumes_the_low_class() -> None:
+    """The job ended while its link was congested: no high-priority sample for 10 s resolves it and resumes."""
+    det = Fed(CongestionDetector())
+    out = []
+    for i in range(100):
+        out += det(row(T0 + i * MS, 200 * US if i >= 50 else 5 * US, seq=i))
+    assert [o.action for o in out if isinstance(o, CommandIntent)] == ["rate_limit", "pause"]
+    later = det(row(T0 + 11 * 10**9, 5 * US, seq=1000, priority=0))      # only bulk traffic, 11 s later
+    assert [(type(o).__name__, getattr(o, "state", getattr(o, "action", ""))) for o in later] == [
+        ("Incident", "resolve"), ("CommandIntent", "resume")]
+
+
+def test_a_link_that_goes_quiet_while_congested_is_resolved_when_its_state_expires() -> None:
+    det = CongestionDetector()
+    store = StateStore(det)
+    out = []
+    for i in range(100):
+        out += det.process(store, row(T0 + i * MS, 200 * US if i >= 50 else 5 * US, seq=i))
+        store.flush()
+    assert any(isinstance(o, CommandIntent) for o in out)
+    expired = det.tick(store, T0 + 20 * 10**9)
+    assert [getattr(o, "state", getattr(o, "action", "")) for o in expired] == ["resolve", "resume"]
+    assert expired[1].node == "a" and expired[0].node == "b"

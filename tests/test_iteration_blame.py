@@ -112,3 +112,29 @@ def test_a_resolved_incident_no_longer_blames() -> None:
     det(inc.model_copy(update={"state": "resolve", "ts_ns": T0 + MS}))
     [row] = feed(det, range(6, 7), {11: 1.5})
     assert row.blame == "host"
+
+
+def gpu_incident(iid: str, kind: str, state: str = "open", ts: int = T0) -> Incident:
+    return Incident(node="node-1", ts_ns=ts, incident_id=iid, kind=kind, state=state, severity="warning",
+                    target="node-1/gpu3", opened_ns=T0)
+
+
+def test_two_incidents_on_one_gpu_blame_it_until_both_resolve() -> None:
+    det = Fed(IterationBlameProcessor())
+    feed(det, range(6), {})
+    det(gpu_incident("th-1", "gpu_thermal"))
+    det(gpu_incident("x-1", "gpu_xid", ts=T0 + 1))
+    det(gpu_incident("x-1", "gpu_xid", "resolve", ts=T0 + 2))
+    [row] = feed(det, range(6, 7), {11: 1.5})
+    assert (row.blame, orjson.loads(row.evidence)["incident"]) == ("gpu", "th-1")
+
+
+def test_the_breakdown_that_judged_an_earlier_iteration_re_emits_its_row_when_read_again() -> None:
+    """State written, outputs lost: the record that made a row, read again, makes it again."""
+    det = Fed(IterationBlameProcessor())
+    assert det(bd(0, 0, 200)) == [] and det(bd(1, 0, 200)) == [] and det(bd(0, 1, 200)) == []
+    [row] = det(bd(0, 2, 200))                  # iteration 0, judged LAG iterations later
+    assert row.iteration == 0 and row.ranks == 2
+    assert det(bd(0, 2, 200)) == [row]          # the same record again
+    assert det(bd(0, 1, 200)) == []             # a pending one again: nothing, and no second copy kept
+    assert det.proc.counters()["late_breakdowns"] == 2

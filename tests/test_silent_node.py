@@ -108,6 +108,41 @@ def test_a_replayed_batch_changes_nothing() -> None:
     assert again == first and len(first) == 1
 
 
+def test_a_replay_over_written_state_re_emits_what_it_made() -> None:
+    """State written, outputs lost (a worker killed between the two): the batch read again sends the same rows."""
+    table: dict[bytes, bytes] = {}
+    w = worker(SilentNodeDetector(), table)
+    run(w, 1000)
+    opened: list = []
+    t = 1000
+    while not opened:                                            # until the batch that opens d's incident
+        t += 200
+        batch = beats(t, ("a", "b", "c"))
+        opened = w.run(0, batch)
+    assert worker(SilentNodeDetector(), table).run(0, batch) == opened      # read again after a crash
+    back = beats(t + 200)
+    [resolved] = w.run(0, back)
+    assert resolved.state == "resolve" and resolved.incident_id == opened[0].incident_id
+    assert worker(SilentNodeDetector(), table).run(0, back[3:]) == [resolved]   # d's heartbeat read again
+
+
+def test_a_copy_of_an_old_heartbeat_changes_nothing() -> None:
+    w = worker(SilentNodeDetector())
+    run(w, 1000)
+    [opened] = run(w, 2600, {t: ("a", "b", "c") for t in range(1200, 2601, 200)}, start_ms=1200)
+    assert w.run(0, [beats(800)[3]]) == []                       # a copy of d's heartbeat of 0.8 s
+    assert opened.state == "open"
+
+
+def test_a_node_silent_for_the_forget_time_is_resolved_as_no_longer_tracked() -> None:
+    w = worker(SilentNodeDetector(forget_ns=3 * 10**9))
+    run(w, 1000)
+    out = run(w, 5000, {t: ("a", "b", "c") for t in range(1200, 5001, 200)}, start_ms=1200)
+    assert [(o.state, o.node) for o in out] == [("open", "d"), ("resolve", "d")]
+    assert "no longer tracked" in out[1].detail
+    assert run(w, 5400, start_ms=5200) == []                    # back: starts afresh, nothing to resolve
+
+
 def test_the_agent_sends_heartbeats_at_its_interval() -> None:
     sent: list[NodeHeartbeat] = []
     src = HeartbeatSource("n1", interval_s=0.02)

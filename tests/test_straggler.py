@@ -156,3 +156,10 @@ def test_jobs_are_judged_apart() -> None:
             assert det(bd(r, it, 200, job="fast")) == []
             det(bd(r, it, 300, job="slow"))                   # a slower job is not slow against the fast one
     assert det.proc.counters()["redelivered"] == 0
+
+
+def test_a_rank_with_no_compute_time_is_judged_without_dividing_by_zero() -> None:
+    """Collectives covering a whole iteration leave 0 ns of compute: a first reading of 0 is no baseline."""
+    track = RankTrack()
+    assert judge(track, 0.0, [0.0, 10.0, 10.0], RULE) is not None
+    assert judge(track, 10.0, [10.0, 10.0, 10.0], RULE) is not None and track.baseline == 10.0

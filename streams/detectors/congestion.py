@@ -15,8 +15,11 @@ correction are skipped (counted in `uncorrected`): see delay_budget.py.
 
 The incident's target is "src->dst" (the direction that queues), its node the receiver; the severity is critical
 for the high class (the collectives are held up) and warning for the low one. A redelivered row (a segment of the
-link seen among its newest `SEEN`) changes nothing, and re-emits what it emitted (the newest `EMITTED` emissions are
-kept, so a worker killed between writing its state and publishing does not lose a command).
+link read again at a position already applied, or a copy among its newest `SEEN`) changes nothing, and re-emits
+what it emitted (the newest `EMITTED` emissions are kept, so a worker killed between writing its state and
+publishing does not lose a command). A high-class congestion with no high-priority sample for QUIET_NS (the job
+ended or crashed) is resolved and the sender's low class resumed: by the link's next sample, or by the link's
+state expiring QUIET_NS after its last one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from clocktower.control.intent import CommandIntent, command_id_of
-from clocktower.control.traffic_class import SHAPED
+from clocktower.control.traffic_class import SHAPED, traffic_class
 from clocktower.schemas.analytics import FlowLatency, Incident
 from clocktower.schemas.event import Event
 from clocktower.schemas.ids import bounded_name, stable_id
@@ -43,6 +46,7 @@ EMITTED = 4
 DEFAULT_TTL_NS = 3600 * 10**9
 LIMIT_SHARE = 0.25     # `rate_limit`: the low class may use a quarter of the link
 ESCALATE = 24          # samples still over budget after the rate limit before the low class is paused
+QUIET_NS = 10 * 10**9  # an open high-class congestion with no high-priority sample for this long is over
 
 
 class CongestionDetector(Processor):
@@ -71,18 +75,55 @@ class CongestionDetector(Processor):
             self.uncorrected += 1
             return []
         key = compound_key(event.src_node, event.node)
-        entry = state.get(key) or {"link": LinkDelay(), "open": {}, "seen": [], "emitted": []}
+        entry = state.get(key) or {"link": LinkDelay(), "open": {}, "seen": [], "emitted": [], "upto": {}}
+        at = state.delivery
         sample = [event.src_port, event.seq, event.tx_ns]
-        if sample in entry["seen"]:
+        upto = entry.setdefault("upto", {})
+        replayed = at is not None and at.source in upto and [at.offset, at.index] <= upto[at.source]
+        if replayed or sample in entry["seen"]:   # read again after a crash (by position), or a copy
             self.redelivered += 1
             return [decode_output(o) for s, outs in entry.get("emitted", []) if s == sample for o in outs]
+        if at is not None:
+            upto[at.source] = [at.offset, at.index]
         entry["seen"] = [*entry["seen"], sample][-SEEN:]
-        change = observe(entry["link"], event.rx_ns, event.corrected_latency_ns, event.priority, self.rule)
+        link: LinkDelay = entry["link"]
+        change = observe(link, event.rx_ns, event.corrected_latency_ns, event.priority, self.rule)
+        if traffic_class(event.priority) == "high":
+            entry["last_high"] = event.rx_ns
         out = self._rows(event, entry, change) if change else self._escalate(event, entry)
+        if not out and "high" in entry["open"] and event.rx_ns - entry.get("last_high", event.rx_ns) > QUIET_NS:
+            out = self._quiet(entry, event.node, event.src_node, event.ts_ns)   # the collectives stopped
         if out:
             entry["emitted"] = [*entry.get("emitted", []), [sample, [encode_output(o) for o in out]]][-EMITTED:]
-        state.put(key, entry, event.ts_ns + self.state_ttl_ns)
+        ttl = QUIET_NS if "high" in entry["open"] else self.state_ttl_ns
+        state.put(key, entry, event.ts_ns + ttl)
         return list(out)
+
+    def _quiet(self, entry: dict, dst: str, src: str, ts_ns: int) -> list[Output]:
+        """No high-priority sample for QUIET_NS while its congestion was open: resolved, and the sender's low class
+        resumed (a job that ended or crashed must not leave its neighbours paused)."""
+        incident_id, opened, *_ = entry["open"].pop("high")
+        link: LinkDelay = entry["link"]
+        link.congested["high"], link.over["high"], link.under["high"] = False, 0, 0
+        if not any(link.congested.values()):
+            link.congested_since = 0
+        intent = CommandIntent(node=src, action="resume", target=SHAPED, ts_ns=ts_ns, incident_id=incident_id,
+                               params={"toward": dst})
+        row = Incident(node=dst, ts_ns=ts_ns, incident_id=incident_id, kind="congestion", state="resolve",
+                       severity="info", target=bounded_name(f"{src}->{dst}"), opened_ns=opened,
+                       detail=f"no high-priority traffic for {QUIET_NS / 1e9:.0f} s; low class resumed on {src}",
+                       evidence=orjson.dumps({"class": "high", "quiet_ns": QUIET_NS}).decode(),
+                       command_ids=[command_id_of(intent)])
+        return [row, intent]
+
+    def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
+        """A link whose high-class congestion was open and that then went quiet altogether: resolve and resume."""
+        out: list[Output] = []
+        for key, entry in expired:
+            if entry is not None and "high" in entry.get("open", {}):
+                src, dst = orjson.loads(key)
+                out += self._quiet(entry, dst, src, entry.get("last_high", entry["open"]["high"][1]) + QUIET_NS)
+        return out
 
     def _qos(self, ev: FlowLatency, incident_id: str, action: str) -> CommandIntent:
         params = {"share": f"{self.limit_share:g}"} if action == "rate_limit" else {}

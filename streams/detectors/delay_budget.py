@@ -3,14 +3,15 @@
 One-way delay on a link = propagation and serialization (its floor) + queueing. The floor is the link's windowed
 minimum of corrected one-way delay (`WINDOW_NS` in `BUCKETS` buckets, so it follows a path change within a
 window and a single low outlier leaves with its bucket; while the link is congested no bucket is added or aged
-out, so a long congestion never becomes the floor); queueing is what a sample has above it. A link is
+out, so a congestion does not become the floor, for up to FREEZE_MAX_NS: a rise that lasts longer is the path's
+new delay, and becomes it); queueing is what a sample has above it. A link is
 congested for a class when the class's queueing delay (an EWMA of its samples, so one late packet is not
 congestion) stays above the class's budget for `sustain` samples in a row, and clear again once it stays under
 half the budget for as long (hysteresis).
 
-Budgets are per priority class: traffic at or above `high_priority` (skb priority; the collectives) is allowed
-`high_budget_ns` of queueing, the rest (bulk, checkpoints, data loading) `low_budget_ns`. The budget that is
-exceeded says whose traffic suffers: the QoS answer is to slow the lower classes first.
+Budgets are per traffic class (control/traffic_class.py): high (skb priority 3 and up, or HTB class 1:10; the
+collectives) is allowed `high_budget_ns` of queueing, low (bulk, checkpoints, data loading) `low_budget_ns`. The
+budget that is exceeded says whose traffic suffers: the QoS answer is to slow the lower classes first.
 
 Only clock-corrected samples are judged: a raw one-way delay carries the two clocks' offset, which drifts by
 microseconds a second, far more than a budget.
@@ -20,23 +21,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clocktower.control.traffic_class import traffic_class
+
 WINDOW_NS = 30 * 10**9
 BUCKETS = 10
+FREEZE_MAX_NS = 2 * WINDOW_NS   # the floor holds while congested, but not longer than this: a lasting rise of the
+                                # path's delay (a route change, a clock-correction step) must become the floor
 EWMA_ALPHA = 0.2
 
 
 @dataclass
 class DelayRule:
-    high_priority: int = 3
     high_budget_ns: int = 25_000
     low_budget_ns: int = 250_000
     sustain: int = 8
 
     def budget(self, priority: int | None) -> int:
-        return self.high_budget_ns if (priority or 0) >= self.high_priority else self.low_budget_ns
+        return self.high_budget_ns if traffic_class(priority) == "high" else self.low_budget_ns
 
     def klass(self, priority: int | None) -> str:
-        return "high" if (priority or 0) >= self.high_priority else "low"
+        return traffic_class(priority)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class LinkDelay:
     under: dict[str, int] = field(default_factory=dict)
     congested: dict[str, bool] = field(default_factory=dict)
     samples: int = 0
+    congested_since: int = 0   # when the first class became congested (0: none is)
 
     def baseline(self) -> int | None:
         return min(m for _, m in self.floor) if self.floor else None
@@ -69,7 +74,8 @@ def observe(link: LinkDelay, ts_ns: int, delay_ns: int, priority: int | None, ru
     start = ts_ns - ts_ns % width
     if link.floor and link.floor[-1][0] == start:
         link.floor[-1][1] = min(link.floor[-1][1], delay_ns)
-    elif (not link.floor or start > link.floor[-1][0]) and not any(link.congested.values()):
+    elif (not link.floor or start > link.floor[-1][0]) and (
+            not any(link.congested.values()) or ts_ns - link.congested_since > FREEZE_MAX_NS):
         link.floor.append([start, delay_ns])   # while congested the floor holds: queueing must not become it
         link.floor = [b for b in link.floor if b[0] > start - WINDOW_NS]
     else:   # an older sample, or congested: it may only lower a bucket's floor
@@ -91,9 +97,13 @@ def observe(link: LinkDelay, ts_ns: int, delay_ns: int, priority: int | None, ru
     else:
         link.over[k] = link.under[k] = 0
     if not link.congested.get(k) and link.over.get(k, 0) >= rule.sustain:
+        if not any(link.congested.values()):
+            link.congested_since = ts_ns
         link.congested[k] = True
         return Change(k, True, q, base, budget)
     if link.congested.get(k) and link.under.get(k, 0) >= rule.sustain:
         link.congested[k] = False
+        if not any(link.congested.values()):
+            link.congested_since = 0
         return Change(k, False, q, base, budget)
     return None

@@ -8,8 +8,9 @@ died), once a rank of the job reported `LAG` iterations later. The open incident
 iteration was judged: GPU incidents by their GPU, link and congestion incidents by node.
 
 State: one entry per job (its baseline, the iterations waiting for ranks, the newest judged, and its newest
-`RECENT` rows, re-emitted when a redelivered breakdown of their iteration comes again), and one fleet-wide entry of
-open incidents (at most `MAX_OPEN`; past that a new one is not kept, counted in `open_dropped`).
+`RECENT` rows, each with the breakdown that made it, re-emitted when that breakdown comes again), and one fleet-wide
+entry of open incidents (at most `MAX_OPEN`, past that a new one is not kept, counted in `open_dropped`; one open
+for `OPEN_MAX_AGE_NS` is forgotten, as its resolve may never come).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ MAX_OPEN = 10_000
 OPEN = "open"
 DEFAULT_TTL_NS = 3600 * 10**9
 OPEN_TTL_NS = 365 * 24 * 3600 * 10**9
+OPEN_MAX_AGE_NS = 24 * 3600 * 10**9   # an incident open this long without a resolve is forgotten
 
 
 class IterationBlameProcessor(Processor):
@@ -72,10 +74,13 @@ class IterationBlameProcessor(Processor):
         key = compound_key("job", event.job)
         job = state.get(key) or {"base": asdict(JobBaseline()), "pending": {}, "done": -1, "ranks": 0,
                                  "recent": []}
-        if event.iteration <= job["done"]:
+        by = [event.rank, event.iteration]
+        made = [IterationBlame.model_construct(**r["row"]) for r in job["recent"] if r.get("by") == by]
+        seen = job["pending"].get(str(event.iteration), {}).get(str(event.rank)) is not None
+        if made or seen or event.iteration <= job["done"]:   # a redelivery: what it made comes again
             self.late += 1
-            return [IterationBlame.model_construct(**row) for row in job["recent"]
-                    if row["iteration"] == event.iteration]
+            return list(made) or [IterationBlame.model_construct(**r["row"]) for r in job["recent"]
+                                  if r["row"]["iteration"] == event.iteration]
         job["pending"].setdefault(str(event.iteration), {})[str(event.rank)] = [
             event.node, event.gpu, event.start_ns, event.duration_ns, event.compute_ns, event.comm_ns]
         out = []
@@ -88,7 +93,7 @@ class IterationBlameProcessor(Processor):
             del job["pending"][str(it)]
             job["done"] = it
             job["ranks"] = max(job["ranks"], len(ranks))
-        job["recent"] = (job["recent"] + [r.model_dump() for r in out])[-RECENT:]
+        job["recent"] = (job["recent"] + [{"row": r.model_dump(), "by": by} for r in out])[-RECENT:]
         state.put(key, job, event.ts_ns + self.state_ttl_ns)
         return list(out)
 
@@ -109,36 +114,38 @@ class IterationBlameProcessor(Processor):
     @staticmethod
     def _open(state: Any) -> Open:
         d = state.get(OPEN) or {}
-        return Open(gpu={k: tuple(v) for k, v in d.get("gpu", {}).items()},
-                    link={k: [tuple(x) for x in v] for k, v in d.get("link", {}).items()},
+        gpu: dict[str, tuple[str, str]] = {}
+        for kind, incident_id, target, _ in d.get("gpu", []):
+            gpu.setdefault(target, (kind, incident_id))   # the oldest one open on the GPU
+        return Open(gpu=gpu, link={k: [tuple(x) for x in v] for k, v in d.get("link", {}).items()},
                     congestion={k: [tuple(x) for x in v] for k, v in d.get("congestion", {}).items()},
                     straggler=dict(d.get("straggler", {})))
 
     def _track(self, state: Any, inc: Incident) -> None:
-        """Keep the open GPU, link and congestion incidents (an incident may change kind: link_down -> link_flap)."""
-        d = state.get(OPEN) or {"gpu": {}, "link": {}, "congestion": {}, "straggler": {}}
-        d.setdefault("straggler", {})
-        for group in ("link", "congestion"):
-            for node in list(d[group]):
-                d[group][node] = [x for x in d[group][node] if x[1] != inc.incident_id]
-                if not d[group][node]:
-                    del d[group][node]
-        d["gpu"] = {k: v for k, v in d["gpu"].items() if v[1] != inc.incident_id}
-        d["straggler"] = {k: v for k, v in d["straggler"].items() if v != inc.incident_id}
+        """Keep the open GPU, link, congestion and straggler incidents (an incident may change kind: link_down ->
+        link_flap). One whose resolve never came (its detector's entry expired) is dropped after OPEN_MAX_AGE_NS."""
+        d = state.get(OPEN) or {}
+        oldest = inc.ts_ns - OPEN_MAX_AGE_NS
+        gpu = [g for g in d.get("gpu", []) if g[1] != inc.incident_id and g[3] >= oldest]
+        link, congestion = (
+            {n: kept for n, v in d.get(group, {}).items()
+             if (kept := [x for x in v if x[1] != inc.incident_id and x[2] >= oldest])}
+            for group in ("link", "congestion"))
+        straggler = {k: v for k, v in d.get("straggler", {}).items() if v != inc.incident_id}
         if inc.state != "resolve":
-            size = len(d["gpu"]) + len(d["straggler"]) + sum(len(v) for v in d["link"].values()) + sum(
-                len(v) for v in d["congestion"].values())
-            if size >= MAX_OPEN:
+            if len(gpu) + len(straggler) + sum(map(len, link.values())) + sum(map(len, congestion.values())) \
+                    >= MAX_OPEN:
                 self.open_dropped += 1
             elif inc.kind in GPU_KINDS:
-                d["gpu"][inc.target] = [inc.kind, inc.incident_id]
+                gpu.append([inc.kind, inc.incident_id, inc.target, inc.opened_ns])
             elif inc.kind in LINK_KINDS:
-                d["link"].setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
+                link.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
             elif inc.kind == "congestion":
-                d["congestion"].setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
+                congestion.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
             elif inc.kind == "straggler":
-                d["straggler"][inc.target] = inc.incident_id
-        state.put(OPEN, d, inc.ts_ns + OPEN_TTL_NS)
+                straggler[inc.target] = inc.incident_id
+        state.put(OPEN, {"gpu": gpu, "link": link, "congestion": congestion, "straggler": straggler},
+                  inc.ts_ns + OPEN_TTL_NS)
 
     def encode_state(self, value: Any) -> bytes:
         return orjson.dumps(value)

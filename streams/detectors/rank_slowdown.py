@@ -83,8 +83,9 @@ def judge(track: RankTrack, compute_ns: float, latest: list[float], rule: Slowdo
     peer_slow = excess >= rule.min_excess and z >= rule.min_z
     if track.baseline <= 0:
         track.baseline = compute_ns
-    x = compute_ns / track.baseline - 1.0
-    track.cusum = max(0.0, track.cusum + x - rule.cusum_k)
+    if track.baseline > 0:   # a rank whose compute time is 0 (collectives cover its iteration) has no own past yet
+        x = compute_ns / track.baseline - 1.0
+        track.cusum = max(0.0, track.cusum + x - rule.cusum_k)
     v = Verdict(excess, z, m, mad, len(latest), track.cusum, slow=peer_slow)
     if peer_slow:
         track.slow_streak += 1

@@ -13,10 +13,13 @@ working port, and its link reports say which port is down, link_flap.py); a sile
 link reports included, so no link incident opens for it.
 
 Keyed by "fleet" (telemetry.heartbeats has one partition): one entry holds every node. A node silent for
-`forget_ns` (10 min) is dropped from it (its incident stays open: it left, or it is dead, and a person decides);
-its next heartbeat starts it afresh. The check runs in `tick`, after each batch. A replayed heartbeat (not newer
-than the node's newest) changes nothing; a replayed batch re-emits the same incident ids (made from the node and
-its last heartbeat), so consumers collapse copies.
+`forget_ns` (10 min) is dropped from it, its incident resolved as "no longer tracked" (it left, or it is dead, and a
+person decides); its next heartbeat starts it afresh. The check runs in `tick`, after each batch.
+
+Replays: a heartbeat not newer than the node's newest (a copy, or a replay after a crash) changes nothing; if it is
+the one that resolved the node's last incident, that resolve row comes again. The rows a tick opened are kept
+with the fleet time they were opened at, and a tick at that same time (the same batch read again after a crash)
+sends them again: same incident ids, so consumers collapse the copies.
 """
 
 from __future__ import annotations
@@ -50,11 +53,15 @@ class Node:
     seq: int = 0
     incident: str = ""
     silent_at: int = 0      # the fleet time its incident opened (0: none open)
+    resolved_by: int = 0    # the heartbeat that resolved its last incident, and that row (JSON), for a replay
+    resolved_row: str = ""
 
 
 @dataclass
 class Fleet:
     nodes: dict[str, Node] = field(default_factory=dict)
+    tick_at: int = 0                                    # the fleet time of the last tick that emitted, and its rows
+    tick_rows: list[str] = field(default_factory=list)
 
 
 class SilentNodeDetector(Processor):
@@ -88,16 +95,20 @@ class SilentNodeDetector(Processor):
             fleet.nodes[event.node] = Node(event.ts_ns, interval, event.seq)
             state.put(FLEET, fleet, event.ts_ns + STATE_TTL_NS)
             return []
+        if event.ts_ns <= node.last_ns:   # a copy or a replay: nothing new, but a resolve it made comes again
+            return [Incident.model_validate_json(node.resolved_row)] if event.ts_ns == node.resolved_by and \
+                node.resolved_row else []
         out: list[Output] = []
         if node.incident:
             late = event.ts_ns <= node.silent_at
             self.late += late
             why = ("its heartbeats were late, not missing" if late else
                    f"reports again after {(event.ts_ns - node.last_ns) / 1e9:.1f} s of silence")
-            out.append(self._row(event.node, node, "resolve", "info", event.ts_ns, why))
+            row = self._row(event.node, node, "resolve", "info", event.ts_ns, why)
+            out.append(row)
             node.incident, node.silent_at = "", 0
-        if event.ts_ns > node.last_ns:
-            node.last_ns, node.seq, node.interval_ns = event.ts_ns, event.seq, interval
+            node.resolved_by, node.resolved_row = event.ts_ns, row.model_dump_json()
+        node.last_ns, node.seq, node.interval_ns = event.ts_ns, event.seq, interval
         state.put(FLEET, fleet, event.ts_ns + STATE_TTL_NS)
         return out
 
@@ -107,14 +118,19 @@ class SilentNodeDetector(Processor):
         if fleet is None or len(fleet.nodes) <= self.min_peers:
             return []
         now = median_low(n.last_ns for n in fleet.nodes.values())
-        out: list[Output] = []
-        changed = False
+        if now == fleet.tick_at and fleet.tick_rows:   # the same batch again (a replay): the same rows
+            return [Incident.model_validate_json(r) for r in fleet.tick_rows]
+        out: list[Incident] = []
+        forgot = False
         for name, node in list(fleet.nodes.items()):
             silence = now - node.last_ns
             if silence > self.forget_ns:
                 del fleet.nodes[name]
                 self.forgotten += 1
-                changed = True
+                forgot = True
+                if node.incident:
+                    out.append(self._row(name, node, "resolve", "info", now, f"silent for {silence / 1e9:.0f} s: "
+                                         "no longer tracked (it left the fleet, or it is dead)"))
                 continue
             limit = self.limit(node)
             if node.incident or silence <= limit:
@@ -124,16 +140,17 @@ class SilentNodeDetector(Processor):
                 continue
             node.incident = stable_id("node_silent", name, node.last_ns)
             node.silent_at = now
-            changed = True
             out.append(self._row(name, node, "open", "critical", now,
                                  f"no heartbeat for {silence / 1e9:.1f} s (expected every "
                                  f"{node.interval_ns / 1e6:.0f} ms) while {peers} other nodes report",
                                  {"last_heartbeat_ns": node.last_ns, "silence_ms": silence / 1e6,
                                   "interval_ms": node.interval_ns / 1e6, "peers_reporting": peers,
                                   "last_seq": node.seq}))
-        if changed:
+        if out:
+            fleet.tick_at, fleet.tick_rows = now, [r.model_dump_json() for r in out]
+        if out or forgot:
             state.put(FLEET, fleet, now + STATE_TTL_NS)
-        return out
+        return list(out)
 
     def limit(self, node: Node) -> int:
         return max(self.min_silence_ns, MISSED * node.interval_ns)
@@ -146,8 +163,10 @@ class SilentNodeDetector(Processor):
                         evidence=orjson.dumps(evidence).decode() if evidence else "")
 
     def encode_state(self, value: Fleet) -> bytes:
-        return orjson.dumps({n: [x.last_ns, x.interval_ns, x.seq, x.incident, x.silent_at]
-                             for n, x in value.nodes.items()})
+        return orjson.dumps({"nodes": {n: [x.last_ns, x.interval_ns, x.seq, x.incident, x.silent_at, x.resolved_by,
+                                           x.resolved_row] for n, x in value.nodes.items()},
+                             "tick": [value.tick_at, value.tick_rows]})
 
     def decode_state(self, data: bytes) -> Fleet:
-        return Fleet({n: Node(*v) for n, v in orjson.loads(data).items()})
+        d = orjson.loads(data)
+        return Fleet({n: Node(*v) for n, v in d["nodes"].items()}, *d["tick"])
