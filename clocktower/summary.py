@@ -59,11 +59,13 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         "GROUP BY kind", parameters={"s": since_ns}).result_rows)
     # An incident can change kind on an update (a link_down the watchdog opened becomes a link_flap once the
     # burst is seen): a kind counts as detected from its open or update rows.
-    opened = {(k, n) for k, n in client.query(
-        "SELECT DISTINCT kind, node FROM incidents WHERE state IN ('open', 'update') AND ts_ns >= {s:Int64}",
-        parameters={"s": since_ns}).result_rows}
-    for f in faults:
-        f["detected"] = (DETECTS.get(f["kind"], ""), f["node"]) in opened
+    rows = client.query(
+        "SELECT DISTINCT kind, node, target FROM incidents WHERE state IN ('open', 'update') AND ts_ns >= {s:Int64}",
+        parameters={"s": since_ns}).result_rows
+    opened = {(k, n) for k, n, _ in rows} | {(k, t) for k, _, t in rows}
+    for f in faults:   # by the faulty node, or by the target (a congestion's incident is the receiver's: "src->dst")
+        kind = DETECTS.get(f["kind"], "")
+        f["detected"] = (kind, f["node"]) in opened or (kind, f["target"].replace(":", "/", 1)) in opened
     commands = dict(client.query("SELECT action, count() FROM control_commands WHERE ts_ns >= {s:Int64} "
                                  "GROUP BY action", parameters={"s": since_ns}).result_rows)
     control = control_loop_report(client, since_ns, faults, DETECTS)

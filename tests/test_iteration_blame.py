@@ -103,6 +103,18 @@ def test_an_iteration_missing_a_rank_is_judged_lag_iterations_later_and_a_replay
     assert det.proc.counters()["late_breakdowns"] == 1
 
 
+def test_an_incident_resolved_before_its_iterations_are_judged_still_blames_them() -> None:
+    """GPU health read ahead of the iterations: the thermal incident opened and resolved around iteration 6."""
+    det = Fed(IterationBlameProcessor())
+    feed(det, range(6), {})
+    it6 = bd(0, 6, 200)
+    det(gpu_incident("th-2", "gpu_thermal", ts=it6.start_ns - MS).model_copy(update={"opened_ns": it6.start_ns - MS}))
+    det(gpu_incident("th-2", "gpu_thermal", "resolve", ts=it6.end_ns).model_copy(
+        update={"opened_ns": it6.start_ns - MS}))
+    [row] = feed(det, range(6, 7), {11: 1.5})
+    assert (row.blame, orjson.loads(row.evidence)["incident"]) == ("gpu", "th-2")
+
+
 def test_a_resolved_incident_no_longer_blames() -> None:
     det = Fed(IterationBlameProcessor())
     feed(det, range(6), {})

@@ -120,13 +120,23 @@ def test_a_slow_rank_on_a_throttled_gpu_is_the_thermal_incident_not_a_straggler(
     [row] = feed(det, range(10, 12), {11: 1.3})             # +30 %: the CUSUM crosses in its second iteration
     assert (row.kind, row.state, row.incident_id, row.target) == ("gpu_thermal", "update", "gpu_thermal:x",
                                                                   "node-1/gpu3")
-    assert "slowing the job" in row.detail and det.proc.counters()["folded_into_thermal"] == 1
+    assert "slowed the job" in row.detail and det.proc.counters()["folded_into_thermal"] == 1
     assert feed(det, range(12, 14), {11: 1.3}) == []
     resolved_at = bd(0, 14, 200).start_ns + 1
     assert det(thermal("resolve", ts=resolved_at)) == []
     assert feed(det, range(14, 15), {11: 1.3}) == []        # the iteration it began throttled: folded
     later = feed(det, range(15, 16), {11: 1.3})              # still slow once cool: a straggler of its own now
     assert [(i.kind, i.state) for i in later] == [("straggler", "open")]
+
+
+def test_a_thermal_incident_read_whole_before_the_iterations_it_slowed_still_takes_them() -> None:
+    """The streams may read a GPU's thermal open and resolve before the breakdowns of the iterations it slowed."""
+    det = Fed(StragglerDetector())
+    feed(det, range(10), {})
+    assert det(thermal("open", ts=bd(0, 10, 200).start_ns)) == []
+    assert det(thermal("resolve", ts=bd(0, 14, 200).start_ns)) == []
+    rows = feed(det, range(10, 14), {11: 1.3})
+    assert [(r.kind, r.state) for r in rows] == [("gpu_thermal", "update")] and "resolved since" in rows[0].detail
 
 
 def test_a_thermal_incident_after_the_straggler_opened_links_the_two() -> None:

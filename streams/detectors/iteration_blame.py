@@ -4,8 +4,10 @@
 Reads the ranks' breakdowns (analytics.iterations) and the incidents (analytics.incidents), both of one partition,
 so one worker sees every job and every incident (key "fleet"). An iteration is judged once as many ranks reported
 it as the job had in its last judged iteration, or, for one whose ranks stay missing (the first, or a rank that
-died), once a rank of the job reported `LAG` iterations later. The open incidents are what was open when the
-iteration was judged: GPU incidents by their GPU, link and congestion incidents by node.
+died), once a rank of the job reported `LAG` iterations later. It is blamed on the incidents open at some time
+during it (by their open and resolve times, on the nodes' clocks: the streams read GPU health and the iterations at
+different paces, and an incident's resolve may come before the iterations it overlapped); an incident read only
+after the iteration was judged is not seen.
 
 State: one entry per job (its baseline, the iterations waiting for ranks, the newest judged, and its newest
 `RECENT` rows, each with the breakdown that made it, re-emitted when that breakdown comes again), and one fleet-wide
@@ -43,6 +45,7 @@ OPEN = "open"
 DEFAULT_TTL_NS = 3600 * 10**9
 OPEN_TTL_NS = 365 * 24 * 3600 * 10**9
 OPEN_MAX_AGE_NS = 24 * 3600 * 10**9   # an incident open this long without a resolve is forgotten
+RESOLVED_KEEP_NS = 600 * 10**9        # a resolved incident is kept this long, for iterations judged late
 
 
 class IterationBlameProcessor(Processor):
@@ -101,7 +104,8 @@ class IterationBlameProcessor(Processor):
         times = [RankTime(int(r), node, gpu, start, duration, compute, comm)
                  for r, (node, gpu, start, duration, compute, comm) in ranks.items()]
         base = JobBaseline(**job["base"])
-        v = judge(job_name, times, base, self._open(state), self.rule)
+        v = judge(job_name, times, base, self._open(state, min(t.start_ns for t in times),
+                                                     max(t.start_ns + t.duration_ns for t in times)), self.rule)
         job["base"] = asdict(base)
         s = v.slowest
         return IterationBlame(
@@ -112,38 +116,53 @@ class IterationBlameProcessor(Processor):
             blame=v.blame, evidence=orjson.dumps(v.evidence).decode())
 
     @staticmethod
-    def _open(state: Any) -> Open:
+    def _open(state: Any, start_ns: int, end_ns: int) -> Open:
+        """The incidents open at some time of the iteration [start_ns, end_ns]: those still open, and those resolved
+        after it began (the streams may read an incident's resolve before the iterations it overlapped)."""
         d = state.get(OPEN) or {}
+
+        def during(opened: int, resolved: int) -> bool:
+            return opened <= end_ns and (not resolved or resolved >= start_ns)
+
         gpu: dict[str, tuple[str, str]] = {}
-        for kind, incident_id, target, _ in d.get("gpu", []):
-            gpu.setdefault(target, (kind, incident_id))   # the oldest one open on the GPU
-        return Open(gpu=gpu, link={k: [tuple(x) for x in v] for k, v in d.get("link", {}).items()},
-                    congestion={k: [tuple(x) for x in v] for k, v in d.get("congestion", {}).items()},
-                    straggler=dict(d.get("straggler", {})))
+        for kind, incident_id, target, opened, resolved in d.get("gpu", []):
+            if during(opened, resolved):
+                gpu.setdefault(target, (kind, incident_id))   # the oldest one on the GPU
+        link, congestion = (
+            {n: [(k, i, o) for k, i, o, r in v if during(o, r)] for n, v in d.get(group, {}).items()}
+            for group in ("link", "congestion"))
+        straggler = {t: i for t, (i, o, r) in d.get("straggler", {}).items() if during(o, r)}
+        return Open(gpu=gpu, link={n: v for n, v in link.items() if v},
+                    congestion={n: v for n, v in congestion.items() if v}, straggler=straggler)
 
     def _track(self, state: Any, inc: Incident) -> None:
-        """Keep the open GPU, link, congestion and straggler incidents (an incident may change kind: link_down ->
-        link_flap). One whose resolve never came (its detector's entry expired) is dropped after OPEN_MAX_AGE_NS."""
+        """Keep the GPU, link, congestion and straggler incidents with when they opened and resolved (0: open), an
+        incident that changed kind (link_down -> link_flap) once. A resolved one is kept RESOLVED_KEEP_NS, one whose
+        resolve never came (its detector's entry expired) OPEN_MAX_AGE_NS."""
         d = state.get(OPEN) or {}
-        oldest = inc.ts_ns - OPEN_MAX_AGE_NS
-        gpu = [g for g in d.get("gpu", []) if g[1] != inc.incident_id and g[3] >= oldest]
+        now = inc.ts_ns
+        resolved = now if inc.state == "resolve" else 0
+
+        def keep(opened: int, was_resolved: int) -> bool:
+            return (now - was_resolved <= RESOLVED_KEEP_NS) if was_resolved else now - opened <= OPEN_MAX_AGE_NS
+
+        gpu = [g for g in d.get("gpu", []) if g[1] != inc.incident_id and keep(g[3], g[4])]
         link, congestion = (
             {n: kept for n, v in d.get(group, {}).items()
-             if (kept := [x for x in v if x[1] != inc.incident_id and x[2] >= oldest])}
+             if (kept := [x for x in v if x[1] != inc.incident_id and keep(x[2], x[3])])}
             for group in ("link", "congestion"))
-        straggler = {k: v for k, v in d.get("straggler", {}).items() if v != inc.incident_id}
-        if inc.state != "resolve":
-            if len(gpu) + len(straggler) + sum(map(len, link.values())) + sum(map(len, congestion.values())) \
-                    >= MAX_OPEN:
-                self.open_dropped += 1
-            elif inc.kind in GPU_KINDS:
-                gpu.append([inc.kind, inc.incident_id, inc.target, inc.opened_ns])
-            elif inc.kind in LINK_KINDS:
-                link.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
-            elif inc.kind == "congestion":
-                congestion.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns])
-            elif inc.kind == "straggler":
-                straggler[inc.target] = inc.incident_id
+        straggler = {t: v for t, v in d.get("straggler", {}).items() if v[0] != inc.incident_id and keep(v[1], v[2])}
+        size = len(gpu) + len(straggler) + sum(map(len, link.values())) + sum(map(len, congestion.values()))
+        if size >= MAX_OPEN:
+            self.open_dropped += 1
+        elif inc.kind in GPU_KINDS:
+            gpu.append([inc.kind, inc.incident_id, inc.target, inc.opened_ns, resolved])
+        elif inc.kind in LINK_KINDS:
+            link.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns, resolved])
+        elif inc.kind == "congestion":
+            congestion.setdefault(inc.node, []).append([inc.kind, inc.incident_id, inc.opened_ns, resolved])
+        elif inc.kind == "straggler":
+            straggler[inc.target] = [inc.incident_id, inc.opened_ns, resolved]
         state.put(OPEN, {"gpu": gpu, "link": link, "congestion": congestion, "straggler": straggler},
                   inc.ts_ns + OPEN_TTL_NS)
 

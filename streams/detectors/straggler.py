@@ -8,7 +8,8 @@ when the rank recovers.
 A slow rank whose GPU is thermally throttled is one fault, not two: this processor also reads the incidents
 (analytics.incidents), keeps which GPUs have a `gpu_thermal` incident open, and instead of opening a straggler
 incident for such a rank writes an `update` row of the thermal incident that says the rank is slowing its job
-(silently for an iteration that began before the incident resolved: it ran throttled in part).
+(also for an iteration judged after the incident resolved but begun before: it ran throttled, and the streams may
+read GPU health ahead of the iterations; the row then says the incident has resolved since).
 If the straggler incident opened first (the two topics race), the thermal incident's arrival adds an update to
 the straggler incident naming the thermal one, so the two are linked.
 
@@ -121,13 +122,15 @@ class StragglerDetector(Processor):
         if v.opened or (v.slow and rank.track.straggling and rank.thermal and thermal is None and not rank.incident):
             if thermal is not None:
                 self.folded += 1
+                if rank.thermal == thermal[0]:
+                    return []   # said once per rank and thermal incident
                 rank.thermal = thermal[0]
-                if thermal[2]:
-                    return []   # resolved a moment ago: its last slow iteration, not a new fault
+                since = " (it has resolved since)" if thermal[2] else ""
                 return [Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=thermal[0], kind="gpu_thermal",
                                  state="update", severity="critical", target=gpu_target(ev.node, ev.gpu),
-                                 opened_ns=thermal[1], detail=f"{where} of {ev.job} {how}: this thermal fault is "
-                                 "slowing the job (one fault, not a separate straggler)", evidence=evidence)]
+                                 opened_ns=thermal[1], detail=f"{where} of {ev.job} {how} while throttled: this "
+                                 f"thermal fault slowed the job (one fault, not a separate straggler){since}",
+                                 evidence=evidence)]
             rank.incident = stable_id("straggler", ev.job, ev.rank, ev.ts_ns)
             rank.opened_ns, rank.thermal = ev.ts_ns, ""
             if ev.gpu is not None:
