@@ -59,10 +59,10 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         "GROUP BY kind", parameters={"s": since_ns}).result_rows)
     # An incident can change kind on an update (a link_down the watchdog opened becomes a link_flap once the
     # burst is seen): a kind counts as detected from its open or update rows.
-    rows = client.query(
+    found = client.query(
         "SELECT DISTINCT kind, node, target FROM incidents WHERE state IN ('open', 'update') AND ts_ns >= {s:Int64}",
         parameters={"s": since_ns}).result_rows
-    opened = {(k, n) for k, n, _ in rows} | {(k, t) for k, _, t in rows}
+    opened = {(k, n) for k, n, _ in found} | {(k, t) for k, _, t in found}
     for f in faults:   # by the faulty node, or by the target (a congestion's incident is the receiver's: "src->dst")
         kind = DETECTS.get(f["kind"], "")
         f["detected"] = (kind, f["node"]) in opened or (kind, f["target"].replace(":", "/", 1)) in opened
