@@ -99,8 +99,8 @@ def _shape(ipr: Any, index: int, link: str, kbit: int, share: float) -> str:
     installed = not _ours(ipr, index)
     if installed:
         root = _root(ipr, index)
-        if root is not None and root.get_attr("TCA_KIND") != "noqueue":   # a kind cannot be swapped in place
-            ipr.tc("del", index=index, handle=root["handle"], root=True)
+        if root is not None and root["handle"] != 0:   # a qdisc of its own (a kind cannot be swapped in place); the
+            ipr.tc("del", index=index, handle=root["handle"], root=True)   # kernel's default (handle 0) is taken over
         try:
             ipr.tc("add", "htb", index, ROOT, default=LOW_CLASSID & 0xFFFF)
             ipr.tc("add-class", "htb", index, PARENT, parent=ROOT, rate=f"{kbit}kbit", ceil=f"{kbit}kbit")

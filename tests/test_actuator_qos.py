@@ -270,6 +270,10 @@ def test_rate_limiting_the_low_class_brings_the_high_class_delay_back_within_bud
             ack = act.handle(_cmd("resume", "low", {"toward": "b"}, ts_ns=Clock().now + 2))
             assert ack.status == "applied" and "shaping removed" in ack.detail, ack
             assert in_netns(A, lambda: _root_kind(LINK)) != "htb"
+            # the link now has the kernel's default root qdisc (handle 0): a new limit takes it over
+            ack = act.handle(_cmd("pause", "low", {"toward": "b"}, ts_ns=Clock().now + 3))
+            assert ack.status == "applied" and "HTB installed" in ack.detail and "paused" in ack.detail, ack
+            assert act.handle(_cmd("resume", "low", {"toward": "b"}, ts_ns=Clock().now + 4)).status == "applied"
         finally:
             traffic.close()
     print(f"probe p50 ms: quiet {quiet:.3f}, congested {congested:.2f}, limited {limited:.3f}; bulk Mbit/s: "

@@ -150,3 +150,14 @@ def test_the_breakdown_that_judged_an_earlier_iteration_re_emits_its_row_when_re
     assert det(bd(0, 2, 200)) == [row]          # the same record again
     assert det(bd(0, 1, 200)) == []             # a pending one again: nothing, and no second copy kept
     assert det.proc.counters()["late_breakdowns"] == 2
+
+
+def test_an_update_written_after_the_resolve_does_not_reopen_the_incident() -> None:
+    """The straggler's fold row can come after the thermal resolve: the incident stays resolved for blame."""
+    det = Fed(IterationBlameProcessor())
+    feed(det, range(6), {})
+    det(gpu_incident("th-3", "gpu_thermal", ts=T0))
+    det(gpu_incident("th-3", "gpu_thermal", "resolve", ts=T0 + MS))
+    det(gpu_incident("th-3", "gpu_thermal", "update", ts=T0 + 2 * MS))
+    [row] = feed(det, range(6, 7), {11: 1.5})       # long after the resolve
+    assert row.blame == "host"

@@ -126,6 +126,18 @@ def test_a_replay_over_written_state_re_emits_what_it_made() -> None:
     assert worker(SilentNodeDetector(), table).run(0, back[3:]) == [resolved]   # d's heartbeat read again
 
 
+def test_a_late_heartbeat_alone_resolves_and_the_tick_does_not_open_again() -> None:
+    """A heartbeat of the silent node dated before its incident, arriving alone: the fleet time does not move, and
+    the tick must not send the old open row again (it is not a replay of the batch that opened it). The node is
+    still silent after that one late heartbeat: a new incident, from it, says so."""
+    w = worker(SilentNodeDetector())
+    run(w, 1000)
+    [opened] = run(w, 2600, {t: ("a", "b", "c") for t in range(1200, 2601, 200)}, start_ms=1200)
+    late, again = w.run(0, [NodeHeartbeat(node="d", ts_ns=T0 + 1200 * MS, seq=6, interval_ms=200)])
+    assert (late.state, late.incident_id) == ("resolve", opened.incident_id)
+    assert again.state == "open" and again.incident_id != opened.incident_id and "1.4 s" in again.detail
+
+
 def test_a_copy_of_an_old_heartbeat_changes_nothing() -> None:
     w = worker(SilentNodeDetector())
     run(w, 1000)

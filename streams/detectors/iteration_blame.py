@@ -142,6 +142,11 @@ class IterationBlameProcessor(Processor):
         d = state.get(OPEN) or {}
         now = inc.ts_ns
         resolved = now if inc.state == "resolve" else 0
+        if inc.state == "update":   # an update (a fold written after the resolve) keeps what is known of its resolve
+            known = [g[4] for g in d.get("gpu", []) if g[1] == inc.incident_id] + [
+                x[3] for group in ("link", "congestion") for v in d.get(group, {}).values() for x in v
+                if x[1] == inc.incident_id] + [v[2] for v in d.get("straggler", {}).values() if v[0] == inc.incident_id]
+            resolved = max(known, default=0)
 
         def keep(opened: int, was_resolved: int) -> bool:
             return (now - was_resolved <= RESOLVED_KEEP_NS) if was_resolved else now - opened <= OPEN_MAX_AGE_NS

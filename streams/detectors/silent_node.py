@@ -18,8 +18,9 @@ person decides); its next heartbeat starts it afresh. The check runs in `tick`, 
 
 Replays: a heartbeat not newer than the node's newest (a copy, or a replay after a crash) changes nothing; if it is
 the one that resolved the node's last incident, that resolve row comes again. The rows a tick opened are kept
-with the fleet time they were opened at, and a tick at that same time (the same batch read again after a crash)
-sends them again: same incident ids, so consumers collapse the copies.
+with the fleet time they were opened at until a new heartbeat is applied, and a tick at that same time after a
+batch of nothing new (the same batch read again after a crash) sends them again: same incident ids, so consumers
+collapse the copies.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class SilentNodeDetector(Processor):
             node.incident, node.silent_at = "", 0
             node.resolved_by, node.resolved_row = event.ts_ns, row.model_dump_json()
         node.last_ns, node.seq, node.interval_ns = event.ts_ns, event.seq, interval
+        fleet.tick_rows = []   # a new heartbeat: this is no replay of the batch that opened them
         state.put(FLEET, fleet, event.ts_ns + STATE_TTL_NS)
         return out
 
