@@ -101,7 +101,9 @@ def test_qos_links_setting() -> None:
 
 # -- the kernel: HTB in network namespaces ------------------------------------------------------------------------
 
-A, B = "ct-qos-a", "ct-qos-b"
+_RUN = os.getpid() % 100_000   # names of this test run's own: two runs on one host must not remove each other's
+A, B = f"ct-qos-a-{_RUN}", f"ct-qos-b-{_RUN}"
+VETH = {A: f"cq{_RUN}a", B: f"cq{_RUN}b"}   # at most 15 characters
 ADDR = {A: "10.79.0.1", B: "10.79.0.2"}
 LINK = "qos0"
 RATE_MBIT = 20
@@ -126,10 +128,10 @@ def two_hosts() -> Iterator[None]:
             netns.create(ns)
             made.append(ns)
         with IPRoute() as ip:
-            ip.link("add", ifname="ctqa", kind="veth", peer={"ifname": "ctqb"})
-            ip.link("set", index=ip.link_lookup(ifname="ctqa")[0], net_ns_fd=A)
-            ip.link("set", index=ip.link_lookup(ifname="ctqb")[0], net_ns_fd=B)
-        for ns, dev in ((A, "ctqa"), (B, "ctqb")):
+            ip.link("add", ifname=VETH[A], kind="veth", peer={"ifname": VETH[B]})
+            ip.link("set", index=ip.link_lookup(ifname=VETH[A])[0], net_ns_fd=A)
+            ip.link("set", index=ip.link_lookup(ifname=VETH[B])[0], net_ns_fd=B)
+        for ns, dev in ((A, VETH[A]), (B, VETH[B])):
             with IPRoute(netns=ns, flags=0) as ipr:
                 idx = ipr.link_lookup(ifname=dev)[0]
                 ipr.link("set", index=idx, ifname=LINK)
@@ -146,6 +148,10 @@ def two_hosts() -> Iterator[None]:
         for ns in made:
             with contextlib.suppress(OSError, FileNotFoundError):
                 netns.remove(ns)
+        with IPRoute() as ip:   # an end still here if building failed early
+            for name in VETH.values():
+                for index in ip.link_lookup(ifname=name):
+                    ip.link("del", index=index)
 
 
 class Traffic:
