@@ -166,6 +166,15 @@ class FaultSchedule:
         return self._ecc.get((node, gpu))
 
 
+def _add(windows: list[FaultWindow], run_start_ns: int, kind: str, node: int, target: str, start: int, end: int,
+         detail: str, **kw: object) -> None:
+    """Append one fault: its ground-truth event (id: kind, position, run start) and its window."""
+    fault_id = f"{kind}-{len(windows) + 1}-{run_start_ns}"
+    fault = InjectedFault(node=node_id(node), ts_ns=start, fault_id=fault_id, kind=kind,
+                          target=target, start_ns=start, end_ns=end, detail=detail)
+    windows.append(FaultWindow(fault=fault, kind=kind, node=node, start_ns=start, end_ns=end, **kw))  # type: ignore[arg-type]
+
+
 def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[FaultWindow]:
     d = config.duration_s
     n, g = topo.nodes, topo.gpus_per_node
@@ -176,10 +185,7 @@ def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[F
     windows: list[FaultWindow] = []
 
     def add(kind: str, node: int, target: str, start: int, end: int, detail: str, **kw: object) -> None:
-        fault_id = f"{kind}-{len(windows) + 1}-{start_ns}"
-        fault = InjectedFault(node=node_id(node), ts_ns=start, fault_id=fault_id, kind=kind,
-                              target=target, start_ns=start, end_ns=end, detail=detail)
-        windows.append(FaultWindow(fault=fault, kind=kind, node=node, start_ns=start, end_ns=end, **kw))
+        _add(windows, start_ns, kind, node, target, start, end, detail, **kw)
 
     # Six transitions 0.3 s apart (closer on very short runs, so the flap ends inside the run).
     spacing = round(min(FLAP_SPACING_S, 0.7 * d / (FLAP_TRANSITIONS - 1)) * S)
@@ -235,10 +241,7 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
     windows: list[FaultWindow] = []
 
     def add(kind: str, node: int, target: str, start: int, end: int, detail: str, **kw: object) -> None:
-        fault_id = f"{kind}-{len(windows) + 1}-{start_ns}"
-        fault = InjectedFault(node=node_id(node), ts_ns=start, fault_id=fault_id, kind=kind,
-                              target=target, start_ns=start, end_ns=end, detail=detail)
-        windows.append(FaultWindow(fault=fault, kind=kind, node=node, start_ns=start, end_ns=end, **kw))
+        _add(windows, start_ns, kind, node, target, start, end, detail, **kw)
 
     for i, kind in enumerate(order):
         t0 = start_ns + warmup + i * slot + round(rng.uniform(0.1, 0.4) * slot)
