@@ -23,6 +23,7 @@ from clocktower.schemas.operations import InjectedFault
 
 ACCEPTS: dict[str, tuple[str, ...]] = {
     "link_flap": ("link_flap", "link_down", "link_quarantine"),
+    "link_blip": ("link_blip",),
     "congestion": ("congestion",),
     "gpu_thermal": ("gpu_thermal",),
     "gpu_xid": ("gpu_xid", "gpu_lost"),

@@ -9,12 +9,12 @@ from clickhouse_connect.driver.client import Client
 
 from clocktower.clock_report import clock_sync_report
 from clocktower.control_report import control_loop_report
+from clocktower.producers.simulator.fault_schedule import KINDS
 from clocktower.producers.simulator.node_clock import NodeClock
 from clocktower.schemas.topics import BY_SCHEMA, TOPICS
 
 # Which incident kind detects which injected fault kind.
-DETECTS = {"link_flap": "link_flap", "gpu_thermal": "gpu_thermal", "gpu_xid": "gpu_xid", "gpu_ecc": "gpu_ecc",
-           "congestion": "congestion", "straggler": "straggler", "node_silent": "node_silent"}
+DETECTS = {kind: kind for kind in KINDS}   # each injected kind is detected by the incident kind of its name
 WORST = 5   # iterations shown with their blame
 
 

@@ -71,6 +71,10 @@ class ClockEstimate(Event):
     solve_nodes: UInt32 = Field(0, description="how many estimates the solve published (all with this ts_ns), so "
                                                "a reader knows when it has all of them; 0 = unknown (rows written "
                                                "before this column existed)")
+    held_ns: Int64 = Field(0, description="0 for an estimate the solve made; else how long ago the node's last "
+                                          "solved estimate was, which this one carries forward along its drift, "
+                                          "its bound widened, because none of the node's edges had a fresh "
+                                          "unqueued probe (congestion into the node)")
 
 
 class ClockEdgeFit(Event):
@@ -156,8 +160,8 @@ class IterationBlame(Event):
 
 
 IncidentKind = Literal[
-    "link_flap", "link_down", "link_quarantine", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "gpu_lost",
-    "straggler", "node_silent",
+    "link_flap", "link_down", "link_quarantine", "link_blip", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc",
+    "gpu_lost", "straggler", "node_silent",
 ]
 
 

@@ -54,6 +54,10 @@ class ClockBroadcast:
         with self._lock:
             return self.view.to_reference(node, local_ns)
 
+    def awaits(self, node: str, local_ns: int) -> bool:
+        with self._lock:
+            return self.view.awaits(node, local_ns)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="clock-broadcast", daemon=True)
         self._thread.start()

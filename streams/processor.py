@@ -20,6 +20,7 @@ over state that already saw them): the processors drop what they have seen, or r
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 import orjson
@@ -58,6 +59,15 @@ class Processor(ABC):
     def tick(self, state: Any, now_ns: int) -> list[Output]:
         """Timers: called after each batch with the partition's event time. By default expires old entries."""
         return self.on_expired(state.expire(now_ns))
+
+    def due_partitions(self) -> Collection[int]:
+        """Partitions with work that waits on the worker's own clock rather than on events (the flow join's segments
+        held for their clock estimates): the worker ticks them on a timer even when no record comes. None by default."""
+        return ()
+
+    def revoked(self) -> None:
+        """This worker's partitions were taken away: forget what `due_partitions` tracks (their state stays)."""
+        return None
 
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         """What expired entries produce (by default nothing); a processor counts its expiries here."""

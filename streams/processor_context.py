@@ -23,6 +23,7 @@ class ProcessorContext:
     clock_pure_tolerance_ns: float = 2_000.0
     clock_update_ns: int = 250_000_000
     segment_ttl_ns: int = 10 * 10**9
+    clock_wait_ns: int = 3 * 10**9          # a joined flow segment waits this long at most for its clock estimates
     remediation_budget: RemediationBudget = field(default_factory=RemediationBudget)
     link_watchdog_ns: int = 50 * 10**6       # a link down this long gets a failover
     link_stable_ns: int = 10 * 10**9         # carrier up this long, unchanged, gets a restore
@@ -39,7 +40,7 @@ def context_from_settings(settings: StreamsSettings, **shared: Any) -> Processor
     s = settings
     return ProcessorContext(
         clock_pure_tolerance_ns=s.clock_pure_tolerance_ns, clock_update_ns=round(s.clock_update_ms * 1e6),
-        segment_ttl_ns=round(s.streams_segment_ttl_s * 1e9),
+        segment_ttl_ns=round(s.streams_segment_ttl_s * 1e9), clock_wait_ns=round(s.streams_clock_wait_s * 1e9),
         link_watchdog_ns=round(s.streams_link_watchdog_ms * 1e6), link_stable_ns=round(s.streams_link_stable_s * 1e9),
         link_quarantine_flaps=s.streams_link_quarantine_flaps, spare_nodes=tuple(s.streams_spare_nodes),
         fleet_nodes=frozenset(s.streams_fleet_nodes), known_after_ns=round(s.streams_known_after_s * 1e9),

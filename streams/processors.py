@@ -39,15 +39,17 @@ class Processors:
     def __init__(self, signer: CommandSigner, *, clock_pure_tolerance_ns: float = 2_000.0,
                  clock_update_ns: int = 250_000_000, remediation_budget: RemediationBudget | None = None,
                  segment_ttl_ns: int = 10 * 10**9, clock_ns: Callable[[], int] = time.time_ns,
-                 known_after_ns: int = KNOWN_AFTER_NS) -> None:
+                 known_after_ns: int = KNOWN_AFTER_NS, clock_wait_ns: int = 0) -> None:
         """`clock_ns`: the wall clock of the worker this stands for (the budget's and the issuer's; tests set it).
-        `known_after_ns`: CLOCKTOWER_STREAMS_KNOWN_AFTER_S (0: every node is known from its first reading)."""
+        `known_after_ns`: CLOCKTOWER_STREAMS_KNOWN_AFTER_S (0: every node is known from its first reading).
+        `clock_wait_ns`: CLOCKTOWER_STREAMS_CLOCK_WAIT_S, how long a flow segment waits for its clock estimates;
+        0 here (publish at once), so a test sees a flow's latency as soon as it is joined."""
         self.clock_view = ClockView()
         self.budget = remediation_budget or RemediationBudget(clock_ns=clock_ns)
         ctx = ProcessorContext(clocks=self.clock_view, clock_pure_tolerance_ns=clock_pure_tolerance_ns,
                                clock_update_ns=clock_update_ns, segment_ttl_ns=segment_ttl_ns,
                                remediation_budget=self.budget, approval_verifier=signer.verifier(),
-                               known_after_ns=known_after_ns)
+                               known_after_ns=known_after_ns, clock_wait_ns=clock_wait_ns)
         self.topology = Topology(build(ctx), CommandIssuer(signer, clock_ns=clock_ns), self.budget, lambda p: None)
 
     @property
@@ -72,13 +74,24 @@ class Processors:
         return self._run([(topic, 0, evs, _Reindexed(failures, at) if failures is not None else None, None)
                           for topic, (at, evs) in _by_topic(events).items()], failures)
 
-    def _run(self, batches: list[Batch], failures: list[EventFailure] | None) -> list[Event]:
+    def on_timer(self) -> list[Event]:
+        """What the worker's timer makes: the partitions with work waiting on its clock ticked (Topology.tick_due),
+        and what their outputs make in turn."""
+        return self._run([], None, self.topology.tick_due(None))
+
+    def _run(self, batches: list[Batch], failures: list[EventFailure] | None,
+             first: list[Event] | None = None) -> list[Event]:
+        """`first`: derived events to start with (a timer's), before `batches`."""
         out: list[Event] = []
         queue = deque(batches)
         derived_failures = None if failures is None else _Relabelled(failures)
-        while queue:
-            topic, partition, evs, fails, offset = queue.popleft()
-            derived, parts, part_at = self.topology.step(topic, partition, evs, fails, offset)
+        pending = first
+        while queue or pending is not None:
+            if pending is not None:
+                derived, parts, part_at, fails, pending = pending, [], [], None, None
+            else:
+                topic, partition, evs, fails, offset = queue.popleft()
+                derived, parts, part_at = self.topology.step(topic, partition, evs, fails, offset)
             self.clock_view.add_estimates([e for e in derived if isinstance(e, ClockEstimate)])
             out += derived
             # a regrouped event that fails is recorded by its index in the batch it came from

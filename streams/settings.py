@@ -72,6 +72,11 @@ class StreamsSettings(RuntimeSettings):
         "most this old on the worker's wall clock (the streams lagged, or the report came late); an older one opens "
         "the incident saying it needs a human. Commands are valid for 60 s from when they are issued, whatever the "
         "fault's age; actuators accept none more than an hour past its event time")
+    streams_clock_wait_s: float = Field(
+        default=3.0, ge=0, le=60, description="a joined flow segment waits up to this long (event time, or the "
+        "worker's clock) for the clock estimates that follow its timestamps before its one-way latency is published, "
+        "so it is corrected by interpolation rather than extrapolation, or at all (streams/joins/flow_latency.py). "
+        "Without clock probes every row comes this late: 0 = publish at once")
     streams_tick_s: float = Field(
         default=30.0, ge=1, le=3600, description="every this many seconds each worker publishes a tick to "
         "control.ticks: the replacement allocator then asks again for the drains its budget withheld, or gives them "

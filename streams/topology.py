@@ -102,8 +102,19 @@ class Topology:
         are read again)."""
         dropped = sum(len(evs) for _, _, evs in self._full)
         self._full.clear()
+        for r in self.runners:
+            r.processor.revoked()
         dropped += self.regroup.drop() if self.regroup is not None else 0
         return dropped + sum(r.store.drop_pending() for r in self.runners if r.store.write_back)
+
+    def tick_due(self, failures: list[EventFailure] | None) -> list[Event]:
+        """The outputs of ticking every partition whose processor has work waiting on the worker's clock
+        (Processor.due_partitions), when no record comes to tick it. `failures` None: a tick that raises raises."""
+        out: list[Event] = []
+        for runner in self.runners:
+            for partition in sorted(runner.processor.due_partitions()):
+                out += runner.run(partition, [], failures)
+        return out
 
     def regrouped_ready(self) -> list[Out]:
         """The records of regrouped events that are ready: parts that filled up, and parts that have waited long

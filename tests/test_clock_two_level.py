@@ -216,3 +216,34 @@ def test_the_view_does_not_stretch_an_old_estimate_over_a_gap() -> None:
     assert near is not None and abs(near[0] - (t + 5 * ns)) < 1_000
     assert view.to_reference("b", t + 3600 * ns) is None
     assert view.to_reference("b", t - 3600 * ns) is None
+
+
+def test_a_node_whose_every_probe_is_queued_is_held_over_with_a_wider_bound_then_dropped() -> None:
+    """From 3 s on, node-4's probes are all lost to queueing (no pure pair): the solve no longer reaches it. Its
+    estimate is carried forward along its drift, bound widened, still true within it; dropped after the hold-over."""
+    tr = Trace(nodes=6, seed=37)
+    fitter, solver = EdgeFitter(), NetworkSolver(holdover_ns=3 * S)
+    cut = tr.names.index("node-4")
+    held: list[ClockEstimate] = []
+    for k in range(36):
+        c = tr.probes(k / 4, (k + 1) / 4)
+        if k >= 12:
+            keep = (c["sender"] != cut) & (c["receiver"] != cut)
+            c = {name: v[keep] for name, v in c.items()}
+        t_ns = (k + 1) * UPDATE + 100_000
+        _feed_fitter(fitter, tr, c)
+        solver.add_fits(_wire(fitter.update(tr.local(0, t_ns)), ClockEdgeFit))
+        got = {e.node: e for e in solver.update(tr.local(0, t_ns))}
+        assert all(e.solve_nodes == len(got) for e in got.values())
+        if k == 11:
+            solved = got["node-4"]
+            assert solved.held_ns == 0
+        e = got.get("node-4")
+        if k > 12 and e is not None and e.held_ns:
+            held.append(e)
+            assert e.error_bound_ns > solved.error_bound_ns
+            assert abs(e.offset_ns + e.offset_frac_ns - tr.true_offset(cut, t_ns)) <= e.error_bound_ns
+        if k >= 30:
+            assert "node-4" not in got                                   # past the hold-over: dropped
+        assert all(got[n].held_ns == 0 for n in got if n != "node-4")    # the others are still solved
+    assert len(held) >= 6 and held[-1].held_ns > held[0].held_ns

@@ -189,12 +189,15 @@ def test_nodes_joining_and_leaving() -> None:
     sync = ClockSynchronizer()
     est = run(sync, tr, 1.75)
     assert "node-5" not in {e.node for e in est} and "node-6" in {e.node for e in est}
-    est = run(sync, tr, 3.0, start_s=1.75)             # ~1 s later: the newcomer is in, the leaver is out
-    names = {e.node for e in est}
-    assert "node-5" in names and "node-6" not in names
-    assert sync.to_reference("node-6", T0 + 3 * S) is None
+    est = run(sync, tr, 3.0, start_s=1.75)             # ~1 s later: the newcomer is in, the leaver is held over
+    by = {e.node: e for e in est}
+    assert by["node-5"].held_ns == 0 and by["node-6"].held_ns > 0   # (a leaver looks like a node whose probes
+    assert abs(by["node-6"].offset_ns - tr.true_offset(6, 3 * S)) <= by["node-6"].error_bound_ns   # all queue)
     err, _ = conversion_error(sync, tr, 5, 3.05)
     assert abs(err) <= 15
+    est = run(sync, tr, 3.0 + sync.solver.holdover_ns / S, start_s=3.0)   # past the hold-over: the leaver is out
+    assert "node-6" not in {e.node for e in est}
+    assert sync.to_reference("node-6", T0 + 14 * S) is None
 
 
 def test_reference_leaving_hands_over_to_the_next_smallest_node() -> None:
@@ -215,7 +218,7 @@ def test_forgotten_edges_are_compacted_and_the_rest_stay_right() -> None:
     tr = Trace(nodes=12, seed=23)                     # 66 edges; then half the nodes leave
     for i in range(6, 12):
         tr.alive[i] = (0.0, 1.0)
-    sync = ClockSynchronizer()
+    sync = ClockSynchronizer(holdover_ns=S)           # the leavers' estimates are held 1 s, then dropped
     run(sync, tr, 4.0)
     assert sync.fitter.edges_registered == 15         # only the 15 edges among nodes 0..5 are left
     assert sync.nodes == tr.names[:6]

@@ -95,14 +95,40 @@ def test_the_links_next_report_fires_the_watchdog_with_the_same_ids_as_the_timer
     assert timer == report and commands(report) == [("failover", {"from": "eth0", "to": "eth1"})]
 
 
-def test_a_blip_shorter_than_the_watchdog_does_nothing_and_zero_fails_over_at_once() -> None:
+def test_a_blip_shorter_than_the_watchdog_is_recorded_but_orders_nothing_and_zero_fails_over_at_once() -> None:
     node = Node()
     node(rep(T0, True, 1))
-    assert node(rep(T0 + S, False, 2)) == [] and node(rep(T0 + S + 40 * MS, True, 3)) == []
+    assert node(rep(T0 + S, False, 2)) == []
+    assert node(rep(T0 + S + 30 * MS, True, 3)) == []               # back up: recorded once it stays up 1 s
+    out = node(rep(T0 + 2 * S + 30 * MS, True, 3))
+    assert commands(out) == []
+    opened, resolved = incidents(out)
+    assert (opened.kind, opened.state, opened.severity, opened.target) == ("link_blip", "open", "info", "node-1/eth0")
+    assert resolved.state == "resolve" and resolved.incident_id == opened.incident_id
+    assert "30 ms" in opened.detail and orjson.loads(opened.evidence)["down_ms"] == 30.0
+    assert opened.ts_ns == T0 + 2 * S + 30 * MS
     assert node(rep(T0 + 5 * S, True, 3)) == [] and node.store.get('["node-1","eth0","watchdog"]') is None
     at_once = Node(watchdog_ns=0)
     at_once(rep(T0, True, 1))
     assert commands(at_once(rep(T0 + S, False, 2))) == [("failover", {"from": "eth0", "to": "eth1"})]
+
+
+def test_repeated_blips_warn_of_a_failing_optic_and_one_between_two_reports_is_seen_in_the_counter() -> None:
+    node = Node()
+    node(rep(T0, True, 1))
+    rows = []
+    for i in range(3):
+        t = T0 + (i + 1) * MINUTE
+        node(rep(t, False, 2 + 2 * i))
+        node(rep(t + 20 * MS, True, 3 + 2 * i))
+        rows += incidents(node(rep(t + 2 * S, True, 3 + 2 * i)))
+    opens = [r for r in rows if r.state == "open"]
+    assert [r.severity for r in opens] == ["info", "info", "warning"] and len({r.incident_id for r in opens}) == 3
+    assert "failing optic" in opens[-1].detail and orjson.loads(opens[-1].evidence)["downs_last_hour"] == 3
+    node(rep(T0 + 5 * MINUTE, True, 9))                             # down and up between two periodic reports
+    (unseen, _) = incidents(node(rep(T0 + 5 * MINUTE + 2 * S, True, 9)))
+    assert unseen.kind == "link_blip" and "unknown time" in unseen.detail
+    assert orjson.loads(unseen.evidence)["down_ms"] is None
 
 
 def test_a_port_first_seen_down_was_never_seen_working_and_is_not_failed_over() -> None:
@@ -275,7 +301,9 @@ def test_reports_without_an_actuators_view_change_nothing() -> None:
     node(rep(T0, True, 1))
     node(rep(T0 + S, False, 2))
     assert node(rep(T0 + S + 100 * MS, True, 3)) == []
-    assert node.tick(T0 + 30 * S) == []
+    assert {(i.kind, i.state) for i in incidents(node.tick(T0 + 30 * S))} == {("link_blip", "open"),
+                                                                              ("link_blip", "resolve")}
+    assert commands(node.tick(T0 + 40 * S)) == []   # a blip is recorded; without the node's view nothing is ordered
 
 
 def test_a_release_seen_in_the_nodes_reports_ends_the_quarantine() -> None:

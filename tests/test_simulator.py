@@ -195,8 +195,9 @@ def test_ground_truth_has_every_kind_inside_the_run(demo: tuple[FleetSimulator, 
         assert sim.start_ns < f.start_ns <= f.end_ns <= sim.start_ns + D * S
         assert f.ts_ns == f.start_ns and f.node in sim.clocks
     assert {f.kind: f.target for f in sim.faults} == {
-        "link_flap": "node-1.demo:eth0", "congestion": "node-2.demo->node-3.demo", "gpu_thermal": "node-0.demo:gpu3",
-        "gpu_xid": "node-3.demo:gpu5", "gpu_ecc": "node-2.demo:gpu1", "straggler": "job-demo:rank9"}
+        "link_flap": "node-1.demo:eth0", "link_blip": "node-2.demo:eth0", "congestion": "node-2.demo->node-3.demo",
+        "gpu_thermal": "node-0.demo:gpu3", "gpu_xid": "node-3.demo:gpu5", "gpu_ecc": "node-2.demo:gpu1",
+        "straggler": "job-demo:rank9"}
 
 
 @pytest.mark.parametrize("duration", [1.0, 8.0, 60.0, 86_400.0])
@@ -271,6 +272,17 @@ def test_a_silent_node_sends_nothing_in_its_window() -> None:
     assert len(others) >= 30 / 0.2 - 1 and {e.interval_ms for e in others} == {200}
 
 
+def test_link_blip(demo: tuple[FleetSimulator, list[Event]]) -> None:
+    sim, events = demo
+    f = fault(sim, "link_blip")
+    port = [e for e in of(events, LinkState) if (e.node, e.interface) == ("node-2.demo", "eth0")]
+    down, up = [next(e for e in port if e.carrier_changes == c) for c in (2, 3)]
+    assert not down.up and up.up and port[-1].carrier_changes == 3
+    assert true_s(sim, "node-2.demo", down.ts_ns) == pytest.approx((f.start_ns - sim.start_ns) / S, abs=1e-5)
+    length = true_s(sim, "node-2.demo", up.ts_ns) - true_s(sim, "node-2.demo", down.ts_ns)
+    assert length == pytest.approx(0.03, abs=1e-5)
+
+
 def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
     sim, events = demo
     f = fault(sim, "link_flap")
@@ -287,11 +299,12 @@ def test_link_flap(demo: tuple[FleetSimulator, list[Event]]) -> None:
     assert times[0] == pytest.approx((f.start_ns - sim.start_ns) / S, abs=1e-5)
     assert [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)] == [0.3] * 5
     assert all(e.speed_mbps == 0 for e in port if not e.up)
-    # the other ports never flap, and report every second
-    others = [e for e in of(events, LinkState) if (e.node, e.interface) != ("node-1.demo", "eth0")]
+    # the other ports never flap (but node-2's blips: test_link_blip), and report every second
+    others = [e for e in of(events, LinkState) if (e.node, e.interface) not in (("node-1.demo", "eth0"),
+                                                                                ("node-2.demo", "eth0"))]
     assert all(e.up and e.carrier_changes == 1 and e.speed_mbps == 400_000 for e in others)
     ports = {(f"node-{i}.demo", ifc): 8 for i in range(4) for ifc in ("eth0", "eth1")}
-    del ports[("node-1.demo", "eth0")]
+    del ports[("node-1.demo", "eth0")], ports[("node-2.demo", "eth0")]
     assert Counter((e.node, e.interface) for e in others) == ports
     assert len(port) == 8 + 6
     # flows touching node-1.demo move to eth1 exactly while its eth0 is down
@@ -610,8 +623,8 @@ def test_runner_publishes_events_and_ground_truth(tmp_path: Path) -> None:
                             on_tick=lambda s: ticks.append(s.now_ns))
     assert sim.now_ns == START + D * S and len(ticks) == 32 and pub.flushed == 1
     assert counts == Counter(type(e).SCHEMA for e in pub.events)
-    assert counts["injected_fault"] == 6
-    assert counts - Counter(injected_fault=6) == sim.counts
+    assert counts["injected_fault"] == 7
+    assert counts - Counter(injected_fault=7) == sim.counts
     lines = truth.read_text().splitlines()
     by_start = sorted(sim.faults, key=lambda f: f.start_ns)
     assert [InjectedFault.model_validate_json(x) for x in lines] == by_start

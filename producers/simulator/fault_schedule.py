@@ -8,6 +8,7 @@ nodes gets every fault. All times are true ns; node-N below is node N (named `no
 | kind        | when (D = duration)  | target                     | effect |
 |-------------|----------------------|----------------------------|--------|
 | link_flap   | 0.2 D, 6 transitions | node-1:eth0                | down/up x3, 0.3 s apart |
+| link_blip   | 0.28 D, 30 ms        | node-2:eth0                | down for 30 ms (under the 50 ms watchdog), once |
 | congestion  | 0.35 D for 0.15 D    | node-2->node-3             | 50-500 µs queueing, slower comm |
 | gpu_thermal | 0.45 D for 0.15 D    | node-0:gpu3                | 90-95 C, throttle 0x60, 1200 MHz, 1.3x |
 | gpu_xid     | 0.6 D, permanent     | node-3:gpu5                | one reading with XID 79, then lost |
@@ -25,8 +26,9 @@ is the throttle bit set and the rank slowed.
 `schedule="random"` (SimConfig) draws every kind once instead, for scoring detectors on many schedules
 (benchmarks/detection.py): after a fault-free warm-up of `WARMUP_FRACTION` of the run (the detectors learn
 their baselines), the rest is cut into one slot per kind, in random order; each fault starts 10-40 % into its
-slot and lasts 25-45 % of it (an XID 79 is permanent), so no two faults overlap and each incident has one
-cause. Targets, the XID, the straggler's slowdown and the flap's spacing are drawn too.
+slot and lasts 25-45 % of it (an XID 79 is permanent, a blip 30 ms, a silent node at least `SILENT_MIN_S`: the
+detector waits 1 s of silence), so no two faults overlap and each incident has one cause. Targets, the XID, the
+straggler's slowdown and the flap's spacing are drawn too.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ SLOWDOWN_C = 88.0               # the simulated GPUs' slowdown threshold: thrott
 THERMAL_RAMP_S = 1.0            # from the start of the climb to SLOWDOWN_C
 WARMUP_FRACTION = 0.15
 SILENT_MIN_RUN_S = 30.0
-KINDS = ("link_flap", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "straggler", "node_silent")
+SILENT_MIN_S = 2.0              # a random schedule's silent node stays silent at least this long
+BLIP_NS = 30_000_000            # link_blip: carrier lost this long, under the streams' 50 ms watchdog
+KINDS = ("link_flap", "link_blip", "congestion", "gpu_thermal", "gpu_xid", "gpu_ecc", "straggler", "node_silent")
 
 
 def default_kinds(duration_s: float) -> tuple[str, ...]:
@@ -74,7 +78,7 @@ class FaultWindow:
     peer: int = -1
     interface: str = ""
     factor: float = 1.0
-    transitions: tuple[int, ...] = ()   # link_flap: true times of down, up, down, ...
+    transitions: tuple[int, ...] = ()   # link_flap, link_blip: true times of down, up, down, ...
     xid: int = 0                        # gpu_xid, gpu_ecc: the XID reported (79: the GPU is lost after it)
     ramp_ns: int = 0                    # gpu_thermal: the climb to SLOWDOWN_C before throttling starts
 
@@ -90,7 +94,11 @@ class FaultSchedule:
         make = _random_windows if config.schedule == "random" else _default_windows
         self.windows: list[FaultWindow] = make(config, topo, start_ns) if config.faults else []
         self.faults: list[InjectedFault] = [w.fault for w in self.windows]
-        self._flaps = {(w.node, w.interface): w.transitions for w in self.windows if w.kind == "link_flap"}
+        self._flaps: dict[tuple[int, str], tuple[int, ...]] = {}   # a port's changes, of every fault on it
+        for w in self.windows:
+            if w.transitions:
+                port = (w.node, w.interface)
+                self._flaps[port] = tuple(sorted(self._flaps.get(port, ()) + w.transitions))
         self._slow: dict[int, list[FaultWindow]] = {}
         for w in self.windows:
             if w.kind in ("gpu_thermal", "straggler"):
@@ -196,6 +204,11 @@ def _default_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[F
         f"{PRIMARY} down/up {FLAP_TRANSITIONS // 2} times, {spacing / 1e9:.2f} s apart, then stays up",
         interface=PRIMARY, transitions=flips)
 
+    node, t = 2 % n, at(0.28)
+    add("link_blip", node, f"{node_id(node)}:{PRIMARY}", t, t + BLIP_NS,
+        f"{PRIMARY} down for {BLIP_NS / 1e6:.0f} ms, once (under the watchdog: no failover)", interface=PRIMARY,
+        transitions=(t, t + BLIP_NS))
+
     src, dst = 2 % n, 3 % n
     add("congestion", src, f"{node_id(src)}->{node_id(dst)}", at(0.35), at(0.50),
         "50-500 us of queueing on the link, all-reduce buckets slow down", peer=dst)
@@ -253,6 +266,10 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
             add(kind, node, f"{node_id(node)}:{PRIMARY}", flips[0], flips[-1],
                 f"{PRIMARY} down/up {FLAP_TRANSITIONS // 2} times, {spacing / 1e9:.2f} s apart",
                 interface=PRIMARY, transitions=flips)
+        elif kind == "link_blip":
+            node = rng.randrange(n)
+            add(kind, node, f"{node_id(node)}:{PRIMARY}", t0, t0 + BLIP_NS,
+                f"{PRIMARY} down for {BLIP_NS / 1e6:.0f} ms, once", interface=PRIMARY, transitions=(t0, t0 + BLIP_NS))
         elif kind == "congestion":
             src = rng.randrange(n)
             dst = (src + 1) % n
@@ -277,7 +294,7 @@ def _random_windows(config: SimConfig, topo: Topology, start_ns: int) -> list[Fa
                 f"one uncorrectable ECC error (ecc_uncorrected +1), XID {xid}", gpu=gpu, xid=xid)
         elif kind == "node_silent":
             node = rng.randrange(1, n)   # not node 0: the clock sync's reference
-            add(kind, node, node_id(node), t0, t1, "the node sends nothing at all")
+            add(kind, node, node_id(node), t0, max(t1, t0 + round(SILENT_MIN_S * S)), "the node sends nothing at all")
         else:
             rank = rng.randrange(topo.ranks)
             node, gpu = divmod(rank, g)

@@ -28,6 +28,12 @@ the next solve (extrapolated there, which costs little: the live conversions ext
 
 The error bound of an estimate is `bound_sigmas` standard deviations (inflated by the loop misfit) plus
 `bound_floor_ns`; ClockView (clock_view.py) grows it with the time a conversion is away from the estimate.
+
+Hold-over (issue 20): when every probe into a node is queued, none of its edges has a fresh pure pair, so the
+solve cannot reach it. Its last solved estimate is then carried forward along its drift for up to `holdover_ns`
+(10 s), its bound widened as ClockView widens a conversion's (drift uncertainty, plus a wander allowance),
+and published with `held_ns` = how long ago it was solved; the node is not dropped. Past that (a node that left),
+it is. Held estimates count in the solve's `solve_nodes`.
 """
 
 from __future__ import annotations
@@ -46,13 +52,17 @@ NS = 1_000_000_000
 
 class NetworkSolver:
     def __init__(self, reference: str | None = None, window_ns: int = 2 * NS, *, stale_ns: int | None = None,
-                 bound_sigmas: float = 5.0, bound_floor_ns: float = 2.0, solve_every_ns: int = NS // 8) -> None:
+                 bound_sigmas: float = 5.0, bound_floor_ns: float = 2.0, solve_every_ns: int = NS // 8,
+                 holdover_ns: int = 10 * NS, wander_ppb_per_s: float = 5.0) -> None:
         self.fixed_reference = reference
         self.window_ns = int(window_ns)
         self.stale_ns = int(stale_ns if stale_ns is not None else window_ns // 2)
         self.bound_sigmas = bound_sigmas
         self.bound_floor_ns = bound_floor_ns
         self.solve_every_ns = int(solve_every_ns)
+        self.holdover_ns = int(holdover_ns)
+        self.wander_ppb_per_s = wander_ppb_per_s
+        self._solved: dict[str, ClockEstimate] = {}   # each node's last estimate the solve made (for hold-over)
         self.table = FitTable()
         self._x = np.zeros(0)          # last offsets per node index (ns), 0 where unknown
         self._dr = np.zeros(0)         # last drifts per node index (ppb)
@@ -113,7 +123,29 @@ class NetworkSolver:
             self._x[sol.nodes], self._dr[sol.nodes] = sol.offset, sol.drift
         assert sol is not None
         self.solution = sol
-        return self._publish(sol, ref, now_ns)
+        out = self._publish(sol, ref, now_ns)
+        self._solved.update((e.node, e) for e in out)
+        out += self._held_over({e.node for e in out}, ref, now_ns)
+        return [e.model_copy(update={"solve_nodes": len(out)}) for e in out]
+
+    def _held_over(self, solved: set[str], ref: str, now_ns: int) -> list[ClockEstimate]:
+        """The last estimates of the nodes this solve did not reach, carried forward to now (module doc)."""
+        out = []
+        for node, last in list(self._solved.items()):
+            dt_ns = now_ns - last.ts_ns
+            if last.reference != ref or dt_ns > self.holdover_ns:
+                del self._solved[node]   # another reference's offsets, or gone too long
+                continue
+            if node in solved:
+                continue
+            dt = dt_ns / NS
+            offset = last.offset_ns + last.offset_frac_ns + last.drift_ppb * dt
+            bound = (last.error_bound_ns + self.bound_sigmas * last.drift_std_ppb * dt
+                     + 0.5 * self.wander_ppb_per_s * dt * dt)
+            out.append(last.model_copy(update={
+                "ts_ns": now_ns, "offset_ns": round(offset), "offset_frac_ns": offset - round(offset),
+                "error_bound_ns": math.ceil(bound), "held_ns": dt_ns}))
+        return out
 
     def _pick_reference(self, present: np.ndarray, now_ns: int) -> str | None:
         names = self.table.names

@@ -40,14 +40,15 @@ class ClockSynchronizer:
 
     def __init__(self, reference: str | None = None, window_ns: int = 2 * NS, *, pure_tolerance_ns: float = 100.0,
                  min_pairs: int = 8, min_span_ns: int = NS // 4, stale_ns: int | None = None,
-                 step_threshold_ns: float = 100.0, bins: int = 8, history: int = 32, bound_sigmas: float = 5.0,
+                 step_threshold_ns: float = 100.0, bins: int = 8, history: int = 128, bound_sigmas: float = 5.0,
                  bound_floor_ns: float = 2.0, wander_ppb_per_s: float = 5.0,
-                 curvature_sd: float | None = 5.0, recency_s: float | None = 1.5) -> None:
+                 curvature_sd: float | None = 5.0, recency_s: float | None = 1.5, holdover_ns: int = 10 * NS) -> None:
         self.fitter = EdgeFitter(window_ns, pure_tolerance_ns=pure_tolerance_ns, min_pairs=min_pairs,
                                  min_span_ns=min_span_ns, step_threshold_ns=step_threshold_ns, bins=bins,
                                  curvature_sd=curvature_sd, recency_s=recency_s)
         self.solver = NetworkSolver(reference, window_ns, stale_ns=stale_ns, bound_sigmas=bound_sigmas,
-                                    bound_floor_ns=bound_floor_ns)
+                                    bound_floor_ns=bound_floor_ns, holdover_ns=holdover_ns,
+                                    wander_ppb_per_s=wander_ppb_per_s)
         self.view = ClockView(history=history, bound_sigmas=bound_sigmas, wander_ppb_per_s=wander_ppb_per_s)
 
     # --- input -------------------------------------------------------------------------------------------

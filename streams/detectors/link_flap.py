@@ -11,6 +11,13 @@ node without it, and decides every restore). Time is the event time of the node'
   state store, so `tick` fires it when the partition's event time passes it even if the node sends nothing
   more; the link's next report fires it otherwise (with 0, the down report does). Both give the same ids.
   A link first seen down was never seen working (an uncabled port): it is watched from its first up.
+- **Blip.** A link that goes down and comes back before the watchdog (a 30 ms loss of carrier), with no incident
+  open, and then stays up `BLIP_SETTLE_NS` (1 s; else it was the start of a flap burst, which is the incident), is
+  recorded as a `link_blip` incident, opened and resolved at once (it is over when seen), with its duration and
+  the link's downs in the last hour as evidence: no command, but repeated blips predict a failing optic or cable,
+  so from the third in an hour it is a warning that says so. A down and up that fell between two reports (the
+  carrier counter moved by two, the link up both times) is one too, of unknown length. The settle is a timer
+  entry ["node", "link", "blip"], fired by `tick` like the watchdog.
 - **Flap burst.** `min_transitions` carrier changes within `window_ns` is one `link_flap` incident, with a
   failover; if the link already has an incident open (a `link_down`), that one gets an update instead.
 - **Restore.** An incident whose link has been up with no carrier change for `stable_ns` resolves, with a
@@ -84,6 +91,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT_TTL_NS = 24 * 3600 * 10**9
 HOUR_NS = 3600 * 10**9
+BLIP_SETTLE_NS = 10**9          # a blip is recorded once its link has stayed up this long (else: a flap burst)
 MAX_CHANGES_PER_REPORT = 1000   # a counter jump larger than this (a reset misread) counts as this many
 # A node's report of its actuator's state is trusted from this long after our own restore or quarantine: reports
 # made before the node applied it (the command's trip through Kafka, or an actuator that was briefly away) say
@@ -113,6 +121,7 @@ class Port:
     node_held: bool = False              # the node has reported this quarantine held (only then can it be released)
     restored_ns: int = 0                 # when our newest restore was ordered
     restore_retries: int = 0             # restores ordered again since the node last reported the link back on it
+    blip: list[int] = field(default_factory=list)   # [down since (-1: unseen), back up] of a blip settling
     log: DeliveryLog = field(default_factory=DeliveryLog)
 
     @property
@@ -132,7 +141,7 @@ class Timer:
     node: str
     link: str
     since: int
-    kind: str = "watchdog"     # or "restore"
+    kind: str = "watchdog"     # or "restore", or "blip" (since: when the link came back up)
 
 
 class LinkFlapDetector(ReplayingDetector):
@@ -239,6 +248,14 @@ class LinkFlapDetector(ReplayingDetector):
             if not self._restore_due(port) or port.last_change_ns != timer.since:
                 return []
             out = self._resolve(timer.node, timer.link, port, now_ns)
+        elif timer.kind == "blip":
+            if not port.blip or port.blip[1] != timer.since:
+                return []
+            if port.last_change_ns != timer.since or port.incident_id is not None or not port.up:
+                port.blip = []            # more changes came (a flap burst: its own incident), or an incident opened
+                state.put(key, port, port.log.newest + self.state_ttl_ns)
+                return []
+            out = self._blip(timer.node, timer.link, port)
         elif port.up or port.down_since != timer.since:
             return []
         else:
@@ -276,6 +293,7 @@ class LinkFlapDetector(ReplayingDetector):
         port.changes = [c for c in port.changes if c[0] >= ts - self.window_ns]
         # [ts, downs] entries of the last hour; N+1 of them (each at least one down) tell "more than N" and "under N"
         port.downs = [d for d in port.downs if d[0] > ts - HOUR_NS][-(self.quarantine_flaps + 1):]
+        self._track_blip(state, node, link, port, ts, ev.up, downs, was_up)
         out += self._track_down(state, node, link, port, ts, went_down=not ev.up and delta > 0)
         out += self._node_view(node, link, port, ev)
         if self._restore_due(port, ts):
@@ -301,6 +319,39 @@ class LinkFlapDetector(ReplayingDetector):
                           capped=False)   # a kept port's timer: never refused (state_store.py)
         elif had_incident:
             state.delete(key)
+
+    def _track_blip(self, state: Any, node: str, link: str, port: Port, ts: int, up: bool, downs: int,
+                    was_up: bool) -> None:
+        """A down shorter than the watchdog, seen come back up (or only in the counter), on a link with no incident:
+        its settle timer starts (module doc). Called before the down is cleared."""
+        if not up or port.incident_id is not None or port.quarantined:
+            return
+        if port.down_since is not None and ts - port.down_since < self.watchdog_ns:
+            port.blip = [port.down_since, ts]
+        elif port.down_since is None and was_up and downs:
+            port.blip = [-1, ts]
+        else:
+            return
+        state.put(compound_key(node, link, "blip"), Timer(node, link, ts, "blip"), ts + BLIP_SETTLE_NS, capped=False)
+
+    def _blip(self, node: str, link: str, port: Port) -> Emitted:
+        """The settled blip: one `link_blip` incident, opened and resolved, as of the end of its settle."""
+        since, back = port.blip
+        port.blip = []
+        ts = back + BLIP_SETTLE_NS
+        down_ms = (back - since) / 1e6 if since >= 0 else None
+        length = f"{down_ms:.0f} ms" if down_ms is not None else "an unknown time (between two reports)"
+        hourly = port.hourly_downs
+        why = f"; {hourly} downs in the last hour: repeated blips predict a failing optic or cable" * (hourly >= 3)
+        detail = f"carrier lost for {length}, back before the {self.watchdog_ns / 1e6:g} ms watchdog: no failover{why}"
+        evidence = orjson.dumps({"down_ms": down_ms, "back_up_ns": back, "downs_last_hour": hourly,
+                                 "watchdog_ms": self.watchdog_ns / 1e6}).decode()
+        incident_id = stable_id("link_blip", node, link, back)
+        return [Incident(node=node, ts_ns=ts, incident_id=incident_id, kind="link_blip", state=state,
+                         severity=("warning" if hourly >= 3 else "info") if state == "open" else "info",
+                         target=bounded_name(f"{node}/{link}"), opened_ns=ts, detail=detail, evidence=evidence,
+                         command_ids=[])
+                for state in ("open", "resolve")]
 
     def _track_down(self, state: Any, node: str, link: str, port: Port, ts: int, went_down: bool) -> Emitted:
         timer_key = compound_key(node, link, "watchdog")

@@ -30,6 +30,7 @@ from clocktower.streams.engine.offset_watchdog import positions_and_commits
 from clocktower.streams.engine.ordered_sends import OrderedSends
 from clocktower.streams.engine.table_backing import TableBacking
 from clocktower.streams.engine.write_back import WriteBackOnCommit
+from clocktower.streams.event_failure import EventFailure
 from clocktower.streams.handled_audit import HandledAudit
 from clocktower.streams.node_signed_outputs import OutputSigner
 from clocktower.streams.processor import Processor
@@ -42,6 +43,7 @@ from clocktower.streams.topology import Topology, record_handlers
 
 log = logging.getLogger(__name__)
 CHANGELOG_BUFFER = 10_000
+DUE_CHECK_S = 0.25   # how often partitions with work waiting on the clock are ticked (Processor.due_partitions)
 
 
 class FaustWorker:
@@ -74,6 +76,7 @@ class FaustWorker:
         if self.regroup_linger_s > 0:
             app.timer(self.regroup_linger_s)(self._regrouped_due)
         app.timer(settings.streams_tick_s)(self._tick)
+        app.timer(DUE_CHECK_S)(self._due)
         for name in self.handlers:
             self._agent_for(name)
 
@@ -149,6 +152,20 @@ class FaustWorker:
     async def _regrouped_due(self) -> None:
         """Regrouped events that waited their linger go out even when no record comes to take them along."""
         self.regrouped.put(self.topology.regrouped_ready())
+
+    async def _due(self) -> None:
+        """Ticks the partitions whose processors have work waiting on this worker's clock (the flow join's segments
+        held for their clock estimates), so it goes out even when no record comes; not during a rebalance."""
+        if self.app.rebalancing or self.reload:
+            return
+        failures: list[EventFailure] = []
+        outs = list(records(self.topology.tick_due(failures)))
+        for f in failures:
+            log.error("a timer tick of a processor failed; it is tried again at the next one", exc_info=f.error)
+        if self.sign_outputs is not None:
+            outs = [self.sign_outputs(o) for o in outs]
+        for out in outs:
+            await self._send(out)
 
     async def _tick(self) -> None:
         """This worker's tick on control.ticks: the allocator, wherever it runs, re-checks the requests its budget

@@ -1,0 +1,130 @@
+"""A joined flow segment waits for the clock estimates that follow its timestamps, within a bound on either clock."""
+
+from __future__ import annotations
+
+import time
+
+from clocktower.schemas.analytics import ClockEstimate, FlowLatency
+from clocktower.streams.clocksync.clock_view import ClockView
+from clocktower.streams.joins.flow_latency import FlowLatencyJoin
+from clocktower.streams.processor_runner import ProcessorRunner
+from clocktower.streams.processors import Processors
+from clocktower.streams.state_store import StateStore
+from tests.control_keys import TEST_SIGNER
+from tests.test_flow_latency_join import T0, S, _run, flow
+
+OFFSET = 1_000   # node-1's clock is 1 us ahead of node-0's (the reference)
+
+
+class Clocks:
+    """Estimates known up to `covered_ns` of reference time; node-1 runs OFFSET ahead."""
+
+    def __init__(self) -> None:
+        self.covered_ns = 0
+
+    def _ref(self, node: str, local_ns: int) -> int:
+        return local_ns - (OFFSET if node == "node-1" else 0)
+
+    def to_reference(self, node: str, local_ns: int) -> tuple[int, int] | None:
+        return (self._ref(node, local_ns), 10) if self.covered_ns else None
+
+    def awaits(self, node: str, local_ns: int) -> bool:
+        return self._ref(node, local_ns) > self.covered_ns
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _join(clocks: Clocks, wall: Wall | None = None) -> FlowLatencyJoin:
+    return FlowLatencyJoin(clocks, wait_ns=3 * S, wall=wall or Wall())
+
+
+def test_a_segment_waits_for_the_estimate_after_it_then_is_corrected() -> None:
+    clocks = Clocks()
+    join = _join(clocks)
+    r = ProcessorRunner(join)
+    assert _run(r, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000)) == []
+    assert join.due_partitions() == [0] and join.held == 1
+    assert r.run(0, []) == []                          # a tick with the estimates still behind: it waits on
+    clocks.covered_ns = T0 + 5_000 - 1                 # an estimate, but one just before the rx end
+    assert r.run(0, []) == []
+    clocks.covered_ns = T0 + 5_000
+    [lat] = r.run(0, [])
+    assert isinstance(lat, FlowLatency) and lat.clock_corrected and lat.corrected_latency_ns == 5_000
+    assert join.due_partitions() == [] and join.held_to_bound == 0
+    assert _run(r, flow("node-1", "rx", T0 + 6_000)) == [lat]   # redelivered once published: the same row again
+
+
+def test_a_duplicate_half_while_held_publishes_nothing_early() -> None:
+    clocks = Clocks()
+    r = ProcessorRunner(_join(clocks))
+    _run(r, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000))
+    assert _run(r, flow("node-1", "rx", T0 + 6_000), flow("node-0", "tx", T0)) == []
+
+
+def test_the_wait_ends_on_the_workers_clock_and_is_counted() -> None:
+    wall = Wall()
+    join = _join(Clocks(), wall)
+    r = ProcessorRunner(join)
+    _run(r, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000))
+    wall.now += 2.9
+    assert r.run(0, []) == []
+    wall.now += 0.2
+    [lat] = r.run(0, [])
+    assert not lat.clock_corrected and lat.latency_ns == 6_000   # published as it is: no estimate came
+    assert join.held_to_bound == 1 and join.counters()["held_to_bound"] == 1
+
+
+def test_a_held_segment_survives_a_restart_and_its_new_owner_publishes_it_at_its_event_time_bound() -> None:
+    backing: dict[bytes, bytes] = {}
+    clocks = Clocks()
+    first = ProcessorRunner(_join(clocks), StateStore(_join(clocks), backing))
+    _run(first, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000))
+    owner = _join(clocks)
+    restarted = ProcessorRunner(owner, StateStore(owner, backing))   # the same table, a new worker
+    restarted.store.reload()
+    assert owner.due_partitions() == []                              # it knows of no held segment in memory...
+    clocks.covered_ns = T0 + 10 * S
+    later = _run(restarted, flow("node-0", "tx", T0 + 4 * S, seq=2), flow("node-1", "tx", T0 + 4 * S, seq=3))
+    [lat] = [x for x in later if x.seq == 1]                         # ...and publishes it once its wait is over
+    assert lat.clock_corrected and lat.corrected_latency_ns == 5_000
+
+
+def test_revoked_partitions_are_no_longer_ticked() -> None:
+    join = _join(Clocks())
+    _run(ProcessorRunner(join), flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000))
+    join.revoked()
+    assert join.due_partitions() == []
+
+
+def test_without_a_wait_or_clocks_a_segment_is_published_at_once() -> None:
+    [a] = _run(ProcessorRunner(FlowLatencyJoin(Clocks(), wait_ns=0)), flow("node-0", "tx", T0),
+               flow("node-1", "rx", T0 + 6_000))
+    assert not a.clock_corrected
+
+
+def test_clock_view_awaits_until_an_estimate_after_the_timestamp() -> None:
+    view = ClockView()
+    assert view.awaits("node-1", T0)                     # no estimate yet: the first solve may be on its way
+    est = dict(reference="node-0", solve_nodes=2, drift_ppb=0.0, drift_std_ppb=0.0, error_bound_ns=5,
+               offset_frac_ns=0.0)
+    view.add_estimates([ClockEstimate(node=n, ts_ns=T0, offset_ns=OFFSET if n == "node-1" else 0, **est)
+                        for n in ("node-0", "node-1")])
+    assert not view.awaits("node-0", T0 + S)             # the reference converts to itself
+    assert not view.awaits("node-1", T0 + OFFSET)        # covered: the estimate is at that instant
+    assert view.awaits("node-1", T0 + OFFSET + 1)
+    assert view.awaits("node-2", T0)                     # not in the latest solve
+
+
+def test_the_in_memory_pipeline_ticks_held_segments_on_its_timer() -> None:
+    procs = Processors(TEST_SIGNER, clock_wait_ns=1_000_000)   # 1 ms; no probes: no estimate comes
+    out = procs.on_batch([flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000)])
+    assert not [e for e in out if isinstance(e, FlowLatency)]
+    time.sleep(0.01)
+    [lat] = [e for e in procs.on_timer() if isinstance(e, FlowLatency)]
+    assert lat.latency_ns == 6_000 and not lat.clock_corrected
