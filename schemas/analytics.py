@@ -124,6 +124,8 @@ class IterationBreakdown(Event):
     comm_bytes: UInt64
     gpu: UInt8 | None = Field(None, description="the rank's device index on its node, from its iterations; null = "
                                                 "unknown (and in rows written before this column existed)")
+    world_size: UInt32 | None = Field(None, description="the job's ranks, from its iterations; null = unknown (and "
+                                                        "in rows written before this column existed)")
 
 
 Blame = Literal["link", "congestion", "gpu", "host", "none"]

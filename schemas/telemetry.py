@@ -112,6 +112,9 @@ class IterationEvent(Event):
     collectives: UInt32 | None = None
     gpu: UInt8 | None = Field(default=None, description="the rank's GPU: its device index on its node (LOCAL_RANK), "
                                                         "so a slow rank is traced to one GPU; null = unknown")
+    world_size: UInt32 | None = Field(default=None, description="how many ranks the job runs (WORLD_SIZE), so an "
+                                                                "iteration is judged across ranks once all of them "
+                                                                "reported it, whatever their order; null = unknown")
 
     @model_validator(mode="after")
     @column_rule("ordered", "start_ns", "end_ns")

@@ -44,6 +44,14 @@ def known_rank() -> int | None:
     return int(env) if env.isdigit() else None
 
 
+def world_size() -> int | None:
+    """The job's ranks: torch.distributed's once the process group is up, else $WORLD_SIZE, else None."""
+    if dist.is_initialized():
+        return dist.get_world_size()
+    env = os.environ.get("WORLD_SIZE", "")
+    return int(env) if env.isdigit() and int(env) > 0 else None
+
+
 def local_rank() -> int | None:
     """This rank's GPU on its node: $LOCAL_RANK (torchrun sets it, and by convention it is the device index), else
     the current CUDA device when CUDA is up, else None (unknown: a CPU run)."""
@@ -207,7 +215,8 @@ class Telemetry:
     def _record_iteration(self, it: int, start_ns: int, end_ns: int, collectives: int | None) -> None:
         self.buffer.add(IterationEvent, {"node": self.node, "ts_ns": time.time_ns(), "job": self.job,
                                          "rank": self.rank, "iteration": it, "start_ns": start_ns,
-                                         "end_ns": end_ns, "collectives": collectives, "gpu": self.gpu})
+                                         "end_ns": end_ns, "collectives": collectives, "gpu": self.gpu,
+                                         "world_size": world_size()})
 
     # --- flight recorder ----------------------------------------------------------
     def dump_flight_recorder(self, include_pending: bool = False) -> FlightRecorderDump:

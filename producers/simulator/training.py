@@ -125,6 +125,7 @@ class TrainingJob:
             end_local = clock.stamp(end, rng)
             out.append((end, build_it(node=topo.node_ids[r // g_count], ts_ns=end_local, job=JOB_ID, rank=r,
                                       iteration=it, start_ns=clock.stamp(starts[r], rng), end_ns=end_local,
-                                      collectives=self.buckets, gpu=r % g_count)))
+                                      collectives=self.buckets, gpu=r % g_count,
+                                      world_size=topo.ranks)))
         self.iteration += 1
         self.next_start = max(prev_end) + STEP_GAP_NS

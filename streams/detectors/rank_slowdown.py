@@ -4,7 +4,8 @@ A synchronous job runs at the pace of its slowest rank, so a rank's iteration ti
 for the straggler); its compute time does: the time not spent in collectives (iteration_breakdown.py). The
 straggler computes longer, the others wait longer in their first collective.
 
-- **Peers.** The rank's compute time against the median of every rank's latest one, in units of the median
+- **Peers.** The rank's compute time against the median of every rank's in the same iteration (straggler.py judges
+  an iteration once all its ranks are in), in units of the median
   absolute deviation (scaled by 1.4826, floored at `MAD_FLOOR` of the median so a job of identical ranks is not
   judged on nanoseconds). Slow: at least `min_excess` over the median and `min_z` MADs out. A fixed threshold
   alone would call every rank of a 2 %-jittery job slow some day; the MAD scales it to the job's own spread.
@@ -71,8 +72,8 @@ def peer_stats(latest: list[float]) -> tuple[float, float]:
 
 
 def judge(track: RankTrack, compute_ns: float, latest: list[float], rule: SlowdownRule) -> Verdict | None:
-    """Update `track` with one iteration's compute time; `latest` holds every rank's latest (this one's
-    included). None when there are too few peers to judge."""
+    """Update `track` with one iteration's compute time; `latest` holds every rank's compute time of that iteration
+    (this one's included). None when there are too few peers to judge."""
     if len(latest) < rule.min_peers:
         return None
     m, mad = peer_stats(latest)

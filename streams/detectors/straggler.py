@@ -1,7 +1,12 @@
 """Fail-slow ranks: a `straggler` incident for a rank that computes slower than its job's other ranks.
 
 Reads the per-rank iteration breakdowns (analytics.iterations) and judges each rank's compute time against its
-peers and its own past (rank_slowdown.py). The incident names the rank (target "job:rankN"), its node and its
+peers and its own past (rank_slowdown.py). An iteration is judged once every rank reported it (`world_size`, from
+the producers; else as many ranks as the job's largest iteration had), its ranks in rank order against that
+iteration's compute times, so the verdicts do not depend on the order in which the ranks' breakdowns arrive (N
+workers, one worker, a replay). One whose ranks stay missing (a rank died) is judged once a rank of the job
+reported `LAG` iterations later, with the ranks it has: that one depends on arrival order. The incident names the
+rank (target "job:rankN"), its node and its
 GPU, opens after the slowdown is sustained or a change is found, carries the figures as evidence, and resolves
 when the rank recovers.
 
@@ -14,17 +19,20 @@ If the straggler incident opened first (the two topics race), the thermal incide
 the straggler incident naming the thermal one, so the two are linked.
 
 Keyed by "fleet": analytics.iterations and analytics.incidents have one partition each, so one worker sees every
-job and every GPU incident. One state entry per job (its ranks' tracks and latest compute times), one per GPU
-with an open thermal incident, and one per GPU whose rank has a straggler incident open. A redelivered breakdown
-(an iteration of a rank at or before the newest seen) changes nothing and re-emits what it emitted, from the
-newest `RECENT` emissions kept per job. A job's entry holds every rank, so it grows with the job: about 250 bytes
-a rank, written after each batch that touches the job (a 1,000-rank job: 250 KB).
+job and every GPU incident. One state entry per job (its ranks' tracks and the iterations waiting for ranks), one
+per GPU with an open thermal incident, and one per GPU whose rank has a straggler incident open. A redelivered breakdown
+(one already waiting, or of an iteration judged) changes nothing and re-emits what it made when it completed its
+iteration, from the newest `RECENT` emissions kept per job. A job's entry holds every rank and the iterations
+waiting for ranks, so it grows with the job: about 300 bytes a rank, written after each batch that touches the job
+(a 1,000-rank job: 300 KB). The thermal fold still depends on whether the thermal incident was read before the
+iteration was judged (two topics: their relative order is the arrival order); judging at completion makes that
+likely, as the GPU's early warning comes seconds before its throttling slows the rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import orjson
 
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
 RECENT = 16                          # emissions kept per job, for a replay after a crash
+LAG = 2                              # an iteration still missing ranks is judged once one is this many ahead
 THERMAL_GRACE_NS = 5 * 10**9         # how long a resolved thermal incident is kept: an iteration that began before
                                      # it resolved was throttled in part, and is no straggler of its own
 DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgotten
@@ -46,7 +55,7 @@ DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgo
 @dataclass
 class Rank:
     track: RankTrack = field(default_factory=RankTrack)
-    iteration: int = -1              # newest iteration judged
+    iteration: int = -1              # (unused: entries written before iterations were judged whole have it)
     node: str = ""
     gpu: int | None = None
     incident: str = ""               # open straggler incident ("" = none)
@@ -57,8 +66,23 @@ class Rank:
 @dataclass
 class Job:
     ranks: dict[str, Rank] = field(default_factory=dict)          # str(rank) -> its state
-    latest: dict[str, float] = field(default_factory=dict)        # str(rank) -> latest compute ns
-    recent: list[list[Any]] = field(default_factory=list)         # [rank, iteration, [incident dicts]]
+    recent: list[list[Any]] = field(default_factory=list)         # [rank, iteration, [incident dicts]] (what made them)
+    pending: dict[str, dict[str, list[Any]]] = field(default_factory=dict)   # iteration -> rank -> RankIteration
+    done: int = -1                   # newest iteration judged
+    size: int = 0                    # ranks an iteration needs to be complete (0: not known yet)
+
+
+class RankIteration(NamedTuple):
+    """What is judged of one rank's iteration (the fields of IterationBreakdown the verdict and its rows read)."""
+
+    job: str
+    rank: int
+    iteration: int
+    node: str
+    gpu: int | None
+    start_ns: int
+    ts_ns: int
+    compute_ns: int
 
 
 def gpu_target(node: str, gpu: int | None) -> str:
@@ -93,23 +117,43 @@ class StragglerDetector(Processor):
         assert isinstance(event, IterationBreakdown)
         key = compound_key("job", event.job)
         job: Job = state.get(key) or Job()
-        r = str(event.rank)
-        rank = job.ranks.get(r) or Rank()
-        if event.iteration <= rank.iteration:
+        waiting = job.pending.get(str(event.iteration), {})
+        if event.iteration <= job.done or str(event.rank) in waiting:   # a redelivery: what it made comes again
             self.redelivered += 1
             return [Incident.model_construct(**d) for rk, it, ds in job.recent
                     if rk == event.rank and it == event.iteration for d in ds]
-        rank.iteration, rank.node, rank.gpu = event.iteration, event.node, event.gpu
-        job.latest[r] = float(event.compute_ns)
-        job.ranks[r] = rank
-        verdict = judge(rank.track, float(event.compute_ns), list(job.latest.values()), self.rule)
-        out = self._outputs(state, event, rank, verdict) if verdict else []
+        job.pending.setdefault(str(event.iteration), {})[str(event.rank)] = list(RankIteration(
+            event.job, event.rank, event.iteration, event.node, event.gpu, event.start_ns, event.ts_ns,
+            event.compute_ns))
+        job.size = max(job.size, event.world_size or 0)
+        out: list[Incident] = []
+        for it in sorted(int(i) for i in job.pending):
+            ranks = job.pending[str(it)]
+            if not ((job.size and len(ranks) >= job.size) or event.iteration >= it + LAG):
+                break
+            del job.pending[str(it)]
+            out += self._judge_iteration(state, job, [RankIteration(*ranks[r]) for r in sorted(ranks, key=int)])
+            job.done = it
+            job.size = max(job.size, len(ranks))
         if out:
             job.recent = [*job.recent, [event.rank, event.iteration, [o.model_dump() for o in out]]][-RECENT:]
         state.put(key, job, event.ts_ns + self.state_ttl_ns)
-        return list(out)
+        return out
 
-    def _outputs(self, state: Any, ev: IterationBreakdown, rank: Rank, v: Verdict) -> list[Incident]:
+    def _judge_iteration(self, state: Any, job: Job, ranks: list[RankIteration]) -> list[Incident]:
+        """Every rank of one iteration, in rank order, against that iteration's compute times."""
+        peers = [float(r.compute_ns) for r in ranks]
+        out: list[Incident] = []
+        for ev in ranks:
+            rank = job.ranks.get(str(ev.rank)) or Rank()
+            rank.node, rank.gpu = ev.node, ev.gpu
+            job.ranks[str(ev.rank)] = rank
+            verdict = judge(rank.track, float(ev.compute_ns), peers, self.rule)
+            if verdict:
+                out += self._outputs(state, ev, rank, verdict)
+        return out
+
+    def _outputs(self, state: Any, ev: RankIteration, rank: Rank, v: Verdict) -> list[Incident]:
         evidence = orjson.dumps({
             "rank": ev.rank, "node": ev.node, "gpu": ev.gpu, "iteration": ev.iteration,
             "compute_ms": ev.compute_ns / 1e6, "peer_median_ms": v.peer_median / 1e6, "peer_mad_ms": v.peer_mad / 1e6,
@@ -148,7 +192,7 @@ class StragglerDetector(Processor):
         return []
 
     @staticmethod
-    def _thermal_of(state: Any, ev: IterationBreakdown) -> tuple[str, int, int] | None:
+    def _thermal_of(state: Any, ev: RankIteration) -> tuple[str, int, int] | None:
         """The thermal incident of the rank's GPU, open, or resolved after this iteration began (it ran throttled
         in part): (id, opened_ns, resolved_ns or 0), or None. Both times are on the rank's node's clock."""
         found = state.get(compound_key("thermal", gpu_target(ev.node, ev.gpu))) if ev.gpu is not None else None
@@ -157,7 +201,7 @@ class StragglerDetector(Processor):
         return found
 
     @staticmethod
-    def _row(ev: IterationBreakdown, rank: Rank, state: str, severity: str, detail: str, evidence: str) -> Incident:
+    def _row(ev: RankIteration, rank: Rank, state: str, severity: str, detail: str, evidence: str) -> Incident:
         return Incident(node=ev.node, ts_ns=ev.ts_ns, incident_id=rank.incident, kind="straggler", state=state,
                         severity=severity, target=bounded_name(f"{ev.job}:rank{ev.rank}"), opened_ns=rank.opened_ns,
                         detail=detail, evidence=evidence)
@@ -193,7 +237,8 @@ class StragglerDetector(Processor):
     def encode_state(self, value: Any) -> bytes:
         if isinstance(value, Job):
             return orjson.dumps({"ranks": {r: {**asdict(x), "track": asdict(x.track)} for r, x in value.ranks.items()},
-                                 "latest": value.latest, "recent": value.recent})
+                                 "recent": value.recent, "pending": value.pending, "done": value.done,
+                                 "size": value.size})
         return orjson.dumps(list(value))
 
     def decode_state(self, data: bytes) -> Any:
@@ -201,4 +246,4 @@ class StragglerDetector(Processor):
         if isinstance(d, list):
             return tuple(d)
         ranks = {r: Rank(**{**x, "track": RankTrack(**x["track"])}) for r, x in d["ranks"].items()}
-        return Job(ranks, d["latest"], d["recent"])
+        return Job(ranks, d["recent"], d.get("pending", {}), d.get("done", -1), d.get("size", 0))

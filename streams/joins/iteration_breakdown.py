@@ -68,10 +68,12 @@ class PendingIteration(NamedTuple):
     end_ns: int
     collectives: int | None
     gpu: int | None = None   # a default: entries written before this field had 8 values
+    world_size: int | None = None   # likewise (9 values)
 
     @classmethod
     def of(cls, it: IterationEvent) -> PendingIteration:
-        return cls(it.node, it.ts_ns, it.job, it.rank, it.iteration, it.start_ns, it.end_ns, it.collectives, it.gpu)
+        return cls(it.node, it.ts_ns, it.job, it.rank, it.iteration, it.start_ns, it.end_ns, it.collectives, it.gpu,
+                   it.world_size)
 
 
 
@@ -261,6 +263,7 @@ class IterationBreakdownJoin(Processor):
             node=it.node, ts_ns=it.end_ns, job=it.job, rank=it.rank, iteration=it.iteration,
             start_ns=it.start_ns, end_ns=it.end_ns, duration_ns=duration, comm_ns=comm,
             compute_ns=duration - comm, collectives=len(cols), comm_bytes=sum(b for _, _, b in cols), gpu=it.gpu,
+            world_size=it.world_size,
         )
 
     def encode_state(self, value: RankState) -> bytes:
