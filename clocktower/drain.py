@@ -5,9 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from clocktower.streams.joins.flow_latency import DEFAULT_CLOCK_WAIT_NS
 from clocktower.topic_admin import READERS, consumer_lag
 
 SINK, STREAMS = "clocktower-sink", "clocktower-streams"
+# With the streams, what they hold on their own clock must have come out too: a flow segment waits up to
+# CLOCKTOWER_STREAMS_CLOCK_WAIT_S (default 3 s) for its clock estimates after its input was read, and the worker
+# publishes it on a 0.25 s timer. So drained means no lag for that long and a second more.
+STREAMS_SETTLE_S = DEFAULT_CLOCK_WAIT_NS / 1e9 + 1.0
 
 
 def lag(bootstrap: str, with_streams: bool = True) -> int:
@@ -24,13 +29,16 @@ def _lag_and_commits(bootstrap: str, with_streams: bool) -> tuple[int, int]:
 
 def wait_drained(bootstrap: str, timeout: float | None, on_poll: Callable[[int], None] = lambda n: None,
                  check: Callable[[], object] = lambda: None, with_streams: bool = True,
-                 stall_s: float | None = None) -> bool:
-    """True once the lag is 0 on two polls in a row (streams may still emit after the first). False after
-    `timeout` seconds (None: no limit), or once no consumer has committed anything for `stall_s` seconds while
-    records wait: a slow machine that still catches up is waited for, a pipeline that stopped is not."""
+                 stall_s: float | None = None, settle_s: float | None = None) -> bool:
+    """True once the lag is 0 on two polls in a row (streams may still emit after the first) and has stayed 0 for
+    `settle_s` (default: STREAMS_SETTLE_S with the streams, else 0). False after `timeout` seconds (None: no
+    limit), or once no consumer has committed anything for `stall_s` seconds while records wait: a slow machine that
+    still catches up is waited for, a pipeline that stopped is not."""
     start = time.monotonic()
     commits, moved_at = -1, start
     zero_polls = 0
+    settle = (STREAMS_SETTLE_S if with_streams else 0.0) if settle_s is None else settle_s
+    zero_since = start
     while True:
         check()
         n, now_commits = _lag_and_commits(bootstrap, with_streams)
@@ -39,7 +47,9 @@ def wait_drained(bootstrap: str, timeout: float | None, on_poll: Callable[[int],
         if now_commits != commits or n == 0:
             commits, moved_at = now_commits, now
         zero_polls = zero_polls + 1 if n == 0 else 0
-        if zero_polls >= 2:
+        if zero_polls == 1:
+            zero_since = now   # the lag has been 0 since this poll
+        if zero_polls >= 2 and now - zero_since >= settle:
             return True
         if (timeout is not None and now - start >= timeout) or (stall_s is not None and now - moved_at >= stall_s):
             return False

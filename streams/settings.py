@@ -10,6 +10,7 @@ from pydantic_settings import NoDecode
 
 from clocktower.runtime.setting_text import json_or_text
 from clocktower.runtime.settings import RuntimeSettings
+from clocktower.streams.joins.flow_latency import DEFAULT_CLOCK_WAIT_NS
 
 
 class StreamsSettings(RuntimeSettings):
@@ -73,7 +74,8 @@ class StreamsSettings(RuntimeSettings):
         "the incident saying it needs a human. Commands are valid for 60 s from when they are issued, whatever the "
         "fault's age; actuators accept none more than an hour past its event time")
     streams_clock_wait_s: float = Field(
-        default=3.0, ge=0, le=60, description="a joined flow segment waits up to this long (event time, or the "
+        default=DEFAULT_CLOCK_WAIT_NS / 1e9, ge=0, le=60, description="a joined flow segment waits up to this long "
+        "(event time, or the "
         "worker's clock) for the clock estimates that follow its timestamps before its one-way latency is published, "
         "so it is corrected by interpolation rather than extrapolation, or at all (streams/joins/flow_latency.py). "
         "Without clock probes every row comes this late: 0 = publish at once")

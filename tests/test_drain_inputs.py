@@ -77,3 +77,14 @@ def test_a_drain_is_given_up_once_nothing_is_committed_for_the_stall_limit(monke
     clock = _polls(monkeypatch, [(500, None), (400, 100), (300, 200), (300, 200)])
     assert not drain.wait_drained("unused:1", None, stall_s=10.0)
     assert 10.0 <= clock.now <= 12.0           # the last commit came at 1 s
+
+
+def test_with_the_streams_drained_means_no_lag_for_the_clock_wait_and_a_second_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow segment held for its clock estimates comes out up to CLOCKTOWER_STREAMS_CLOCK_WAIT_S after its input
+    was read: two polls at lag 0 are not enough; lag coming back (the held rows reach the sink) starts it again."""
+    clock = _polls(monkeypatch, [(0, 10), (0, 10), (5, 10), *[(0, 15)] * 20])
+    assert drain.wait_drained("unused:1", None)
+    assert clock.now >= 2 + drain.STREAMS_SETTLE_S          # counted from the poll after the lag came back
+    quick = _polls(monkeypatch, [(0, 10)])
+    assert drain.wait_drained("unused:1", None, with_streams=False) and quick.now <= 1.5

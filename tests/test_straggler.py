@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from clocktower.schemas.analytics import Incident, IterationBreakdown
 from clocktower.streams.detectors.rank_slowdown import RankTrack, SlowdownRule, judge
 from clocktower.streams.detectors.straggler import StragglerDetector
+from clocktower.streams.processor_runner import ProcessorRunner
 from tests.test_detectors import Fed
 
 T0 = 1_780_000_000 * 10**9
@@ -193,3 +194,19 @@ def test_the_verdicts_do_not_depend_on_the_order_the_ranks_breakdowns_arrive(see
     expected = rows(events)
     assert [s for _, s, *_ in expected] == ["open", "resolve"]
     assert rows(shuffled) == expected
+
+
+def test_an_iteration_missing_a_dead_rank_is_judged_once_event_time_is_well_past_it() -> None:
+    """Rank 15 dies after iteration 5: the job's later iterations never complete, and are judged with the 15 ranks
+    they have once the partition's event time is MISSING_NS past them (not at once: a late rank is not a dead one)."""
+    runner = ProcessorRunner(StragglerDetector())
+    out: list = []
+    for it in range(45):
+        for r in range(16 if it <= 5 else 15):
+            out += runner.run(0, [bd(r, it, 200 * (1.5 if r == 5 and it >= 8 else 1.0) * (1 + 0.01 * (r % 3 - 1)),
+                                  world_size=16)])
+        if it == 20:
+            assert not [o for o in out if o.state == "open"]   # 12 iterations (4.8 s) on: still waiting for rank 15
+    [opened] = [o for o in out if o.state == "open"]
+    ev = orjson.loads(opened.evidence)
+    assert opened.target == "job-a:rank5" and ev["iteration"] == 8 and ev["peers"] == 15

@@ -4,7 +4,8 @@
 Reads the ranks' breakdowns (analytics.iterations) and the incidents (analytics.incidents), both of one partition,
 so one worker sees every job and every incident (key "fleet"). An iteration is judged once as many ranks reported
 it as the job has (`world_size`, from its producers) or had in its last judged iteration, or, for one whose ranks
-stay missing (the first of a job of unknown size, or a rank that died), once a rank of the job reported `LAG` iterations later. It is blamed on the incidents open at some time
+stay missing (the first of a job of unknown size, or a rank that died), once a rank of the job reported `LAG`
+iterations later. It is blamed on the incidents open at some time
 during it (by their open and resolve times, on the nodes' clocks: the streams read GPU health and the iterations at
 different paces, and an incident's resolve may come before the iterations it overlapped); an incident read only
 after the iteration was judged is not seen.

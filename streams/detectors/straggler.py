@@ -4,8 +4,10 @@ Reads the per-rank iteration breakdowns (analytics.iterations) and judges each r
 peers and its own past (rank_slowdown.py). An iteration is judged once every rank reported it (`world_size`, from
 the producers; else as many ranks as the job's largest iteration had), its ranks in rank order against that
 iteration's compute times, so the verdicts do not depend on the order in which the ranks' breakdowns arrive (N
-workers, one worker, a replay). One whose ranks stay missing (a rank died) is judged once a rank of the job
-reported `LAG` iterations later, with the ranks it has: that one depends on arrival order. The incident names the
+workers, one worker, a replay). One whose ranks stay missing (a rank died) is judged with the ranks it has once the
+partition's event time is `MISSING_NS` past its end (that time waits for the slowest node, so a rank whose records
+come late through a worker that restarted is not taken for a dead one), or, for a job of unknown size, once a rank
+of the job reported `LAG` iterations later: that one depends on arrival order. The incident names the
 rank (target "job:rankN"), its node and its
 GPU, opens after the slowdown is sustained or a change is found, carries the figures as evidence, and resolves
 when the rank recovers.
@@ -46,7 +48,8 @@ if TYPE_CHECKING:
     from clocktower.streams.processor_context import ProcessorContext
 
 RECENT = 16                          # emissions kept per job, for a replay after a crash
-LAG = 2                              # an iteration still missing ranks is judged once one is this many ahead
+LAG = 2                              # a job of unknown size: an iteration is judged once a rank is this many ahead
+MISSING_NS = 10 * 10**9              # a job of known size: an iteration missing ranks is judged this long after it
 THERMAL_GRACE_NS = 5 * 10**9         # how long a resolved thermal incident is kept: an iteration that began before
                                      # it resolved was throttled in part, and is no straggler of its own
 DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgotten
@@ -129,7 +132,12 @@ class StragglerDetector(Processor):
         out: list[Incident] = []
         for it in sorted(int(i) for i in job.pending):
             ranks = job.pending[str(it)]
-            if not ((job.size and len(ranks) >= job.size) or event.iteration >= it + LAG):
+            complete = job.size and len(ranks) >= job.size
+            if event.world_size:
+                overdue = state.now_ns >= max(r[6] for r in ranks.values()) + MISSING_NS   # r[6]: its ts_ns
+            else:
+                overdue = event.iteration >= it + LAG
+            if not (complete or overdue):
                 break
             del job.pending[str(it)]
             out += self._judge_iteration(state, job, [RankIteration(*ranks[r]) for r in sorted(ranks, key=int)])
