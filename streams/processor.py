@@ -69,6 +69,12 @@ class Processor(ABC):
         """This worker's partitions were taken away: forget what `due_partitions` tracks (their state stays)."""
         return None
 
+    def restored(self, partition: int, key: str, data: bytes) -> None:
+        """An entry (still encoded) of the table this worker recovered after a rebalance: where `due_partitions`
+        tracks work in the state, pick it up again here (the partitions' last owner may have died). Nothing by
+        default."""
+        return None
+
     def on_expired(self, expired: list[tuple[str, Any]]) -> list[Output]:
         """What expired entries produce (by default nothing); a processor counts its expiries here."""
         return []

@@ -254,8 +254,9 @@ class StateStore:
         return None if raw is None else _HEADER.unpack_from(raw)[0]
 
     def reload(self) -> None:
-        """Rebuild the expiry index from the backing mapping (after recovery or a rebalance). Entries still
-        pending are dropped: their records were not committed, and are read again."""
+        """Rebuild the expiry index from the backing mapping (after recovery or a rebalance), and show the codec
+        (the processor: Processor.restored) each entry. Entries still pending are dropped: their records were not
+        committed, and are read again."""
         self.drop_pending()
         self._cache.clear()
         self._home.clear()
@@ -264,9 +265,12 @@ class StateStore:
         self._expiry = {}
         self._indexed = {}
         self.entries = {}
+        restored = getattr(self.codec, "restored", None)
         for k, raw in self.backing.items():
             expires, partition = _HEADER.unpack_from(raw)
             key = k.decode()
+            if restored is not None:
+                restored(partition, key, raw[_HEADER.size:])
             self._indexed[key] = expires
             self._expiry.setdefault(partition, []).append((expires, key))
             self.entries[partition] = self.entries.get(partition, 0) + 1

@@ -17,8 +17,9 @@ have come (ClockCorrection.awaits: the estimates come a solve and two Kafka hops
 published: converting it then would extrapolate the offsets, or fail. It is published as soon as both ends'
 estimates cover it, or after `wait_ns` (CLOCKTOWER_STREAMS_CLOCK_WAIT_S, default 3 s), whichever comes first, on
 either clock: the partition's event time (the entry's expiry: so a held segment survives a crash in the table, and
-its new owner publishes it by then) or the worker's own (the worker ticks partitions with held segments on a timer
-even when no record comes: `due_partitions`). Then it is converted with whatever estimate there is, or not at all.
+its new owner picks it up from the table: `restored`) or the worker's own (the worker ticks partitions with held
+segments on a timer even when no record comes: `due_partitions`). Then it is converted with whatever estimate there
+is, or not at all.
 With no clock probes at all, every row comes `wait_ns` late: set 0 to never wait.
 """
 
@@ -39,6 +40,7 @@ from clocktower.streams.processor_context import ProcessorContext
 
 DEFAULT_SEGMENT_TTL_NS = 10 * 10**9
 DEFAULT_CLOCK_WAIT_NS = 3 * 10**9
+_HELD = b'"held":true'   # how encode_state marks a held segment
 
 
 class ClockCorrection(Protocol):
@@ -167,7 +169,13 @@ class FlowLatencyJoin(Processor):
         return [p for p, held in self._held.items() if held]
 
     def revoked(self) -> None:
-        self._held.clear()   # their entries stay held in the table: the next owner publishes them at their expiry
+        self._held.clear()   # their entries stay held in the table: `restored` picks them up again
+
+    def restored(self, partition: int, key: str, data: bytes) -> None:
+        """A held segment recovered from the table (its last owner died, or the partitions moved) waits again, at
+        most `wait_ns` of this worker's clock: its partition may see no later record to expire it in event time."""
+        if self.wait_ns > 0 and _HELD in data:   # (a name inside a JSON string has its quotes escaped: no match)
+            self._held.setdefault(partition, {})[key] = self.wall() + self.wait_ns / 1e9
 
     def counters(self) -> dict[str, int]:
         return {"duplicate_halves": self.duplicates, "expired_halves": self.expired_halves,
