@@ -11,8 +11,9 @@ node without it, and decides every restore). Time is the event time of the node'
   state store, so `tick` fires it when the partition's event time passes it even if the node sends nothing
   more; the link's next report fires it otherwise (with 0, the down report does). Both give the same ids.
   A link first seen down was never seen working (an uncabled port): it is watched from its first up.
-- **Blip.** A link that goes down and comes back before the watchdog (a 30 ms loss of carrier), with no incident
-  open, and then stays up `BLIP_SETTLE_NS` (1 s; else it was the start of a flap burst, which is the incident), is
+- **Blip.** A link that goes down and comes back before the watchdog (a 30 ms loss of carrier), and then stays up
+  `BLIP_SETTLE_NS` (1 s; else it was the start of a flap burst, which is the incident; with an incident already
+  open on the link, it must have been stable that long before the blip too: not the tail of its burst), is
   recorded as a `link_blip` incident, opened and resolved at once (it is over when seen), with its duration and
   the link's downs in the last hour as evidence: no command, but repeated blips predict a failing optic or cable,
   so from the third in an hour it is a warning that says so. A down and up that fell between two reports (the
@@ -251,8 +252,10 @@ class LinkFlapDetector(ReplayingDetector):
         elif timer.kind == "blip":
             if not port.blip or port.blip[1] != timer.since:
                 return []
-            if port.last_change_ns != timer.since or port.incident_id is not None or not port.up:
-                port.blip = []            # more changes came (a flap burst: its own incident), or an incident opened
+            began = port.blip[0] if port.blip[0] >= 0 else timer.since   # (-1: the down fell between two reports)
+            about_it = port.incident_id is not None and port.opened_ns >= began   # (the node's own failover on it)
+            if port.last_change_ns != timer.since or not port.up or about_it:
+                port.blip = []   # more changes came (a flap burst: its own incident), or an incident opened on it
                 state.put(key, port, port.log.newest + self.state_ttl_ns)
                 return []
             out = self._blip(timer.node, timer.link, port)
@@ -322,16 +325,24 @@ class LinkFlapDetector(ReplayingDetector):
 
     def _track_blip(self, state: Any, node: str, link: str, port: Port, ts: int, up: bool, downs: int,
                     was_up: bool) -> None:
-        """A down shorter than the watchdog, seen come back up (or only in the counter), on a link with no incident:
-        its settle timer starts (module doc). Called before the down is cleared."""
-        if not up or port.incident_id is not None or port.quarantined:
+        """A down shorter than the watchdog, seen come back up (or only in the counter), on a link not quarantined:
+        its settle timer starts (module doc). With an incident open, only an isolated one (the link stable for
+        `BLIP_SETTLE_NS` before it too): a short down inside a flap burst is the burst's. Called before the down is
+        cleared, after this report's change is counted."""
+        if not up or port.quarantined:
             return
         if port.down_since is not None and ts - port.down_since < self.watchdog_ns:
-            port.blip = [port.down_since, ts]
+            blip = [port.down_since, ts]
         elif port.down_since is None and was_up and downs:
-            port.blip = [-1, ts]
+            blip = [-1, ts]
         else:
             return
+        if port.incident_id is not None:
+            start = ts if blip[0] < 0 else blip[0]
+            before = [c for c, _ in port.changes if c < start]
+            if before and start - before[-1] < BLIP_SETTLE_NS:
+                return
+        port.blip = blip
         state.put(compound_key(node, link, "blip"), Timer(node, link, ts, "blip"), ts + BLIP_SETTLE_NS, capped=False)
 
     def _blip(self, node: str, link: str, port: Port) -> Emitted:
@@ -344,8 +355,10 @@ class LinkFlapDetector(ReplayingDetector):
         hourly = port.hourly_downs
         why = f"; {hourly} downs in the last hour: repeated blips predict a failing optic or cable" * (hourly >= 3)
         detail = f"carrier lost for {length}, back before the {self.watchdog_ns / 1e6:g} ms watchdog: no failover{why}"
+        if port.incident_id is not None:   # its restore waits for the link to be stable again
+            detail += f"; {port.incident_kind} {port.incident_id} still open, its restore waits for a stable link"
         evidence = orjson.dumps({"down_ms": down_ms, "back_up_ns": back, "downs_last_hour": hourly,
-                                 "watchdog_ms": self.watchdog_ns / 1e6}).decode()
+                                 "watchdog_ms": self.watchdog_ns / 1e6, "open_incident": port.incident_id}).decode()
         incident_id = stable_id("link_blip", node, link, back)
         return [Incident(node=node, ts_ns=ts, incident_id=incident_id, kind="link_blip", state=state,
                          severity=("warning" if hourly >= 3 else "info") if state == "open" else "info",
