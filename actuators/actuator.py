@@ -20,7 +20,9 @@ discovered from its routes), never obeyed: a signed command built from a forged 
 moving a node's default route there blackholes it.
 
 QoS (streams/detectors/congestion.py): `rate_limit` {"share": "0.25"}, `pause` and `resume`, target "low": the low
-traffic class's share of this node's shaped links (control/traffic_class.py), applied by its `TrafficShaper`.
+traffic class's share of this node's shaped links (control/traffic_class.py), applied by its `TrafficShaper`. A
+limit is held for its `lease_s` param (qos_leases.py) and lifted when that runs out with no renewal: a lost `resume`
+does not cap the node for good. `expire_leases` lifts them (the command consumer calls it before each fetch).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from datetime import UTC, datetime
 
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.qos_leases import DEFAULT_LEASE_S, RETRY_NS, Leases, lease_ns
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.traffic_shaper import TrafficShaper
@@ -65,12 +68,17 @@ class Actuator:
 
     def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
                  quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns, *,
-                 backups: Callable[[str], str], shaper: TrafficShaper | None = None) -> None:
+                 backups: Callable[[str], str], shaper: TrafficShaper | None = None,
+                 qos_lease_s: float = DEFAULT_LEASE_S) -> None:
         """`backups(link)`: the backup port this node has for `link` ("" if none), from its own configuration or
         discovery (the agent's port topology), never from a report or a command. `shaper`: the node's traffic
-        shaper for `rate_limit`, `pause` and `resume` (None: those are refused, saying how to configure one)."""
+        shaper for `rate_limit`, `pause` and `resume` (None: those are refused, saying how to configure one);
+        `qos_lease_s`: how long a limit holds without renewal when its command names no `lease_s`."""
         self.node = node
         self.shaper = shaper
+        self.qos_lease_s = qos_lease_s
+        self.leases = Leases()
+        self.leases_expired = 0   # limits lifted because no renewal came in time
         self.backups = backups
         self.verifier = verifier
         self.routing = routing
@@ -174,12 +182,36 @@ class Actuator:
         holder = cmd.params.get("toward", "") or cmd.incident_id   # the congested link the limit is held for
         try:
             if cmd.action == "resume":
+                self.leases.drop(holder)
                 return self.shaper.resume(holder)
-            if cmd.action == "pause":
-                return self.shaper.limit(PAUSED_SHARE, holder)
-            return self.shaper.limit(parse_share(cmd.params.get("share", "")), holder)
+            lease = lease_ns(cmd.params.get("lease_s"), self.qos_lease_s)
+            share = PAUSED_SHARE if cmd.action == "pause" else parse_share(cmd.params.get("share", ""))
         except ValueError as exc:
             raise Refused(str(exc)) from None
+        done = self.shaper.limit(share, holder)
+        self.leases.grant(holder, self.clock(), lease)
+        return f"{done} (held {lease / 1e9:g} s unless renewed)"
+
+    def expire_leases(self) -> list[str]:
+        """Lift the limits whose lease ran out with no renewal; the holders lifted. Never raises: a lift that fails
+        is logged and tried again RETRY_NS later."""
+        with self._lock:
+            if self.shaper is None:
+                return []
+            now = self.clock()
+            lifted = []
+            for holder in self.leases.expired(now):
+                try:
+                    done = self.shaper.resume(holder)
+                except Exception as exc:  # noqa: BLE001 - tried again, never stops the consumer
+                    log.error("QoS limit held for %s: its lease ran out but lifting it failed (%s); trying again in "
+                              "%g s", holder, exc, RETRY_NS / 1e9)
+                    self.leases.grant(holder, now, RETRY_NS)
+                    continue
+                self.leases_expired += 1
+                lifted.append(holder)
+                log.warning("QoS limit held for %s lifted: no renewal came within its lease (%s)", holder, done)
+            return lifted
 
     def _backup(self, cmd: ControlCommand, key: str) -> str:
         backup = cmd.params.get(key, "")

@@ -239,6 +239,7 @@ class CommandConsumer:
     def before_consume(self) -> None:
         if time.monotonic() >= self._refresh_at:
             self._assign_own()   # the topic grew: add the node's new partition
+        self.actuator.expire_leases()   # QoS limits whose renewal never came (actuators/qos_leases.py)
 
     def handle(self, msg: Message) -> bool:
         err = msg.error()

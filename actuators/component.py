@@ -22,6 +22,7 @@ from clocktower.actuators.command_consumer import CommandConsumer
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.kernel_shaper import KernelShaper
 from clocktower.actuators.link_routing import LinkRouting
+from clocktower.actuators.qos_leases import DEFAULT_LEASE_S
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.settings import ActuatorSettings
@@ -49,11 +50,11 @@ class Availability:
 
 def open_actuator(node: str, verifier: CommandVerifier, routing: LinkRouting, state_dir: Path,
                   hooks: Hooks | None = None, *, backups: Callable[[str], str],
-                  shaper: TrafficShaper | None = None) -> Actuator:
+                  shaper: TrafficShaper | None = None, qos_lease_s: float = DEFAULT_LEASE_S) -> Actuator:
     """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts); `backups(link)`
     is the node's own backup port of `link`, `shaper` its traffic shaper (see Actuator)."""
     return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}),
-                    backups=backups, shaper=shaper)
+                    backups=backups, shaper=shaper, qos_lease_s=qos_lease_s)
 
 
 class ActuatorComponent:
@@ -109,7 +110,8 @@ class ActuatorComponent:
         s = self.settings
         shaper = KernelShaper(s.qos_links, netns=self.netns) if s.qos_links else None
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
-                                       Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups, shaper=shaper)
+                                       Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups, shaper=shaper,
+                                       qos_lease_s=s.qos_lease_s)
 
         deliver = self._durable_publish or emit
 

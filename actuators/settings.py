@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from clocktower.actuators.qos_leases import DEFAULT_LEASE_S, MAX_LEASE_S
 from clocktower.runtime.broker_profile import BrokerProfile, profile_field, profile_settings
 from clocktower.runtime.credentials import control_public_key_path
 from clocktower.runtime.errors import UserError
@@ -96,6 +97,9 @@ class ActuatorSettings(BaseSettings):
     qos_links: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict, description=(
         "the links whose egress this node shapes for `rate_limit`/`pause`/`resume`, with their rates in Mbit/s, as "
         "eth0=400000,eth1=400000 or JSON; none: QoS commands are refused"))
+    qos_lease_s: float = Field(default=DEFAULT_LEASE_S, ge=1, le=MAX_LEASE_S, description=(
+        "how long a `rate_limit`/`pause` holds without renewal when its command names no `lease_s` (the congestion "
+        "detector names one, and renews it while the congestion lasts): a lost `resume` lifts the cap after this"))
     watchdog_ms: float = Field(default=50.0, ge=0, le=60_000, description=(
         "T_watchdog: a primary link without carrier this long is failed over by the agent itself (0: at once)"))
 

@@ -20,6 +20,7 @@ from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.quarantine import Quarantine
 from clocktower.actuators.seen_commands import SeenCommands
 from clocktower.actuators.simulated_routing import SimulatedRouting
+from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.intent import CommandIntent
 from clocktower.control.issuer import CommandIssuer
 from clocktower.schemas.codec import encode_batch
@@ -74,10 +75,12 @@ def _encoded(cmd: ControlCommand) -> tuple[str, bytes, bytes, list]:
 class Run:
     """One actuator consumer on a thread, with the events it publishes collected."""
 
-    def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting, **consumer: object) -> None:
+    def __init__(self, bootstrap: str, state: Path, routing: SimulatedRouting, shaper: SimulatedShaper | None = None,
+                 **consumer: object) -> None:
         self.published: list[Event] = []
-        actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state), Hooks({}),
-                            backups=lambda link: "eth9")   # every command here names eth9
+        self.actuator = actuator = Actuator(NODE, TEST_VERIFIER, routing, SeenCommands(state), Quarantine(state),
+                                            Hooks({}), backups=lambda link: "eth9",   # every command here names eth9
+                                            shaper=shaper)
         self.consumer = CommandConsumer(bootstrap, actuator, self.published.extend, metadata_refresh_s=0.5,
                                         **consumer)  # type: ignore[arg-type]
         self.stop = threading.Event()
@@ -138,6 +141,26 @@ def test_the_actuator_acks_only_its_own_commands_and_not_again_after_a_restart(b
     finally:
         again.close()
     assert [(a.command_id, a.status) for a in again.published] == [(later.command_id, "applied")]  # type: ignore[attr-defined]
+
+
+def test_the_consume_loop_lifts_a_qos_limit_whose_lease_runs_out_with_no_command_coming(broker: StandaloneBroker,
+                                                                                        tmp_path: Path) -> None:
+    """A `resume` that never comes: the limit is lifted one lease later by the running consumer, with nothing read."""
+    cmd = CommandIssuer(TEST_SIGNER).issue(CommandIntent(NODE, "rate_limit", "low", time.time_ns(), "inc-q",
+                                                         {"share": "0.25", "lease_s": "1", "toward": "node-b"}))
+    _send(broker.bootstrap, [_encoded(cmd)])
+    shaper = SimulatedShaper()
+    run = Run(broker.bootstrap, tmp_path / "state", SimulatedRouting(), shaper)
+    try:
+        run.wait(1)
+        deadline = time.monotonic() + 15
+        while shaper.low_share() != 1.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        run.close()
+    [ack] = run.published
+    assert isinstance(ack, ControlAck) and ack.status == "applied" and "capped at 25%" in ack.detail
+    assert shaper.low_share() == 1.0 and run.actuator.leases_expired == 1
 
 
 def test_a_new_actuator_starts_at_the_last_command_lifetime_and_finds_its_partition_after_growth(

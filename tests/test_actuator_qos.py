@@ -32,13 +32,13 @@ from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.traffic_class import HIGH_CLASSID, LOW_CLASSID, traffic_class
 from tests.control_keys import TEST_VERIFIER
 from tests.failover_bed import in_netns
-from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, _cmd
+from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
 
 SO_PRIORITY = 12
 
 
-def _actuator(state: Path, shaper=None) -> Actuator:  # noqa: ANN001
-    clock = Clock()
+def _actuator(state: Path, shaper=None, clock: Clock | None = None) -> Actuator:  # noqa: ANN001
+    clock = clock or Clock()
     return Actuator(NODE, TEST_VERIFIER, RecordingRouting(), SeenCommands(state, clock=clock),
                     Quarantine(state, clock=clock), Hooks({}), clock=clock, backups=OWN_BACKUPS.get, shaper=shaper)
 
@@ -53,7 +53,8 @@ def test_rate_limit_pause_and_resume_go_through_the_shaper(tmp_path: Path) -> No
     shaper = SimulatedShaper()
     act = _actuator(tmp_path, shaper)
     ack = act.handle(_cmd("rate_limit", "low", {"share": "0.25", "toward": "node-b"}, ts_ns=Clock().now))
-    assert (ack.status, ack.action, ack.detail) == ("applied", "rate_limit", "low class capped at 25% of the link")
+    assert (ack.status, ack.action, ack.detail) == ("applied", "rate_limit",
+                                                    "low class capped at 25% of the link (held 60 s unless renewed)")
     assert shaper.low_share() == 0.25
     assert act.handle(_cmd("pause", "low", {"toward": "node-b"}, ts_ns=Clock().now + 1)).status == "applied"
     assert shaper.low_share() == 0.0
@@ -74,10 +75,57 @@ def test_one_links_resume_keeps_the_limit_another_link_holds(tmp_path: Path) -> 
     assert shaper.low_share() == 1.0
 
 
+def test_a_limit_whose_renewal_never_comes_is_lifted_when_its_lease_runs_out(tmp_path: Path) -> None:
+    """A lost `resume` (a streams worker that died before sending it) must not cap the node's bulk traffic for
+    good: the limit holds for its lease, each renewal extends it, and another link's limit is kept."""
+    shaper, clock = SimulatedShaper(), Clock()
+    act = _actuator(tmp_path, shaper, clock)
+    t = clock.now
+    act.handle(_cmd("rate_limit", "low", {"share": "0.25", "toward": "node-b", "lease_s": "60"}, ts_ns=t))
+    act.handle(_cmd("pause", "low", {"toward": "node-c"}, ts_ns=t + 1))           # no lease_s: the default (60 s)
+    clock.now = t + 50 * S
+    act.handle(_cmd("pause", "low", {"toward": "node-c", "lease_s": "60"}, ts_ns=clock.now))   # renewed
+    clock.now = t + 59 * S
+    assert act.expire_leases() == [] and shaper.low_share() == 0.0
+    clock.now = t + 60 * S
+    assert act.expire_leases() == ["node-b"] and shaper.low_share() == 0.0 and act.leases_expired == 1
+    clock.now = t + 110 * S
+    assert act.expire_leases() == ["node-c"] and shaper.low_share() == 1.0      # nothing held: the whole link back
+    assert act.expire_leases() == []
+
+
+def test_a_resume_ends_the_lease_and_a_failed_lift_is_tried_again(tmp_path: Path) -> None:
+    class Failing(SimulatedShaper):
+        fail = True
+
+        def resume(self, holder: str) -> str:
+            if self.fail:
+                raise RuntimeError("netlink busy")
+            return super().resume(holder)
+
+    shaper, clock = Failing(), Clock()
+    act = _actuator(tmp_path, shaper, clock)
+    t = clock.now
+    act.handle(_cmd("rate_limit", "low", {"share": "0.5", "toward": "node-b", "lease_s": "5"}, ts_ns=t))
+    clock.now = t + 5 * S
+    assert act.expire_leases() == [] and shaper.low_share() == 0.5             # failed: logged, not raised
+    shaper.fail = False
+    clock.now = t + 14 * S
+    assert act.expire_leases() == []                                             # retried RETRY_NS later
+    clock.now = t + 15 * S
+    assert act.expire_leases() == ["node-b"] and shaper.low_share() == 1.0
+    act.handle(_cmd("rate_limit", "low", {"share": "0.5", "toward": "node-b", "lease_s": "5"}, ts_ns=clock.now))
+    act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=clock.now + 1))
+    clock.now += 10 * S
+    assert act.expire_leases() == [] and act.leases.until == {}
+
+
 @pytest.mark.parametrize("target,params,why", [
     ("high", {"share": "0.5"}, "only the 'low' traffic class is shaped"),
     ("low", {"share": "2"}, "share 2.0 is not in (0, 1]"),
     ("low", {}, "is not a number"),
+    ("low", {"share": "0.5", "lease_s": "0"}, "lease_s 0 is not in [1, 3600] s"),
+    ("low", {"share": "0.5", "lease_s": "forever"}, "lease_s 'forever' is not a number"),
 ])
 def test_bad_qos_commands_are_refused(tmp_path: Path, target: str, params: dict, why: str) -> None:
     shaper = SimulatedShaper()

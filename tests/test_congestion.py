@@ -18,6 +18,7 @@ from tests.test_detectors import Fed
 T0 = 1_780_000_000 * 10**9
 US = 1_000
 MS = 1_000_000
+S = 10**9
 RULE = DelayRule()
 
 
@@ -87,10 +88,27 @@ def test_the_detector_opens_and_resolves_one_incident_per_link_and_class_and_slo
     intents = [o for o in out if isinstance(o, CommandIntent)]
     # the sender's low class: limited with the open, paused when still over budget, resumed with the resolve
     assert [(i.node, i.action, i.target, i.params) for i in intents] == [
-        ("a", "rate_limit", "low", {"share": "0.25", "toward": "b"}), ("a", "pause", "low", {"toward": "b"}),
-        ("a", "resume", "low", {"toward": "b"})]
+        ("a", "rate_limit", "low", {"share": "0.25", "lease_s": "60", "toward": "b"}),
+        ("a", "pause", "low", {"lease_s": "60", "toward": "b"}), ("a", "resume", "low", {"toward": "b"})]
     assert [inc.command_ids for inc in incidents] == [[command_id_of(i)] for i in intents]
     assert "paused on a" in incidents[1].detail and "resumed on a" in incidents[2].detail
+
+
+def test_a_lasting_congestion_renews_its_leased_limit_every_20_s() -> None:
+    """The actuator holds a limit only for its lease (60 s): while the congestion lasts, the current one (the pause,
+    once escalated) is sent again every 20 s of the link's time, each with an update row naming it."""
+    det = Fed(CongestionDetector())
+    out = []
+    for i in range(550):                                            # congested from 5 s on, one sample per 100 ms
+        out += det(row(T0 + i * 100 * MS, 200 * US if i >= 50 else 5 * US, seq=i))
+    intents = [o for o in out if isinstance(o, CommandIntent)]
+    assert [i.action for i in intents] == ["rate_limit", "pause", "pause", "pause"]
+    assert all(i.params["lease_s"] == "60" for i in intents)
+    paused_at = intents[1].ts_ns
+    assert [i.ts_ns - paused_at for i in intents[2:]] == [20 * S, 40 * S]
+    renewals = [o for o in out if isinstance(o, Incident) and "renewed" in o.detail]
+    assert [r.command_ids for r in renewals] == [[command_id_of(i)] for i in intents[2:]]
+    assert len({o.incident_id for o in out if isinstance(o, Incident)}) == 1
 
 
 def test_low_class_congestion_orders_nothing() -> None:

@@ -4,7 +4,9 @@ exceeds its budget (delay_budget.py), with its evidence, resolved with hysteresi
 When the high class (the collectives) is over its budget on a link src -> dst, the lower class is slowed first, on
 the node that sends into the queue: `rate_limit` {"share": `limit_share`} of its low class (control/traffic_class.py)
 with the incident's open row; `pause` of it if the queue is still over budget `escalate` samples later (an
-`update` row); `resume` with the resolve row. Every row names the commands it caused (`command_ids`). A low-class
+`update` row); `resume` with the resolve row. A limit is leased (`lease_s` LEASE_S, actuators/qos_leases.py): while
+the congestion lasts its command is sent again every RENEW_NS of the link's event time (an `update` row), so a
+`resume` that is lost lifts it one lease later. Every row names the commands it caused (`command_ids`). A low-class
 incident orders nothing: there is no lower class to slow. Redirecting flows to another path is not done here:
 the link-flap detector's failover moves a link's traffic, and a path choice per flow needs the fabric's routing.
 
@@ -47,6 +49,8 @@ DEFAULT_TTL_NS = 3600 * 10**9
 LIMIT_SHARE = 0.25     # `rate_limit`: the low class may use a quarter of the link
 ESCALATE = 24          # samples still over budget after the rate limit before the low class is paused
 QUIET_NS = 10 * 10**9  # an open high-class congestion with no high-priority sample for this long is over
+LEASE_S = 60           # how long the sender's actuator holds a limit without renewal
+RENEW_NS = 20 * 10**9  # the limit is sent again this often while the congestion lasts (3 per lease)
 
 
 class CongestionDetector(Processor):
@@ -90,7 +94,8 @@ class CongestionDetector(Processor):
         change = observe(link, event.rx_ns, event.corrected_latency_ns, event.priority, self.rule)
         if traffic_class(event.priority) == "high":
             entry["last_high"] = event.rx_ns
-        out = self._rows(event, entry, change) if change else self._escalate(event, entry)
+        out = self._rows(event, entry, change) if change else (self._escalate(event, entry)
+                                                                or self._renew(event, entry))
         if not out and "high" in entry["open"] and event.rx_ns - entry.get("last_high", event.rx_ns) > QUIET_NS:
             out = self._quiet(entry, event.node, event.src_node, event.ts_ns)   # the collectives stopped
         if out:
@@ -127,8 +132,24 @@ class CongestionDetector(Processor):
 
     def _qos(self, ev: FlowLatency, incident_id: str, action: str) -> CommandIntent:
         params = {"share": f"{self.limit_share:g}"} if action == "rate_limit" else {}
+        if action != "resume":
+            params["lease_s"] = str(LEASE_S)
         return CommandIntent(node=ev.src_node, action=action, target=SHAPED, ts_ns=ev.ts_ns,   # type: ignore[arg-type]
                              incident_id=incident_id, params={**params, "toward": ev.node})
+
+    def _renew(self, ev: FlowLatency, entry: dict) -> list[Output]:
+        """The open high-class congestion's limit (its `rate_limit`, or `pause` once escalated) sent again RENEW_NS
+        after the last time, with an `update` row naming it: the actuator holds it only for its lease."""
+        opened = entry["open"].get("high")
+        if not opened or ev.ts_ns - (opened[3] if len(opened) > 3 else opened[1]) < RENEW_NS:
+            return []
+        opened[3:] = [ev.ts_ns]
+        action = "pause" if len(opened) > 2 and opened[2] else "rate_limit"
+        intent = self._qos(ev, opened[0], action)
+        evidence = self._evidence(ev, entry, entry["link"].queue.get("high", 0.0), "high")
+        return [self._incident(ev, opened[0], opened[1], "update", "critical", "high",
+                               f"still congested: the low class's {action} on {ev.src_node} renewed for {LEASE_S} s",
+                               evidence, [intent]), intent]
 
     def _escalate(self, ev: FlowLatency, entry: dict) -> list[Output]:
         """Still over the high budget `escalate` samples after the rate limit: pause the low class."""
@@ -137,6 +158,7 @@ class CongestionDetector(Processor):
         if not opened or len(opened) < 3 or opened[2] or link.over.get("high", 0) < self.rule.sustain + self.escalate:
             return []
         opened[2] = True
+        opened[3:] = [ev.ts_ns]   # a new lease
         intent = self._qos(ev, opened[0], "pause")
         return [self._incident(ev, opened[0], opened[1], "update", "critical", "high",
                                f"high-priority queueing still {link.queue['high'] / 1e3:.0f} us: low class paused "
