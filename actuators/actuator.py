@@ -69,15 +69,17 @@ class Actuator:
     def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
                  quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns, *,
                  backups: Callable[[str], str], shaper: TrafficShaper | None = None,
-                 qos_lease_s: float = DEFAULT_LEASE_S) -> None:
+                 qos_lease_s: float = DEFAULT_LEASE_S, lease_clock: Callable[[], int] = time.monotonic_ns) -> None:
         """`backups(link)`: the backup port this node has for `link` ("" if none), from its own configuration or
         discovery (the agent's port topology), never from a report or a command. `shaper`: the node's traffic
         shaper for `rate_limit`, `pause` and `resume` (None: those are refused, saying how to configure one);
-        `qos_lease_s`: how long a limit holds without renewal when its command names no `lease_s`."""
+        `qos_lease_s`: how long a limit holds without renewal when its command names no `lease_s`, on `lease_clock`
+        (monotonic: a step of the wall clock must not lift limits early or hold them longer)."""
         self.node = node
         self.shaper = shaper
         self.qos_lease_s = qos_lease_s
         self.leases = Leases()
+        self.lease_clock = lease_clock
         self.leases_expired = 0   # limits lifted because no renewal came in time
         self.backups = backups
         self.verifier = verifier
@@ -180,16 +182,17 @@ class Actuator:
         if cmd.target != SHAPED:
             raise Refused(f"only the {SHAPED!r} traffic class is shaped (the command names {cmd.target!r})")
         holder = cmd.params.get("toward", "") or cmd.incident_id   # the congested link the limit is held for
+        if cmd.action == "resume":
+            done = self.shaper.resume(holder)   # one that fails keeps its lease: the expiry lifts it again
+            self.leases.drop(holder)
+            return done
         try:
-            if cmd.action == "resume":
-                self.leases.drop(holder)
-                return self.shaper.resume(holder)
             lease = lease_ns(cmd.params.get("lease_s"), self.qos_lease_s)
             share = PAUSED_SHARE if cmd.action == "pause" else parse_share(cmd.params.get("share", ""))
         except ValueError as exc:
             raise Refused(str(exc)) from None
-        done = self.shaper.limit(share, holder)
-        self.leases.grant(holder, self.clock(), lease)
+        self.leases.grant(holder, self.lease_clock(), lease)   # first: a limit applied to some links, then failing,
+        done = self.shaper.limit(share, holder)                # is lifted at its expiry all the same
         return f"{done} (held {lease / 1e9:g} s unless renewed)"
 
     def expire_leases(self) -> list[str]:
@@ -198,7 +201,7 @@ class Actuator:
         with self._lock:
             if self.shaper is None:
                 return []
-            now = self.clock()
+            now = self.lease_clock()
             lifted = []
             for holder in self.leases.expired(now):
                 try:

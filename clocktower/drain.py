@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from clocktower.streams.joins.flow_latency import DEFAULT_CLOCK_WAIT_NS
+from clocktower.streams.settings import StreamsSettings
 from clocktower.topic_admin import READERS, consumer_lag
 
 SINK, STREAMS = "clocktower-sink", "clocktower-streams"
-# With the streams, what they hold on their own clock must have come out too: a flow segment waits up to
-# CLOCKTOWER_STREAMS_CLOCK_WAIT_S (default 3 s) for its clock estimates after its input was read, and the worker
-# publishes it on a 0.25 s timer. So drained means no lag for that long and a second more.
-STREAMS_SETTLE_S = DEFAULT_CLOCK_WAIT_NS / 1e9 + 1.0
+
+
+def streams_settle_s() -> float:
+    """With the streams, what they hold on their own clock must have come out too: a flow segment waits up to
+    CLOCKTOWER_STREAMS_CLOCK_WAIT_S (as configured; default 3 s) for its clock estimates after its input was read,
+    and the worker publishes it on a 0.25 s timer. So drained means no lag for that long and a second more."""
+    return StreamsSettings().streams_clock_wait_s + 1.0
 
 
 def lag(bootstrap: str, with_streams: bool = True) -> int:
@@ -31,13 +34,13 @@ def wait_drained(bootstrap: str, timeout: float | None, on_poll: Callable[[int],
                  check: Callable[[], object] = lambda: None, with_streams: bool = True,
                  stall_s: float | None = None, settle_s: float | None = None) -> bool:
     """True once the lag is 0 on two polls in a row (streams may still emit after the first) and has stayed 0 for
-    `settle_s` (default: STREAMS_SETTLE_S with the streams, else 0). False after `timeout` seconds (None: no
+    `settle_s` (default: streams_settle_s() with the streams, else 0). False after `timeout` seconds (None: no
     limit), or once no consumer has committed anything for `stall_s` seconds while records wait: a slow machine that
     still catches up is waited for, a pipeline that stopped is not."""
     start = time.monotonic()
     commits, moved_at = -1, start
     zero_polls = 0
-    settle = (STREAMS_SETTLE_S if with_streams else 0.0) if settle_s is None else settle_s
+    settle = (streams_settle_s() if with_streams else 0.0) if settle_s is None else settle_s
     zero_since = start
     while True:
         check()

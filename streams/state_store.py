@@ -37,6 +37,7 @@ from collections.abc import MutableMapping
 from typing import Any, Protocol
 
 from clocktower.streams.delivery import Delivery
+from clocktower.streams.processor import Processor
 
 _HEADER = struct.Struct(">qH")   # expires_ns, partition
 log = logging.getLogger(__name__)
@@ -266,6 +267,8 @@ class StateStore:
         self._indexed = {}
         self.entries = {}
         restored = getattr(self.codec, "restored", None)
+        if restored is not None and getattr(type(self.codec), "restored", None) is Processor.restored:
+            restored = None   # the default does nothing: no call per entry
         for k, raw in self.backing.items():
             expires, partition = _HEADER.unpack_from(raw)
             key = k.decode()

@@ -99,7 +99,7 @@ class Topology:
 
     def drop_pending(self) -> int:
         """Forget every store's pending state and every regrouped event waiting (partitions revoked: their records
-        are read again)."""
+        are read again), and tell every processor (Processor.revoked: what it tracks for `due_partitions`)."""
         dropped = sum(len(evs) for _, _, evs in self._full)
         self._full.clear()
         for r in self.runners:

@@ -40,7 +40,8 @@ SO_PRIORITY = 12
 def _actuator(state: Path, shaper=None, clock: Clock | None = None) -> Actuator:  # noqa: ANN001
     clock = clock or Clock()
     return Actuator(NODE, TEST_VERIFIER, RecordingRouting(), SeenCommands(state, clock=clock),
-                    Quarantine(state, clock=clock), Hooks({}), clock=clock, backups=OWN_BACKUPS.get, shaper=shaper)
+                    Quarantine(state, clock=clock), Hooks({}), clock=clock, backups=OWN_BACKUPS.get, shaper=shaper,
+                    lease_clock=clock)
 
 
 def test_the_classes_of_skb_priorities() -> None:
@@ -118,6 +119,25 @@ def test_a_resume_ends_the_lease_and_a_failed_lift_is_tried_again(tmp_path: Path
     act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=clock.now + 1))
     clock.now += 10 * S
     assert act.expire_leases() == [] and act.leases.until == {}
+    # a resume or a limit that fails in the kernel still leaves a lease behind, whose expiry lifts the limit
+    act.handle(_cmd("rate_limit", "low", {"share": "0.5", "toward": "node-b", "lease_s": "5"}, ts_ns=clock.now))
+    shaper.fail = True
+    assert act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=clock.now + 1)).status == "failed"
+    shaper.fail = False
+    clock.now += 5 * S
+    assert act.expire_leases() == ["node-b"] and shaper.low_share() == 1.0
+
+    class FailingLimit(SimulatedShaper):
+        def limit(self, share: float, holder: str) -> str:
+            super().limit(share, holder)   # the first link capped, the next one failing
+            raise RuntimeError("tc failed on the second link")
+
+    broken, clock = FailingLimit(), Clock()
+    act = _actuator(tmp_path / "2", broken, clock)
+    cmd = _cmd("rate_limit", "low", {"share": "0.5", "toward": "node-b", "lease_s": "5"}, ts_ns=clock.now)
+    assert act.handle(cmd).status == "failed" and broken.low_share() == 0.5
+    clock.now += 5 * S
+    assert act.expire_leases() == ["node-b"] and broken.low_share() == 1.0
 
 
 @pytest.mark.parametrize("target,params,why", [

@@ -85,6 +85,8 @@ def test_with_the_streams_drained_means_no_lag_for_the_clock_wait_and_a_second_m
     was read: two polls at lag 0 are not enough; lag coming back (the held rows reach the sink) starts it again."""
     clock = _polls(monkeypatch, [(0, 10), (0, 10), (5, 10), *[(0, 15)] * 20])
     assert drain.wait_drained("unused:1", None)
-    assert clock.now >= 2 + drain.STREAMS_SETTLE_S          # counted from the poll after the lag came back
+    assert clock.now >= 2 + 4.0 and drain.streams_settle_s() == 4.0   # from the poll after the lag came back
+    monkeypatch.setenv("CLOCKTOWER_STREAMS_CLOCK_WAIT_S", "9")        # as configured
+    assert drain.streams_settle_s() == 10.0
     quick = _polls(monkeypatch, [(0, 10)])
     assert drain.wait_drained("unused:1", None, with_streams=False) and quick.now <= 1.5

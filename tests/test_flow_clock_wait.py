@@ -163,3 +163,31 @@ def test_the_in_memory_pipeline_ticks_held_segments_on_its_timer() -> None:
     time.sleep(0.01)
     [lat] = [e for e in procs.on_timer() if isinstance(e, FlowLatency)]
     assert lat.latency_ns == 6_000 and not lat.clock_corrected
+
+
+def test_a_held_segment_whose_key_comes_round_again_is_published_not_lost() -> None:
+    """A sender whose seq restarted reuses the key of a segment still held: that one goes out first."""
+    clocks = Clocks()
+    join = _join(clocks)
+    r = ProcessorRunner(join)
+    assert _run(r, flow("node-0", "tx", T0), flow("node-1", "rx", T0 + 6_000)) == []
+    [old] = _run(r, flow("node-0", "tx", T0 + 2 * S))                  # the same key, another time: a new segment
+    assert old.seq == 1 and old.tx_ns == T0 and join.reused_keys == 1 and join.due_partitions() == []
+
+
+def test_a_held_segment_that_cannot_be_converted_does_not_take_the_others_rows_with_it() -> None:
+    class Broken(Clocks):
+        def to_reference(self, node: str, local_ns: int) -> tuple[int, int] | None:
+            if local_ns == T0 + 7:
+                raise ValueError("a bad estimate")
+            return super().to_reference(node, local_ns)
+
+    clocks = Broken()
+    join = _join(clocks)
+    r = ProcessorRunner(join)
+    _run(r, flow("node-0", "tx", T0 + 7), flow("node-1", "rx", T0 + 6_000),
+         flow("node-0", "tx", T0, seq=2), flow("node-1", "rx", T0 + 6_000, seq=2))
+    clocks.covered_ns = T0 + 10 * S
+    [good] = r.run(0, [])
+    assert good.seq == 2 and good.clock_corrected and join.publish_errors == 1
+    assert join.counters()["publish_errors"] == 1

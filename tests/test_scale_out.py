@@ -23,6 +23,7 @@ import functools
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -184,10 +185,11 @@ def one_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list
 
 def _same_answers(one: dict[str, list], many: dict[str, list], min_shared: float = 0.3) -> None:
     for table in ("flow_latency", "iteration_breakdown", "incidents", "control_commands"):
-        only_many = [r for r in many[table] if r not in one[table]][:3]
-        only_one = [r for r in one[table] if r not in many[table]][:3]
-        assert many[table] == one[table], (f"{table} differs: {len(many[table])} rows vs {len(one[table])}; only in "
-                                           f"this run: {only_many}; only in one worker's: {only_one}")
+        if many[table] != one[table]:   # (what differs: only worked out on a failure)
+            a, b = Counter(map(repr, one[table])), Counter(map(repr, many[table]))   # (rows may hold lists)
+            mine, theirs = list((b - a).elements())[:3], list((a - b).elements())[:3]
+            raise AssertionError(f"{table} differs: {len(many[table])} rows vs {len(one[table])}; only in this run: "
+                                 f"{mine}; only in one worker's: {theirs}")
     # corrected latencies: each run within its stated bound, so two runs within the sum of the bounds. Rows
     # joined before a worker had its first estimates stay uncorrected, and the estimates take a hop more with
     # several workers (1-2 s at the start on this 2-core machine, more under a full test run's load): at least a

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from clocktower.schemas.analytics import Incident, IterationBreakdown
 from clocktower.streams.detectors.rank_slowdown import RankTrack, SlowdownRule, judge
-from clocktower.streams.detectors.straggler import StragglerDetector
+from clocktower.streams.detectors.straggler import MAX_PENDING, MAX_RANKS, StragglerDetector
 from clocktower.streams.processor_runner import ProcessorRunner
 from tests.test_detectors import Fed
 
@@ -210,3 +210,20 @@ def test_an_iteration_missing_a_dead_rank_is_judged_once_event_time_is_well_past
     [opened] = [o for o in out if o.state == "open"]
     ev = orjson.loads(opened.evidence)
     assert opened.target == "job-a:rank5" and ev["iteration"] == 8 and ev["peers"] == 15
+
+
+def test_a_world_size_that_never_fills_holds_at_most_max_pending_iterations() -> None:
+    """A job claiming more ranks than report (a forged or stale world_size): its iterations are judged once
+    MAX_PENDING wait, not held until MISSING_NS of event time (memory: each holds every rank's breakdown)."""
+    runner = ProcessorRunner(StragglerDetector())
+    def quick(r: int, it: int) -> IterationBreakdown:   # 70 iterations in 7 s: none is MISSING_NS old
+        b = bd(r, 0, 50, world_size=MAX_RANKS * 10)
+        shift = it * 100 * MS
+        return b.model_copy(update={"iteration": it, "start_ns": b.start_ns + shift, "end_ns": b.end_ns + shift,
+                                    "ts_ns": b.ts_ns + shift})
+
+    for it in range(MAX_PENDING + 5):
+        runner.run(0, [quick(r, it) for r in range(4)])
+        assert len(runner.store.get('["job","job-a"]').pending) <= MAX_PENDING
+    job = runner.store.get('["job","job-a"]')
+    assert job.size == MAX_RANKS and job.done == 4

@@ -34,6 +34,7 @@ from clocktower.streams.detectors.blame import (
     RankTime,
     judge,
 )
+from clocktower.streams.detectors.straggler import MAX_RANKS
 from clocktower.streams.processor import Output, Processor, compound_key
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class IterationBlameProcessor(Processor):
                                   if r["row"]["iteration"] == event.iteration]
         job["pending"].setdefault(str(event.iteration), {})[str(event.rank)] = [
             event.node, event.gpu, event.start_ns, event.duration_ns, event.compute_ns, event.comm_ns]
-        job["ranks"] = max(job["ranks"], event.world_size or 0)   # the job's ranks, when its producers say
+        job["ranks"] = max(job["ranks"], min(event.world_size or 0, MAX_RANKS))   # as its producers say, bounded
         out = []
         for it in sorted(int(i) for i in job["pending"]):
             ranks = job["pending"][str(it)]

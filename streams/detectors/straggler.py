@@ -7,7 +7,9 @@ iteration's compute times, so the verdicts do not depend on the order in which t
 workers, one worker, a replay). One whose ranks stay missing (a rank died) is judged with the ranks it has once the
 partition's event time is `MISSING_NS` past its end (that time waits for the slowest node, so a rank whose records
 come late through a worker that restarted is not taken for a dead one), or, for a job of unknown size, once a rank
-of the job reported `LAG` iterations later: that one depends on arrival order. The incident names the
+of the job reported `LAG` iterations later: that one depends on arrival order. Both are checked when a breakdown of
+the job comes (a job that stopped leaves its last incomplete iteration unjudged); past `MAX_PENDING` iterations
+waiting, the oldest is judged as it is, and a `world_size` is believed up to `MAX_RANKS`. The incident names the
 rank (target "job:rankN"), its node and its
 GPU, opens after the slowdown is sustained or a change is found, carries the figures as evidence, and resolves
 when the rank recovers.
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 RECENT = 16                          # emissions kept per job, for a replay after a crash
 LAG = 2                              # a job of unknown size: an iteration is judged once a rank is this many ahead
 MISSING_NS = 10 * 10**9              # a job of known size: an iteration missing ranks is judged this long after it
+MAX_RANKS = 1_000_000                # a world_size past this is not believed (a job waits on it: memory, delay)
+MAX_PENDING = 64                     # iterations waiting for ranks: past this, the oldest is judged as it is
 THERMAL_GRACE_NS = 5 * 10**9         # how long a resolved thermal incident is kept: an iteration that began before
                                      # it resolved was throttled in part, and is no straggler of its own
 DEFAULT_TTL_NS = 3600 * 10**9       # a job idle this long (event time) is forgotten
@@ -128,7 +132,7 @@ class StragglerDetector(Processor):
         job.pending.setdefault(str(event.iteration), {})[str(event.rank)] = list(RankIteration(
             event.job, event.rank, event.iteration, event.node, event.gpu, event.start_ns, event.ts_ns,
             event.compute_ns))
-        job.size = max(job.size, event.world_size or 0)
+        job.size = max(job.size, min(event.world_size or 0, MAX_RANKS))
         out: list[Incident] = []
         for it in sorted(int(i) for i in job.pending):
             ranks = job.pending[str(it)]
@@ -137,6 +141,7 @@ class StragglerDetector(Processor):
                 overdue = state.now_ns >= max(r[6] for r in ranks.values()) + MISSING_NS   # r[6]: its ts_ns
             else:
                 overdue = event.iteration >= it + LAG
+            overdue = overdue or len(job.pending) > MAX_PENDING   # a size that never fills (bounded state)
             if not (complete or overdue):
                 break
             del job.pending[str(it)]

@@ -60,17 +60,19 @@ class FaustWorker:
         self.regroup_linger_s = settings.streams_regroup_linger_ms / 1000
         self.topology = Topology(processors, issuer, budget, self._table, settings.streams_max_entries,
                                  write_back=True, regroup_linger_s=self.regroup_linger_s)
-        self.regrouped = OrderedSends(self.barrier, self._send)   # regrouped records, in order, behind the barrier
+        self.regrouped = OrderedSends(self.barrier, self._send)   # regrouped and timer records, behind the barrier
         app.sensors.add(WriteBackOnCommit(self._before_commit))
         self.handlers = record_handlers(self.topology, identity,
                                         settings.max_future_skew_ns,   # CLOCKTOWER_MAX_FUTURE_SKEW_S
                                         sign_outputs)
         self.audit = HandledAudit(settings.streams_audit_dir, instance_id) if settings.streams_audit_dir else None
         self.reload = True   # rebuild the stores' expiry indexes after each rebalance, once the tables are recovered
+        self.recovered = False   # the tables of the current assignment are recovered (Faust's on_rebalance_complete)
         self.commit_stall = CommitStall()
         self.processed: dict[tuple[str, int], int] = {}   # per partition, the last record whose outputs were all sent
         app.on_partitions_revoked.connect(self._revoked)
         app.on_partitions_assigned.connect(self._assigned)
+        app.on_rebalance_complete.connect(self._recovered)
         app.task(self._start)
         app.timer(CHECK_S)(self._check_commits)
         if self.regroup_linger_s > 0:
@@ -110,7 +112,10 @@ class FaustWorker:
             log.info("partitions revoked: %d pending state entries dropped, their records are read again", dropped)
 
     async def _assigned(self, sender: object, *args: object, **kwargs: object) -> None:
-        self.reload = True
+        self.reload, self.recovered = True, False
+
+    async def _recovered(self, sender: object, *args: object, **kwargs: object) -> None:
+        self.recovered = True   # (sent by Faust's recovery once the tables are recovered, before the streams resume)
 
     async def _start(self) -> None:
         self.clocks.start()
@@ -156,18 +161,23 @@ class FaustWorker:
     async def _due(self) -> None:
         """Ticks the partitions whose processors have work waiting on this worker's clock (the flow join's segments
         held for their clock estimates), so it goes out even when no record comes. Not between an assignment and the
-        stores' reload; not gated on Faust's `rebalancing` flag, which stayed set on a restarted worker whose seek
-        failed (measured in test_scale_out: its held segments never came out). A revoke empties what is due."""
+        stores' reload, which it does itself once the tables are recovered (so held segments recovered from a dead
+        worker's table come out even when no record follows); not gated on Faust's `rebalancing` flag, which stayed
+        set on a restarted worker whose seek failed (measured in test_scale_out: its held segments never came out).
+        A revoke empties what is due. The records are handed over at once, in order, behind the commit barrier
+        (engine/ordered_sends.py): a commit that writes their state waits for them, and no await comes between."""
         if self.reload:
-            return
+            if not self.recovered:
+                return
+            self.topology.reload()
+            self.reload = False
         failures: list[EventFailure] = []
         outs = list(records(self.topology.tick_due(failures)))
         for f in failures:
             log.error("a timer tick of a processor failed; it is tried again at the next one", exc_info=f.error)
         if self.sign_outputs is not None:
             outs = [self.sign_outputs(o) for o in outs]
-        for out in outs:
-            await self._send(out)
+        self.regrouped.put(outs)
 
     async def _tick(self) -> None:
         """This worker's tick on control.ticks: the allocator, wherever it runs, re-checks the requests its budget

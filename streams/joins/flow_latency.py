@@ -25,6 +25,7 @@ With no clock probes at all, every row comes `wait_ns` late: set 0 to never wait
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from clocktower.schemas.telemetry import FlowSample
 from clocktower.streams.processor import Output, Processor, compound_key
 from clocktower.streams.processor_context import ProcessorContext
 
+log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_TTL_NS = 10 * 10**9
 DEFAULT_CLOCK_WAIT_NS = 3 * 10**9
 _HELD = b'"held":true'   # how encode_state marks a held segment
@@ -81,6 +83,7 @@ class FlowLatencyJoin(Processor):
         self.reused_keys = 0       # a half with the key of a completed segment but another time: a new one
         self.held = 0              # segments held for their clock estimates
         self.held_to_bound = 0     # of those, published at the bound, the estimates still to come
+        self.publish_errors = 0    # held segments that could not be converted when due (logged)
 
     @classmethod
     def from_context(cls, ctx: ProcessorContext) -> FlowLatencyJoin:
@@ -101,11 +104,14 @@ class FlowLatencyJoin(Processor):
         halves = seg.halves
         if event.direction in halves:
             if len(halves) == 2 and halves[event.direction].ts_ns != event.ts_ns:
-                # Not a copy of a completed segment: the key came round again (a sender's seq restarted).
+                # Not a copy of a completed segment: the key came round again (a sender's seq restarted). One still
+                # held is published now, with the estimates there are: it must not be lost with its entry.
                 self.reused_keys += 1
+                out = [self._latency(halves["tx"], halves["rx"])] if seg.held else []
+                self._held.get(state.partition, {}).pop(key, None)
                 seg = Segment({event.direction: event})
                 state.put(key, seg, self._expires(seg, state.now_ns))
-                return []
+                return out
             if len(halves) == 2:   # redelivered after its segment completed: the same result again (once published)
                 return [] if seg.held else [self._latency(halves["tx"], halves["rx"])]
             self.duplicates += 1
@@ -132,11 +138,20 @@ class FlowLatencyJoin(Processor):
         far behind the others' (clock sync exists to fix those) must not expire the moment it arrives."""
         return max(min(s.ts_ns for s in seg.halves.values()), now_ns) + self.state_ttl_ns
 
-    def _publish(self, state: Any, key: str, seg: Segment) -> Output:
-        """A held segment's latency, with the estimates there are now; it is kept as a completed one."""
+    def _publish(self, state: Any, key: str, seg: Segment, out: list[Output]) -> None:
+        """A held segment's latency, with the estimates there are now, onto `out`; it is kept as a completed one.
+        One that cannot be converted is logged and counted (`publish_errors`), and the others go on: a tick's
+        outputs are only published if it returns, so one bad entry must not take the others' rows with it."""
+        try:
+            row = self._latency(seg.halves["tx"], seg.halves["rx"])
+        except Exception:  # noqa: BLE001 - see above
+            self.publish_errors += 1
+            if self.publish_errors <= 10 or self.publish_errors % 1000 == 0:
+                log.exception("held segment %s could not be published (%d so far)", key[:200], self.publish_errors)
+            return
         seg.held = False
         state.put(key, seg, self._expires(seg, state.now_ns), capped=False)
-        return self._latency(seg.halves["tx"], seg.halves["rx"])
+        out.append(row)
 
     def tick(self, state: Any, now_ns: int) -> list[Output]:
         """Publishes the held segments of this partition whose estimates came, or whose wait is over (either clock),
@@ -151,14 +166,14 @@ class FlowLatencyJoin(Processor):
                     del held[key]
                 elif wall >= until or not self._waits(seg):
                     self.held_to_bound += wall >= until and self._waits(seg)
-                    out.append(self._publish(state, key, seg))
+                    self._publish(state, key, seg, out)
                     del held[key]
         for key, seg in state.expire(now_ns):
             if seg is None:
                 continue
             if seg.held:   # its wait is over in event time (or it was held by this partition's last owner)
                 self.held_to_bound += self._waits(seg)
-                out.append(self._publish(state, key, seg))
+                self._publish(state, key, seg, out)
                 if held:
                     held.pop(key, None)
             elif len(seg.halves) == 1:
@@ -179,7 +194,8 @@ class FlowLatencyJoin(Processor):
 
     def counters(self) -> dict[str, int]:
         return {"duplicate_halves": self.duplicates, "expired_halves": self.expired_halves,
-                "reused_keys": self.reused_keys, "held_for_clock": self.held, "held_to_bound": self.held_to_bound}
+                "reused_keys": self.reused_keys, "held_for_clock": self.held, "held_to_bound": self.held_to_bound,
+                "publish_errors": self.publish_errors}
 
     def encode_state(self, value: Segment) -> bytes:
         doc: dict[str, Any] = {d: s.model_dump() for d, s in value.halves.items()}
