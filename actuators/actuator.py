@@ -22,7 +22,8 @@ moving a node's default route there blackholes it.
 QoS (streams/detectors/congestion.py): `rate_limit` {"share": "0.25"}, `pause` and `resume`, target "low": the low
 traffic class's share of this node's shaped links (control/traffic_class.py), applied by its `TrafficShaper`. A
 limit is held for its `lease_s` param (qos_leases.py) and lifted when that runs out with no renewal: a lost `resume`
-does not cap the node for good. `expire_leases` lifts them (the command consumer calls it before each fetch).
+does not cap the node for good. `expire_leases` lifts them (the command consumer calls it before each fetch). A cap
+found in place at start (an actuator that died holding one) is held for one default lease, then lifted.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ DETAIL_LIMIT = 4000
 LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
 HOOK_ACTIONS = ("drain", "spare", "undrain")
 QOS_ACTIONS = ("rate_limit", "pause", "resume")
+LEFTOVER = "(before this actuator started)"   # the holder of a cap found in place at start
 
 
 class Refused(Exception):
@@ -80,6 +82,10 @@ class Actuator:
         self.qos_lease_s = qos_lease_s
         self.leases = Leases()
         self.lease_clock = lease_clock
+        if shaper is not None and shaper.leftover():   # a cap an earlier actuator left: held one lease, then lifted
+            self.leases.grant(LEFTOVER, lease_clock(), round(qos_lease_s * 1e9))
+            log.warning("the low class is shaped already (left by an earlier actuator): lifted in %g s unless a "
+                        "limit is renewed", qos_lease_s)
         self.leases_expired = 0   # limits lifted because no renewal came in time
         self.backups = backups
         self.verifier = verifier

@@ -28,3 +28,6 @@ class SimulatedShaper(TrafficShaper):
 
     def low_share(self) -> float | None:
         return self._share
+
+    def leftover(self) -> bool:
+        return False   # nothing outlives the process

@@ -33,6 +33,11 @@ class TrafficShaper(Protocol):
         """The low class's cap now (1.0 = none), or None where nothing was shaped yet."""
         ...
 
+    def leftover(self) -> bool:
+        """Whether shaping of this shaper's own is in place already, left by an actuator that stopped before
+        lifting it (its holders and their leases are unknown now)."""
+        ...
+
 
 class Holders:
     """The limits held on a node's low class, by holder: the shaper applies the smallest."""

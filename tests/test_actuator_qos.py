@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.actuator import LEFTOVER, Actuator
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.kernel_shaper import KernelShaper
 from clocktower.actuators.quarantine import Quarantine
@@ -365,3 +365,17 @@ def _root_kind(link: str) -> str:
     with IPRoute() as ipr:
         roots = [q for q in ipr.get_qdiscs(index=ipr.link_lookup(ifname=link)[0]) if q["parent"] == 0xFFFFFFFF]
         return roots[0].get_attr("TCA_KIND") if roots else ""
+
+
+def test_a_cap_left_in_the_kernel_by_an_actuator_that_died_is_held_one_lease_then_lifted(tmp_path: Path) -> None:
+    with two_hosts():
+        act = _actuator(tmp_path / "first", KernelShaper({LINK: RATE_MBIT}, netns=A))
+        assert act.leases.until == {}                                  # nothing of ours in place at start
+        assert act.handle(_cmd("pause", "low", {"toward": "b"}, ts_ns=Clock().now)).status == "applied"
+        clock = Clock()                                                # it dies holding the cap; a new one starts
+        restarted = _actuator(tmp_path / "again", KernelShaper({LINK: RATE_MBIT}, netns=A), clock)
+        assert list(restarted.leases.until) == [LEFTOVER]
+        clock.now += 59 * S
+        assert restarted.expire_leases() == [] and in_netns(A, lambda: _root_kind(LINK)) == "htb"
+        clock.now += 1 * S
+        assert restarted.expire_leases() == [LEFTOVER] and in_netns(A, lambda: _root_kind(LINK)) != "htb"
