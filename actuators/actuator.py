@@ -24,6 +24,11 @@ traffic class's share of this node's shaped links (control/traffic_class.py), ap
 limit is held for its `lease_s` param (qos_leases.py) and lifted when that runs out with no renewal: a lost `resume`
 does not cap the node for good. `expire_leases` lifts them (the command consumer calls it before each fetch). A cap
 found in place at start (an actuator that died holding one) is held for one default lease, then lifted.
+
+`redirect` {"dst": addresses, "share", "lease_s"}, target "low": the low class toward those addresses leaves by
+the alternate port of the port each is routed through (`FlowRedirector`: the node's own configuration). Where
+there is none (no redirector, or no alternate for any of them) it slows the low class as `rate_limit` {"share"}
+would, and the ack says so. It is leased like a limit; `resume` (or the lease's end) ends both.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from clocktower.actuators.flow_redirector import FlowRedirector, NoAlternatePath, parse_destinations
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.qos_leases import DEFAULT_LEASE_S, RETRY_NS, Leases, lease_ns
@@ -53,7 +59,7 @@ REFUSAL_LINES_BURST = 200
 DETAIL_LIMIT = 4000
 LINK_ACTIONS = ("failover", "restore", "quarantine", "release")
 HOOK_ACTIONS = ("drain", "spare", "undrain")
-QOS_ACTIONS = ("rate_limit", "pause", "resume")
+QOS_ACTIONS = ("rate_limit", "pause", "resume", "redirect")
 LEFTOVER = "(before this actuator started)"   # the holder of a cap found in place at start
 
 
@@ -71,7 +77,8 @@ class Actuator:
     def __init__(self, node: str, verifier: CommandVerifier, routing: LinkRouting, seen: SeenCommands,
                  quarantine: Quarantine, hooks: Hooks, clock: Callable[[], int] = time.time_ns, *,
                  backups: Callable[[str], str], shaper: TrafficShaper | None = None,
-                 qos_lease_s: float = DEFAULT_LEASE_S, lease_clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 qos_lease_s: float = DEFAULT_LEASE_S, lease_clock: Callable[[], int] = time.monotonic_ns,
+                 redirector: FlowRedirector | None = None) -> None:
         """`backups(link)`: the backup port this node has for `link` ("" if none), from its own configuration or
         discovery (the agent's port topology), never from a report or a command. `shaper`: the node's traffic
         shaper for `rate_limit`, `pause` and `resume` (None: those are refused, saying how to configure one);
@@ -79,6 +86,7 @@ class Actuator:
         (monotonic: a step of the wall clock must not lift limits early or hold them longer)."""
         self.node = node
         self.shaper = shaper
+        self.redirector = redirector
         self.qos_lease_s = qos_lease_s
         self.leases = Leases()
         self.lease_clock = lease_clock
@@ -181,37 +189,59 @@ class Actuator:
         raise Refused(f"{cmd.action} is not supported by this actuator")
 
     def _qos(self, cmd: ControlCommand) -> str:
-        """`rate_limit` {"share"}, `pause` and `resume` of the low traffic class (control/traffic_class.py): the
-        only class the pipeline slows. The shaped links and their rates are this node's configuration."""
-        if self.shaper is None:
+        """`rate_limit` {"share"}, `pause`, `redirect` {"dst", "share"} and `resume` of the low traffic class
+        (control/traffic_class.py): the only class the pipeline slows or moves. The shaped links, their rates and
+        the alternate ports are this node's configuration."""
+        if self.shaper is None and (cmd.action != "redirect" or self.redirector is None):
             raise Refused("no traffic shaper on this node (CLOCKTOWER_ACTUATOR_QOS_LINKS=LINK=MBITS,...)")
         if cmd.target != SHAPED:
             raise Refused(f"only the {SHAPED!r} traffic class is shaped (the command names {cmd.target!r})")
         holder = cmd.params.get("toward", "") or cmd.incident_id   # the congested link the limit is held for
         if cmd.action == "resume":
-            done = self.shaper.resume(holder)   # one that fails keeps its lease: the expiry lifts it again
+            done = self._lift(holder)   # one that fails keeps its lease: the expiry lifts it again
             self.leases.drop(holder)
             return done
         try:
             lease = lease_ns(cmd.params.get("lease_s"), self.qos_lease_s)
             share = PAUSED_SHARE if cmd.action == "pause" else parse_share(cmd.params.get("share", ""))
+            destinations = parse_destinations(cmd.params.get("dst", "")) if cmd.action == "redirect" else []
         except ValueError as exc:
             raise Refused(str(exc)) from None
         self.leases.grant(holder, self.lease_clock(), lease)   # first: a limit applied to some links, then failing,
-        done = self.shaper.limit(share, holder)                # is lifted at its expiry all the same
-        return f"{done} (held {lease / 1e9:g} s unless renewed)"
+        held = f" (held {lease / 1e9:g} s unless renewed)"     # is lifted at its expiry all the same
+        if destinations:
+            why = "no alternate path configured (CLOCKTOWER_ACTUATOR_REDIRECT_PATHS)"
+            if self.redirector is not None:
+                try:
+                    return self.redirector.redirect(destinations, holder) + held
+                except NoAlternatePath as exc:
+                    why = str(exc)
+            if self.shaper is None:
+                self.leases.drop(holder)
+                raise Refused(f"cannot redirect: {why}; and no traffic shaper to slow the low class instead")
+            return f"{why}: {self.shaper.limit(share, holder)} instead{held}"
+        return self.shaper.limit(share, holder) + held   # type: ignore[union-attr] - checked above
+
+    def _lift(self, holder: str) -> str:
+        """End `holder`'s limit and redirect."""
+        done = []
+        if self.redirector is not None:
+            done.append(self.redirector.release(holder))
+        if self.shaper is not None:
+            done.append(self.shaper.resume(holder))
+        return "; ".join(done)
 
     def expire_leases(self) -> list[str]:
-        """Lift the limits whose lease ran out with no renewal; the holders lifted. Never raises: a lift that fails
-        is logged and tried again RETRY_NS later."""
+        """Lift the limits and redirects whose lease ran out with no renewal; the holders lifted. Never raises: a
+        lift that fails is logged and tried again RETRY_NS later."""
         with self._lock:
-            if self.shaper is None:
+            if self.shaper is None and self.redirector is None:
                 return []
             now = self.lease_clock()
             lifted = []
             for holder in self.leases.expired(now):
                 try:
-                    done = self.shaper.resume(holder)
+                    done = self._lift(holder)
                 except Exception as exc:  # noqa: BLE001 - tried again, never stops the consumer
                     log.error("QoS limit held for %s: its lease ran out but lifting it failed (%s); trying again in "
                               "%g s", holder, exc, RETRY_NS / 1e9)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.command_consumer import CommandConsumer
+from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError
 from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.kernel_redirector import KernelRedirector
 from clocktower.actuators.kernel_shaper import KernelShaper
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.qos_leases import DEFAULT_LEASE_S
@@ -50,11 +52,13 @@ class Availability:
 
 def open_actuator(node: str, verifier: CommandVerifier, routing: LinkRouting, state_dir: Path,
                   hooks: Hooks | None = None, *, backups: Callable[[str], str],
-                  shaper: TrafficShaper | None = None, qos_lease_s: float = DEFAULT_LEASE_S) -> Actuator:
+                  shaper: TrafficShaper | None = None, qos_lease_s: float = DEFAULT_LEASE_S,
+                  redirector: FlowRedirector | None = None) -> Actuator:
     """An Actuator for `node` with its memories in `state_dir` (replays refused across restarts); `backups(link)`
-    is the node's own backup port of `link`, `shaper` its traffic shaper (see Actuator)."""
+    is the node's own backup port of `link`, `shaper` its traffic shaper, `redirector` its flow redirect (see
+    Actuator)."""
     return Actuator(node, verifier, routing, SeenCommands(state_dir), Quarantine(state_dir), hooks or Hooks({}),
-                    backups=backups, shaper=shaper, qos_lease_s=qos_lease_s)
+                    backups=backups, shaper=shaper, qos_lease_s=qos_lease_s, redirector=redirector)
 
 
 class ActuatorComponent:
@@ -82,6 +86,7 @@ class ActuatorComponent:
         self._routing: LinkRouting | None = None
         self._verifier: CommandVerifier | None = None
         self._actuator: Actuator | None = None
+        self._redirector: KernelRedirector | None = None
         self.consumer: CommandConsumer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +107,9 @@ class ActuatorComponent:
         hooks = ", ".join(f"{a} hook" for a in self.settings.hooks()) or "no drain/spare hooks"
         qos = (f"QoS on {', '.join(self.settings.qos_links)}" if self.settings.qos_links else
                "no QoS (CLOCKTOWER_ACTUATOR_QOS_LINKS)")
+        paths = self.settings.redirect_paths
+        qos += (f"; redirect {', '.join(f'{p}->{a}' for p, (a, _) in paths.items())}" if paths else
+                "; no redirect (CLOCKTOWER_ACTUATOR_REDIRECT_PATHS)")
         return Availability(True, f"commands for {self.node} verified with {path}; {hooks}; {qos}")
 
     def start(self, emit: Emit) -> None:
@@ -109,9 +117,16 @@ class ActuatorComponent:
             raise RuntimeError("start() before a successful check()")
         s = self.settings
         shaper = KernelShaper(s.qos_links, netns=self.netns) if s.qos_links else None
+        if s.redirect_paths:
+            redirector = KernelRedirector(s.redirect_paths, netns=self.netns, kernel_source=s.kernel_source)
+            try:
+                log.info("%s", redirector.start())
+                self._redirector = redirector
+            except RedirectError as exc:   # failover matters more: run without, and say what `redirect` does now
+                log.error("redirect unavailable (%s): `redirect` commands slow the low class instead", exc)
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
                                        Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups, shaper=shaper,
-                                       qos_lease_s=s.qos_lease_s)
+                                       qos_lease_s=s.qos_lease_s, redirector=self._redirector)
 
         deliver = self._durable_publish or emit
 
@@ -135,6 +150,8 @@ class ActuatorComponent:
                 return
         if self._actuator is not None:
             self._actuator.close()
+        if self._redirector is not None:
+            self._redirector.close()   # the routing decides again
 
     def quarantined(self, link: str) -> bool | None:
         """Whether `link` is held on its backup until released; None until the actuator has started."""

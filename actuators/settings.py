@@ -8,6 +8,7 @@ so in one line, when there is none. Hooks are argv lists, never run through a sh
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,6 +69,42 @@ def parse_qos_links(value: Any) -> dict[str, int]:
     return dict(value)
 
 
+def _paths(text: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        port, eq, rest = item.partition("=")
+        alternate, _, hop = rest.partition("@")
+        if not eq or not port.strip() or not alternate.strip():
+            raise ValueError(f"redirect_paths item {item!r} is not PORT=ALTERNATE or PORT=ALTERNATE@NEXTHOP")
+        out[port.strip()] = [alternate.strip(), hop.strip() or None]
+    return out
+
+
+def parse_redirect_paths(value: Any) -> dict[str, tuple[str, str | None]]:
+    """`eth0=eth1,eth2=eth3@10.2.0.254` or JSON `{"eth0": ["eth1", null]}` -> {port: (alternate, next hop)}."""
+    value = json_or_text(value, "{", "redirect_paths", _paths)
+    if not isinstance(value, dict):
+        raise ValueError("redirect_paths must be a JSON object or PORT=ALTERNATE[@NEXTHOP],... items")
+    out: dict[str, tuple[str, str | None]] = {}
+    for port, path in value.items():
+        if isinstance(path, str):
+            alternate, hop = path, None
+        elif isinstance(path, list | tuple) and 1 <= len(path) <= 2:
+            alternate, hop = path[0], path[1] if len(path) == 2 else None
+        else:
+            alternate, hop = "", None
+        names = (port, alternate)
+        if not all(isinstance(n, str) and 0 < len(n) <= 15 for n in names) or port == alternate:
+            raise ValueError(f"redirect_paths: {port!r}={path!r} is not two different port names")
+        if hop is not None:
+            try:
+                hop = str(ipaddress.ip_address(hop))
+            except ValueError:
+                raise ValueError(f"redirect_paths: next hop {hop!r} of {port} is not an IP address") from None
+        out[port] = (alternate, hop)
+    return out
+
+
 class ActuatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLOCKTOWER_ACTUATOR_", extra="ignore", populate_by_name=True)
 
@@ -97,6 +134,12 @@ class ActuatorSettings(BaseSettings):
     qos_links: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict, description=(
         "the links whose egress this node shapes for `rate_limit`/`pause`/`resume`, with their rates in Mbit/s, as "
         "eth0=400000,eth1=400000 or JSON; none: QoS commands are refused"))
+    redirect_paths: Annotated[dict[str, tuple[str, str | None]], NoDecode] = Field(default_factory=dict, description=(
+        "each port's alternate port for `redirect` (the low class toward a congested destination leaves by it), as "
+        "eth0=eth1,eth1=eth0 or eth0=eth1@NEXTHOP, or JSON; needs root, BCC and kernel headers. None: a `redirect` "
+        "slows the low class instead, as `rate_limit` does"))
+    kernel_source: str | None = Field(default=None, description="kernel headers for BCC (default: found as the "
+                                      "agent finds them)")
     qos_lease_s: float = Field(default=DEFAULT_LEASE_S, ge=1, le=MAX_LEASE_S, description=(
         "how long a `rate_limit`/`pause` holds without renewal when its command names no `lease_s` (the congestion "
         "detector names one, and renews it while the congestion lasts): a lost `resume` lifts the cap after this"))
@@ -107,6 +150,11 @@ class ActuatorSettings(BaseSettings):
     @classmethod
     def _qos_links(cls, value: Any) -> dict[str, int]:
         return parse_qos_links(value)
+
+    @field_validator("redirect_paths", mode="before")
+    @classmethod
+    def _redirect_paths(cls, value: Any) -> dict[str, tuple[str, str | None]]:
+        return parse_redirect_paths(value)
 
     @field_validator("drain_hook", "undrain_hook", "spare_hook", mode="before")
     @classmethod

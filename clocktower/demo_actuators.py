@@ -32,6 +32,7 @@ from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.command_consumer import TOPIC, CommandConsumer, group_of
 from clocktower.actuators.component import open_actuator
 from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.simulated_redirector import SimulatedRedirector
 from clocktower.actuators.simulated_routing import SimulatedRouting
 from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.key_files import verifier_from_file
@@ -70,6 +71,7 @@ class DemoActuators:
         self.publisher: KafkaPublisher | None = None
         self.routing = {n: SimulatedRouting(INTERFACES) for n in self.nodes}
         self.shapers = {n: SimulatedShaper() for n in self.nodes}
+        self.redirectors = {n: SimulatedRedirector(f"{BACKUP} (the alternate of {PRIMARY})") for n in self.nodes}
         self.actuators: dict[str, Actuator] = {}
         self.consumers: dict[str, CommandConsumer] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -86,7 +88,7 @@ class DemoActuators:
             private_dir(state)
             act = open_actuator(node, verifier, self.routing[node], state, hooks,
                                 backups=lambda link: BACKUP if link == PRIMARY else "",   # the simulated nodes' own
-                                shaper=self.shapers[node])
+                                shaper=self.shapers[node], redirector=self.redirectors[node])
             self.actuators[node] = act
             self.consumers[node] = cons = CommandConsumer(self.bootstrap, act, self._publish)
             thread = threading.Thread(target=cons.run, args=(self._stop,), name=f"actuator-{node}", daemon=True)

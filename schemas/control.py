@@ -10,8 +10,8 @@ from clocktower.schemas.analytics import IncidentKind
 from clocktower.schemas.column_types import Name, Text, TimestampNs, UInt8, UInt64
 from clocktower.schemas.event import Event
 
-Action = Literal["failover", "restore", "quarantine", "release", "qos", "rate_limit", "pause", "resume", "drain",
-                 "spare", "undrain"]
+Action = Literal["failover", "restore", "quarantine", "release", "qos", "rate_limit", "pause", "resume", "redirect",
+                 "drain", "spare", "undrain"]
 
 
 class ControlCommand(Event):

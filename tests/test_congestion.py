@@ -86,9 +86,10 @@ def test_the_detector_opens_and_resolves_one_incident_per_link_and_class_and_slo
     ev = orjson.loads(incidents[0].evidence)
     assert (ev["class"], ev["baseline_ns"], ev["budget_ns"]) == ("high", 5 * US, RULE.high_budget_ns)
     intents = [o for o in out if isinstance(o, CommandIntent)]
-    # the sender's low class: limited with the open, paused when still over budget, resumed with the resolve
+    # the sender's low class: redirected with the open (or limited where the sender has no alternate path), paused
+    # when still over budget, resumed with the resolve
     assert [(i.node, i.action, i.target, i.params) for i in intents] == [
-        ("a", "rate_limit", "low", {"share": "0.25", "lease_s": "60", "toward": "b"}),
+        ("a", "redirect", "low", {"share": "0.25", "dst": "10.0.0.2", "lease_s": "60", "toward": "b"}),
         ("a", "pause", "low", {"lease_s": "60", "toward": "b"}), ("a", "resume", "low", {"toward": "b"})]
     assert [inc.command_ids for inc in incidents] == [[command_id_of(i)] for i in intents]
     assert "paused on a" in incidents[1].detail and "resumed on a" in incidents[2].detail
@@ -102,13 +103,24 @@ def test_a_lasting_congestion_renews_its_leased_limit_every_20_s() -> None:
     for i in range(550):                                            # congested from 5 s on, one sample per 100 ms
         out += det(row(T0 + i * 100 * MS, 200 * US if i >= 50 else 5 * US, seq=i))
     intents = [o for o in out if isinstance(o, CommandIntent)]
-    assert [i.action for i in intents] == ["rate_limit", "pause", "pause", "pause"]
+    assert [i.action for i in intents] == ["redirect", "pause", "pause", "pause"]
     assert all(i.params["lease_s"] == "60" for i in intents)
     paused_at = intents[1].ts_ns
     assert [i.ts_ns - paused_at for i in intents[2:]] == [20 * S, 40 * S]
     renewals = [o for o in out if isinstance(o, Incident) and "renewed" in o.detail]
     assert [r.command_ids for r in renewals] == [[command_id_of(i)] for i in intents[2:]]
     assert len({o.incident_id for o in out if isinstance(o, Incident)}) == 1
+
+
+def test_a_redirect_that_holds_the_congestion_off_is_renewed_itself() -> None:
+    """Not escalated (the redirect keeps the queue just over budget, say): the redirect is what is renewed."""
+    det = Fed(CongestionDetector(escalate=10**6))
+    out = []
+    for i in range(300):
+        out += det(row(T0 + i * 100 * MS, 200 * US if i >= 50 else 5 * US, seq=i))
+    intents = [o for o in out if isinstance(o, CommandIntent)]
+    assert [i.action for i in intents] == ["redirect", "redirect"]
+    assert intents[1].ts_ns - intents[0].ts_ns == 20 * S and intents[1].params == intents[0].params
 
 
 def test_low_class_congestion_orders_nothing() -> None:
@@ -147,7 +159,7 @@ def test_an_open_congestion_whose_collectives_stop_resumes_the_low_class() -> No
     out = []
     for i in range(100):
         out += det(row(T0 + i * MS, 200 * US if i >= 50 else 5 * US, seq=i))
-    assert [o.action for o in out if isinstance(o, CommandIntent)] == ["rate_limit", "pause"]
+    assert [o.action for o in out if isinstance(o, CommandIntent)] == ["redirect", "pause"]
     later = det(row(T0 + 11 * 10**9, 5 * US, seq=1000, priority=0))      # only bulk traffic, 11 s later
     assert [(type(o).__name__, getattr(o, "state", getattr(o, "action", ""))) for o in later] == [
         ("Incident", "resolve"), ("CommandIntent", "resume")]

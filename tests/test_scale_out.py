@@ -173,7 +173,7 @@ def _results(p: Pipeline) -> dict[str, list]:
                              " ORDER BY ALL"),
         "incidents": q(f"SELECT * {NOT_ORIGIN} FROM incidents FINAL WHERE {ORDER_FREE} ORDER BY ALL"),
         "control_commands": q(f"SELECT * {NOT_ISSUED} FROM control_commands FINAL "
-                              "WHERE action NOT IN ('rate_limit', 'pause', 'resume') ORDER BY ALL"),
+                              "WHERE action NOT IN ('rate_limit', 'pause', 'resume', 'redirect') ORDER BY ALL"),
         "drains": q("SELECT count() FROM control_commands FINAL WHERE action = 'drain'"),
     }
 

@@ -1,14 +1,16 @@
 """Congestion from one-way delay: a `congestion` incident per link and priority class whose queueing delay
 exceeds its budget (delay_budget.py), with its evidence, resolved with hysteresis, and QoS on the sender.
 
-When the high class (the collectives) is over its budget on a link src -> dst, the lower class is slowed first, on
-the node that sends into the queue: `rate_limit` {"share": `limit_share`} of its low class (control/traffic_class.py)
-with the incident's open row; `pause` of it if the queue is still over budget `escalate` samples later (an
-`update` row); `resume` with the resolve row. A limit is leased (`lease_s` LEASE_S, actuators/qos_leases.py): while
-the congestion lasts its command is sent again every RENEW_NS of the link's event time (an `update` row), so a
-`resume` that is lost lifts it one lease later. Every row names the commands it caused (`command_ids`). A low-class
-incident orders nothing: there is no lower class to slow. Redirecting flows to another path is not done here:
-the link-flap detector's failover moves a link's traffic, and a path choice per flow needs the fabric's routing.
+When the high class (the collectives) is over its budget on a link src -> dst, the lower class is moved or slowed
+first, on the node that sends into the queue: `redirect` {"dst": the congested flow's destination address, "share":
+`limit_share`} of its low class (control/traffic_class.py) with the incident's open row. The sender's actuator sends
+the low class toward that address out of the alternate port of the port it is routed through, a less loaded path
+that skips the measured queue, or, where the node has no alternate, caps it to `limit_share` of the link as a
+`rate_limit` would (its ack says which). `pause` of the low class follows if the queue is still over budget
+`escalate` samples later (an `update` row); `resume` with the resolve row ends both. A limit or redirect is leased
+(`lease_s` LEASE_S, actuators/qos_leases.py): while the congestion lasts its command is sent again every RENEW_NS
+of the link's event time (an `update` row), so a `resume` that is lost lifts it one lease later. Every row names
+the commands it caused (`command_ids`). A low-class incident orders nothing: there is no lower class to slow.
 
 Reads the joined one-way latencies (analytics.flow_latency), keyed by the receiving node (the records' own key):
 every segment of a link src -> dst is received by dst, so one worker holds the link. One state entry per link
@@ -46,8 +48,8 @@ if TYPE_CHECKING:
 SEEN = 64
 EMITTED = 4
 DEFAULT_TTL_NS = 3600 * 10**9
-LIMIT_SHARE = 0.25     # `rate_limit`: the low class may use a quarter of the link
-ESCALATE = 24          # samples still over budget after the rate limit before the low class is paused
+LIMIT_SHARE = 0.25     # where `redirect` finds no alternate path: the low class may use a quarter of the link
+ESCALATE = 24          # samples still over budget after the redirect (or its limit) before the low class is paused
 QUIET_NS = 10 * 10**9  # an open high-class congestion with no high-priority sample for this long is over
 LEASE_S = 60           # how long the sender's actuator holds a limit without renewal
 RENEW_NS = 20 * 10**9  # the limit is sent again this often while the congestion lasts (3 per lease)
@@ -131,20 +133,22 @@ class CongestionDetector(Processor):
         return out
 
     def _qos(self, ev: FlowLatency, incident_id: str, action: str) -> CommandIntent:
-        params = {"share": f"{self.limit_share:g}"} if action == "rate_limit" else {}
+        params = {"share": f"{self.limit_share:g}"} if action in ("rate_limit", "redirect") else {}
+        if action == "redirect":
+            params["dst"] = ev.dst_ip
         if action != "resume":
             params["lease_s"] = str(LEASE_S)
         return CommandIntent(node=ev.src_node, action=action, target=SHAPED, ts_ns=ev.ts_ns,   # type: ignore[arg-type]
                              incident_id=incident_id, params={**params, "toward": ev.node})
 
     def _renew(self, ev: FlowLatency, entry: dict) -> list[Output]:
-        """The open high-class congestion's limit (its `rate_limit`, or `pause` once escalated) sent again RENEW_NS
+        """The open high-class congestion's action (its `redirect`, or `pause` once escalated) sent again RENEW_NS
         after the last time, with an `update` row naming it: the actuator holds it only for its lease."""
         opened = entry["open"].get("high")
         if not opened or ev.ts_ns - (opened[3] if len(opened) > 3 else opened[1]) < RENEW_NS:
             return []
         opened[3:] = [ev.ts_ns]
-        action = "pause" if len(opened) > 2 and opened[2] else "rate_limit"
+        action = "pause" if len(opened) > 2 and opened[2] else "redirect"
         intent = self._qos(ev, opened[0], action)
         evidence = self._evidence(ev, entry, entry["link"].queue.get("high", 0.0), "high")
         return [self._incident(ev, opened[0], opened[1], "update", "critical", "high",
@@ -152,7 +156,7 @@ class CongestionDetector(Processor):
                                evidence, [intent]), intent]
 
     def _escalate(self, ev: FlowLatency, entry: dict) -> list[Output]:
-        """Still over the high budget `escalate` samples after the rate limit: pause the low class."""
+        """Still over the high budget `escalate` samples after the redirect (or its limit): pause the low class."""
         opened = entry["open"].get("high")
         link: LinkDelay = entry["link"]
         if not opened or len(opened) < 3 or opened[2] or link.over.get("high", 0) < self.rule.sustain + self.escalate:
@@ -171,10 +175,11 @@ class CongestionDetector(Processor):
         if c.opened:
             incident_id = stable_id("congestion", f"{ev.src_node}->{ev.node}", c.klass, ev.ts_ns)
             entry["open"][c.klass] = [incident_id, ev.ts_ns, False]
-            intents = [self._qos(ev, incident_id, "rate_limit")] if high else []
+            intents = [self._qos(ev, incident_id, "redirect")] if high else []
             detail = (f"{c.klass}-priority queueing {c.queue_ns / 1e3:.0f} us over a {c.baseline_ns / 1e3:.1f} us "
                       f"floor, budget {c.budget_ns / 1e3:.0f} us")
-            detail += f"; low class limited to {self.limit_share:.0%} on {ev.src_node}" if high else ""
+            detail += (f"; low class toward {ev.dst_ip} redirected on {ev.src_node} (limited to "
+                       f"{self.limit_share:.0%} where it has no alternate path)") if high else ""
             return [self._incident(ev, incident_id, ev.ts_ns, "open", "critical" if high else "warning", c.klass,
                                    detail, evidence, intents), *intents]
         incident_id, opened, *_ = entry["open"].pop(c.klass, [stable_id("congestion", f"{ev.src_node}->{ev.node}",

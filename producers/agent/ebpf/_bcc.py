@@ -18,9 +18,7 @@ import ipaddress
 import logging
 import math
 import os
-import platform
 import struct
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -28,19 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from clocktower.producers.event_builder import EventBuilder
+from clocktower.runtime.bcc_build import (  # noqa: F401 - re-exported to the agent's sources
+    HEADERS_CACHE,
+    SETUP_HINT,
+    bcc_problem,
+    compile_bpf,
+    find_kernel_source,
+)
 from clocktower.schemas.telemetry import FlowCounters
 
-REPO = Path(__file__).resolve().parents[3]
-HEADERS_CACHE = REPO / ".cache" / "kernel-headers"
 TRACEFS = Path("/sys/kernel/tracing")
-SETUP_HINT = "run scripts/setup_bcc.sh (make setup) as root"
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
-
-_compile_lock = threading.Lock()         # BCC_KERNEL_SOURCE is process-wide; compile one program at a time
 
 log = logging.getLogger(__name__)
 
@@ -48,50 +48,6 @@ PROTO = {6: "tcp", 17: "udp"}
 # Kernel counters are valid by construction (u16 ports, u64 counts, formatted addresses): the flow and tc
 # drains build events without pydantic validation, which was a tenth of the drain thread's CPU.
 build_flow_counters = EventBuilder(FlowCounters)
-
-
-def _headers_ok(path: Path) -> bool:
-    return (path / "include" / "linux" / "kconfig.h").is_file() and (
-        path / "include" / "generated" / "autoconf.h").is_file()
-
-
-def find_kernel_source(explicit: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
-    """The kernel headers tree to compile against, and where it came from (or why none was found).
-
-    Order: `explicit` (no fallback when given), $BCC_KERNEL_SOURCE, the running kernel's own headers
-    (/lib/modules/$(uname -r)/build, what real nodes use), then the newest tree that
-    scripts/setup_bcc.sh unpacked into .cache/kernel-headers/.
-    """
-    if explicit is not None:
-        path = Path(explicit)
-        if _headers_ok(path):
-            return path, f"kernel_source={path}"
-        return None, (f"kernel headers not found at kernel_source={path} (no include/linux/kconfig.h and "
-                      f"include/generated/autoconf.h there)")
-    env = os.environ.get("BCC_KERNEL_SOURCE")
-    if env:
-        if _headers_ok(Path(env)):
-            return Path(env), f"BCC_KERNEL_SOURCE={env}"
-        return None, f"BCC_KERNEL_SOURCE={env} holds no kernel headers (no include/linux/kconfig.h); {SETUP_HINT}"
-    build = Path("/lib/modules") / platform.release() / "build"
-    if _headers_ok(build):
-        return build, str(build)
-    cached = sorted((p for p in HEADERS_CACHE.glob("linux-headers-*") if _headers_ok(p)),
-                    key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.replace("-", ".").split(".")])
-    if cached:
-        return cached[-1], str(cached[-1])
-    return None, (f"no kernel headers: {build} is missing, BCC_KERNEL_SOURCE is unset and {HEADERS_CACHE} is "
-                  f"empty; {SETUP_HINT}")
-
-
-def bcc_problem() -> str | None:
-    try:
-        import bcc  # noqa: F401
-    except ImportError as exc:
-        return f"BCC is not importable ({exc}); {SETUP_HINT}"
-    except OSError as exc:                              # libbcc.so missing
-        return f"BCC cannot load libbcc ({exc}); {SETUP_HINT}"
-    return None
 
 
 def effective_caps() -> int:
@@ -123,22 +79,6 @@ def tracepoints_problem(tracepoints: Iterable[str]) -> str | None:
     if missing:
         return f"this kernel lacks the tracepoints {', '.join(missing)}"
     return None
-
-
-def compile_bpf(text: str, kernel_source: Path, cflags: list[str]) -> Any:
-    """BPF(text=...) against `kernel_source`; autoloads and attaches TRACEPOINT_PROBEs."""
-    from bcc import BPF
-
-    with _compile_lock:
-        saved = os.environ.get("BCC_KERNEL_SOURCE")
-        os.environ["BCC_KERNEL_SOURCE"] = str(kernel_source)
-        try:
-            return BPF(text=text.encode(), cflags=cflags)
-        finally:
-            if saved is None:
-                os.environ.pop("BCC_KERNEL_SOURCE", None)
-            else:
-                os.environ["BCC_KERNEL_SOURCE"] = saved
 
 
 class DoubleBuffer:

@@ -1,8 +1,9 @@
 """A tc clsact BPF classifier on chosen interfaces: packets and bytes per flow (5-tuple) and skb->priority.
 
 One program (tc_flows.bpf.c) is attached as a direct-action filter on the ingress and egress hooks
-of each interface, through pyroute2. It never drops: it counts and returns TC_ACT_OK. `drain()`
-returns FlowCounters(source="tc") with `interface` set; the FlowSource's drain thread calls it.
+of each interface, through pyroute2. It never drops: it counts and returns TC_ACT_UNSPEC (on to the next
+filter, such as the actuator's flow redirect). `drain()` returns FlowCounters(source="tc") with `interface`
+set; the FlowSource's drain thread calls it.
 
 Counters are per time slot (`slot_ms`, 10 ms by default) and double-buffered, as in flow_source.py: the
 kernel keys them by (flow, priority, slot), a drain reads the idle map and flips, and a slot is returned

@@ -1,5 +1,7 @@
 /* tc clsact classifier (ingress and egress): packets and bytes per flow (5-tuple) and skb->priority.
- * Compiled by BCC as SCHED_CLS; see tc_classifier.py. Never drops or redirects: returns TC_ACT_OK.
+ * Compiled by BCC as SCHED_CLS; see tc_classifier.py. Never drops or redirects: returns TC_ACT_UNSPEC, so the
+ * packet goes on to the next filter on the hook (the actuator's flow redirect, actuators/flow_redirect.bpf.c,
+ * which reads the skb->priority set here), then to the qdisc.
  *
  * Hook for marking/shaping: `prio` maps a 5-tuple (as seen in the packet) to an skb->priority that
  * is applied before counting (egress priority selects an HTB class through the qdisc's mapping).
@@ -89,7 +91,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct tuple *t) {
 static __always_inline int classify(struct __sk_buff *skb, u8 dir) {
     struct tc_key k = {};
     if (parse(skb, &k.t) < 0)
-        return TC_ACT_OK;
+        return TC_ACT_UNSPEC;
     u32 *p = prio.lookup(&k.t);
     if (p)
         skb->priority = *p;
@@ -109,14 +111,14 @@ static __always_inline int classify(struct __sk_buff *skb, u8 dir) {
     if (!v) {
         u64 *l = lost.lookup(&zero);
         if (l) __sync_fetch_and_add(l, 1);
-        return TC_ACT_OK;
+        return TC_ACT_UNSPEC;
     }
     u64 *d = dirty.lookup(&which);
     if (d && !*d) *d = 1;
     u32 segs = skb->gso_segs;
     __sync_fetch_and_add(&v->bytes, skb->len);
     __sync_fetch_and_add(&v->packets, segs > 1 ? segs : 1);
-    return TC_ACT_OK;
+    return TC_ACT_UNSPEC;
 }
 
 int tc_ingress(struct __sk_buff *skb) { return classify(skb, DIR_RX); }

@@ -1,0 +1,230 @@
+"""The kernel backend of FlowRedirector: a BPF filter on each redirecting port's egress (flow_redirect.bpf.c).
+
+At start it compiles the program with BCC and attaches it, through pyroute2, as a direct-action filter on the
+clsact egress hook of every port that has an alternate (CLOCKTOWER_ACTUATOR_REDIRECT_PATHS: `eth0=eth1`, or
+`eth0=eth1@10.2.0.254` with the alternate path's next hop). Its tc filter priority comes after the agent's
+classifier's, so it sees the skb->priority that classifier set. A `redirect` asks the kernel which port each
+destination is routed through now, and where that port has an alternate that is up, fills the program's map
+(port, destination) -> (alternate, next hop): from then on the low class toward it leaves by the alternate, with
+its L2 header from the neighbour table (bpf_redirect_neigh). The high class is never touched.
+
+The receiving node sees that traffic arrive on another port than its route back to the sender: strict reverse-path
+filtering there (rp_filter=1) drops it, so multi-rail receivers need rp_filter 0 or 2 (loose), as they usually have.
+
+A filter outlives the process that attached it: one left by an actuator that died is replaced, with an empty map,
+when the next one starts (its redirects end: failing open, the congestion detector sends them again while the
+congestion lasts), and `close()` removes ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from clocktower.actuators.flow_redirector import FlowRedirector, Held, NoAlternatePath, RedirectError
+from clocktower.control.traffic_class import HANDLE, HIGH_CLASSID, HIGH_PRIORITY
+from clocktower.runtime.bcc_build import compile_bpf, find_kernel_source
+
+log = logging.getLogger(__name__)
+PROGRAM = Path(__file__).with_name("flow_redirect.bpf.c")
+EGRESS = "ffff:fff3"
+FILTER_PRIO = 0xC7A2            # after the agent's classifier (0xC7A1): tc runs filters in priority order
+MAX_PATHS = 4096                # (port, destination) entries
+DOWN = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
+IFF_UP = 0x1
+
+Path_ = tuple[str, str | None]  # (alternate port, its next hop or None)
+
+
+class KernelRedirector(FlowRedirector):
+    def __init__(self, paths: dict[str, Path_], netns: str | None = None,
+                 kernel_source: str | None = None) -> None:
+        """`paths`: port -> (alternate port, next hop or None); `netns`: ports of that network namespace."""
+        if not paths:
+            raise ValueError("no alternate path: CLOCKTOWER_ACTUATOR_REDIRECT_PATHS names none")
+        for port, (alternate, hop) in paths.items():
+            if port == alternate:
+                raise ValueError(f"redirect_paths: {port} cannot be its own alternate")
+            if hop is not None:
+                ipaddress.ip_address(hop)   # ValueError names it
+        self.paths = dict(paths)
+        self.netns = netns
+        self.kernel_source = kernel_source
+        self.bpf: Any = None
+        self._attached: dict[str, tuple[int, bool]] = {}    # port -> (ifindex, whether we added its clsact)
+        self._where: dict[str, tuple[Any, str]] = {}        # destination -> (its map key, the port it leaves by)
+        self._held = Held()
+        self._lock = threading.Lock()
+
+    def _ipr(self) -> Any:
+        from pyroute2 import IPRoute  # only where it is used
+        return IPRoute(netns=self.netns, flags=0) if self.netns else IPRoute()
+
+    def start(self) -> str:
+        """Compile and attach; returns what was found (a leftover filter replaced). RedirectError says why not."""
+        source, why = find_kernel_source(self.kernel_source)
+        if source is None:
+            raise RedirectError(why)
+        from bcc import BPF
+
+        try:
+            self.bpf = compile_bpf(PROGRAM.read_text(), source, [
+                f"-DMAX_PATHS={MAX_PATHS}", f"-DHANDLE={HANDLE:#x}", f"-DHIGH_CLASSID={HIGH_CLASSID:#x}U",
+                f"-DHIGH_PRIORITY={HIGH_PRIORITY}"])
+            fn = self.bpf.load_func(b"redirect_low", BPF.SCHED_CLS)
+        except Exception as exc:  # noqa: BLE001 - BCC raises plain Exception
+            raise RedirectError(f"the redirect program did not load: {exc}") from None
+        replaced = []
+        try:
+            with self._ipr() as ipr:
+                for port in self.paths:
+                    found = ipr.link_lookup(ifname=port)
+                    if not found:
+                        raise RedirectError(f"no port {port} on this node")
+                    index = found[0]
+                    has_clsact = any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index))
+                    if not has_clsact:
+                        ipr.tc("add", "clsact", index)
+                    elif any(f.get_attr("TCA_KIND") == "bpf" and f["info"] >> 16 == FILTER_PRIO
+                             for f in ipr.get_filters(index=index, parent=EGRESS)):
+                        replaced.append(port)
+                    self._attached[port] = (index, not has_clsact)
+                    ipr.tc("replace-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=EGRESS,
+                           classid=1, direct_action=True, prio=FILTER_PRIO)
+        except RedirectError:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - netlink errors
+            self.close()
+            raise RedirectError(f"tc failed: {type(exc).__name__}: {exc}") from None
+        if replaced:
+            log.warning("redirects left on %s by an actuator that stopped were removed", ", ".join(replaced))
+            return f"redirect filter on {', '.join(self.paths)} (replaced one left on {', '.join(replaced)})"
+        return f"redirect filter on {', '.join(self.paths)}"
+
+    def redirect(self, destinations: list[str], holder: str) -> str:
+        with self._lock:
+            if self.bpf is None:
+                raise RedirectError("the redirect filter is not attached")
+            table = self.bpf[b"paths"]
+            moved, why_not = [], []
+            try:
+                with self._ipr() as ipr:
+                    for dst in destinations:
+                        port, reason = self._routed_port(ipr, dst)
+                        if port is None:
+                            why_not.append(f"{dst}: {reason}")
+                            continue
+                        alternate, hop = self.paths[port]
+                        alt_index = self._up_index(ipr, alternate)
+                        if alt_index is None:
+                            why_not.append(f"{dst}: its alternate {alternate} is down")
+                            continue
+                        key = _key(table, self._attached[port][0], dst)
+                        old = self._where.get(dst)
+                        if old is not None and bytes(old[0]) != bytes(key):   # routed through another port now
+                            with contextlib.suppress(KeyError):
+                                del table[old[0]]
+                        table[key] = _leaf(table, alt_index, hop)
+                        self._where[dst] = (key, alternate)
+                        moved.append(f"{dst} from {port} to {alternate}")
+            except RedirectError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - netlink or map errors become the ack's detail
+                raise RedirectError(f"redirect failed: {type(exc).__name__}: {exc}") from None
+            if not moved:
+                raise NoAlternatePath("no alternate path: " + "; ".join(why_not))
+            self._held.hold(holder, {d for d in destinations if d in self._where})
+            return "low class toward " + ", ".join(moved) + (f" (not {'; '.join(why_not)})" if why_not else "")
+
+    def _routed_port(self, ipr: Any, dst: str) -> tuple[str | None, str]:
+        """The configured port `dst` is routed through now, or None and why not."""
+        import socket
+
+        family = socket.AF_INET6 if ipaddress.ip_address(dst).version == 6 else socket.AF_INET
+        try:
+            routes = ipr.route("get", dst=dst, family=family)
+        except Exception as exc:  # noqa: BLE001 - no route: a netlink error
+            return None, f"no route ({exc})"
+        oif = routes[0].get_attr("RTA_OIF") if routes else None
+        for port, (index, _) in self._attached.items():
+            if index == oif:
+                return port, ""
+        name = next(iter(ipr.get_links(oif)), None) if oif else None
+        label = name.get_attr("IFLA_IFNAME") if name is not None else "no port"
+        return None, f"routed through {label}, which has no alternate path configured"
+
+    @staticmethod
+    def _up_index(ipr: Any, port: str) -> int | None:
+        found = ipr.link_lookup(ifname=port)
+        if not found:
+            return None
+        link = ipr.get_links(found[0])[0]
+        if not link["flags"] & IFF_UP or link.get_attr("IFLA_OPERSTATE") in DOWN:
+            return None
+        return found[0]
+
+    def release(self, holder: str) -> str:
+        with self._lock:
+            back = sorted(self._held.release(holder))
+            if self.bpf is not None:
+                table = self.bpf[b"paths"]
+                for dst in back:
+                    key, _ = self._where.pop(dst)
+                    with contextlib.suppress(KeyError):
+                        del table[key]
+            return f"low class toward {', '.join(back)} back on its routed port" if back else "nothing redirected"
+
+    def redirected(self) -> dict[str, str]:
+        with self._lock:
+            return {dst: port for dst, (_, port) in self._where.items()}
+
+    def moved_packets(self) -> int:
+        """Packets the filter has redirected since it started."""
+        return int(self.bpf[b"moved"][ctypes.c_int(0)].value) if self.bpf is not None else 0
+
+    def close(self) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with self._lock:
+            try:
+                with self._ipr() as ipr:
+                    for index, created in self._attached.values():
+                        with contextlib.suppress(NetlinkError):
+                            ipr.tc("del-filter", "bpf", index, ":1", parent=EGRESS, prio=FILTER_PRIO)
+                        if created and not any(f.get_attr("TCA_KIND") for parent in (EGRESS, "ffff:fff2")
+                                               for f in ipr.get_filters(index=index, parent=parent)):
+                            with contextlib.suppress(NetlinkError):
+                                ipr.tc("del", "clsact", index)
+            except (NetlinkError, OSError) as exc:
+                log.warning("could not remove the redirect filter: %s", exc)
+            self._attached.clear()
+            self._where.clear()
+            self._held = Held()
+            if self.bpf is not None:
+                self.bpf.cleanup()
+                self.bpf = None
+
+
+def _key(table: Any, ifindex: int, dst: str) -> Any:
+    address = ipaddress.ip_address(dst)
+    key = table.Key()
+    key.ifindex = ifindex
+    key.family = 2 if address.version == 4 else 10
+    ctypes.memmove(key.addr, address.packed, len(address.packed))
+    return key
+
+
+def _leaf(table: Any, ifindex: int, hop: str | None) -> Any:
+    leaf = table.Leaf()
+    leaf.ifindex = ifindex
+    if hop is not None:
+        address = ipaddress.ip_address(hop)
+        leaf.nh_family = 2 if address.version == 4 else 10
+        ctypes.memmove(leaf.nh, address.packed, len(address.packed))
+    return leaf

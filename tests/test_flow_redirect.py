@@ -1,0 +1,383 @@
+"""`redirect`: the low traffic class toward a congested destination leaves by the node's alternate port.
+
+The kernel test builds two network namespaces joined by two veth pairs, each capped at 20 Mbit/s with tbf: the
+primary path (routed) and its alternate. A bulk TCP stream in the low class and a high-priority UDP probe both go
+to the receiver's primary address; the probe is marked high by the agent's own tc classifier (its `prio` map, as
+the agent marks the collectives), which runs before the actuator's redirect filter. After `redirect`, the bulk
+leaves by the alternate path at its full rate, the probe stays on the primary path (its arrival interface, from
+IP_PKTINFO) and its delay comes back within budget; `resume` ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clocktower.actuators.actuator import Actuator
+from clocktower.actuators.flow_redirector import MAX_DESTINATIONS, parse_destinations
+from clocktower.actuators.hooks import Hooks
+from clocktower.actuators.kernel_redirector import FILTER_PRIO, KernelRedirector
+from clocktower.actuators.quarantine import Quarantine
+from clocktower.actuators.seen_commands import SeenCommands
+from clocktower.actuators.settings import parse_redirect_paths
+from clocktower.actuators.simulated_redirector import SimulatedRedirector
+from clocktower.actuators.simulated_shaper import SimulatedShaper
+from clocktower.control.traffic_class import HIGH_CLASSID
+from tests.control_keys import TEST_VERIFIER
+from tests.failover_bed import in_netns
+from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
+
+SO_PRIORITY = 12
+IP_PKTINFO = 8
+
+
+def _actuator(state: Path, shaper=None, redirector=None, clock: Clock | None = None) -> Actuator:  # noqa: ANN001
+    clock = clock or Clock()
+    return Actuator(NODE, TEST_VERIFIER, RecordingRouting(), SeenCommands(state, clock=clock),
+                    Quarantine(state, clock=clock), Hooks({}), clock=clock, backups=OWN_BACKUPS.get, shaper=shaper,
+                    lease_clock=clock, redirector=redirector)
+
+
+def _redirect(dst: str = "10.0.0.2", ts: int = 0, **extra: str):  # noqa: ANN202
+    return _cmd("redirect", "low", {"dst": dst, "share": "0.25", "toward": "node-b", "lease_s": "60", **extra},
+                ts_ns=Clock().now + ts)
+
+
+def test_a_redirect_moves_the_low_class_and_resume_ends_it(tmp_path: Path) -> None:
+    shaper, redirector = SimulatedShaper(), SimulatedRedirector()
+    act = _actuator(tmp_path, shaper, redirector)
+    ack = act.handle(_redirect())
+    assert (ack.status, ack.action) == ("applied", "redirect"), ack
+    assert "moved to the alternate port" in ack.detail and "held 60 s" in ack.detail
+    assert redirector.redirected() == {"10.0.0.2": "alternate port"} and shaper.low_share() is None   # not slowed
+    ack = act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=Clock().now + 1))
+    assert ack.status == "applied" and "back on its routed port" in ack.detail and redirector.redirected() == {}
+
+
+def test_without_an_alternate_path_a_redirect_slows_the_low_class_instead(tmp_path: Path) -> None:
+    shaper = SimulatedShaper()
+    for redirector in (None, SimulatedRedirector(alternate=None)):
+        act = _actuator(tmp_path / str(id(redirector)), shaper, redirector)
+        ack = act.handle(_redirect())
+        assert ack.status == "applied" and "capped at 25%" in ack.detail and "instead" in ack.detail, ack
+        assert shaper.low_share() == 0.25
+        act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=Clock().now + 1))
+        assert shaper.low_share() == 1.0
+    ack = _actuator(tmp_path / "none").handle(_redirect())
+    assert ack.status == "refused" and "CLOCKTOWER_ACTUATOR_QOS_LINKS" in ack.detail
+    ack = _actuator(tmp_path / "nopath", redirector=SimulatedRedirector(alternate=None)).handle(_redirect())
+    assert ack.status == "refused" and "no traffic shaper to slow the low class instead" in ack.detail
+
+
+def test_a_redirect_whose_renewal_never_comes_ends_with_its_lease(tmp_path: Path) -> None:
+    clock, redirector = Clock(), SimulatedRedirector()
+    act = _actuator(tmp_path, SimulatedShaper(), redirector, clock)
+    assert act.handle(_redirect(ts=0)).status == "applied"
+    clock.now += 59 * S
+    assert act.expire_leases() == [] and redirector.redirected()
+    clock.now += 1 * S
+    assert act.expire_leases() == ["node-b"] and redirector.redirected() == {}
+
+
+@pytest.mark.parametrize(("dst", "why"), [
+    ("", "no destination address"), ("node-b", "is not an IP address"), ("127.0.0.1", "not a unicast address"),
+    ("0.0.0.0", "not a unicast address"), ("224.0.0.1", "not a unicast address"),
+    (",".join(f"10.0.0.{i}" for i in range(1, MAX_DESTINATIONS + 2)), f"at most {MAX_DESTINATIONS}")])
+def test_bad_destinations_are_refused(tmp_path: Path, dst: str, why: str) -> None:
+    redirector = SimulatedRedirector()
+    ack = _actuator(tmp_path, SimulatedShaper(), redirector).handle(_redirect(dst))
+    assert ack.status == "refused" and why in ack.detail and redirector.redirected() == {}, ack
+
+
+def test_destinations_and_paths_settings() -> None:
+    assert parse_destinations(" 10.0.0.2, fd00::2 ") == ["10.0.0.2", "fd00::2"]
+    assert parse_redirect_paths("eth0=eth1, eth1=eth0@10.2.0.254") == {"eth0": ("eth1", None),
+                                                                     "eth1": ("eth0", "10.2.0.254")}
+    assert parse_redirect_paths('{"ib0": ["ib1", null]}') == {"ib0": ("ib1", None)}
+    for bad in ("eth0", "eth0=eth0", "eth0=eth1@gw", '{"eth0": 3}', "=eth1"):
+        with pytest.raises(ValueError):
+            parse_redirect_paths(bad)
+    with pytest.raises(ValueError, match="its own alternate"):
+        KernelRedirector({"eth0": ("eth0", None)})
+
+
+# -- the kernel: two paths between network namespaces --------------------------------------------------------------
+
+_RUN = os.getpid() % 100_000
+A, B = f"ct-rd-a-{_RUN}", f"ct-rd-b-{_RUN}"
+PRIMARY, ALTERNATE = "rd0", "rd1"
+NET = {PRIMARY: "10.80.1", ALTERNATE: "10.80.2"}
+RATE_MBIT = 20
+PROBE_PORT, PROBE_SRC_PORT, BULK_PORT = 47101, 47102, 47103
+BUDGET_MS = 2.0
+BULK_STREAMS = 3
+
+
+@contextlib.contextmanager
+def two_paths() -> Iterator[None]:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces, tc and BPF need root")
+    from pyroute2 import IPRoute, netns
+
+    made, veths = [], [f"r{_RUN}{i}" for i in range(4)]
+    try:
+        for ns in (A, B):
+            with contextlib.suppress(OSError, FileNotFoundError):
+                netns.remove(ns)
+            netns.create(ns)
+            made.append(ns)
+        with IPRoute() as ip:
+            for a, b in ((veths[0], veths[1]), (veths[2], veths[3])):
+                ip.link("add", ifname=a, kind="veth", peer={"ifname": b})
+                ip.link("set", index=ip.link_lookup(ifname=a)[0], net_ns_fd=A)
+                ip.link("set", index=ip.link_lookup(ifname=b)[0], net_ns_fd=B)
+        for ns, host, names in ((A, 1, veths[0::2]), (B, 2, veths[1::2])):
+            with IPRoute(netns=ns, flags=0) as ipr:
+                for name, port in zip(names, (PRIMARY, ALTERNATE), strict=True):
+                    idx = ipr.link_lookup(ifname=name)[0]
+                    ipr.link("set", index=idx, ifname=port)
+                    ipr.addr("add", index=idx, address=f"{NET[port]}.{host}", prefixlen=24)
+                    ipr.link("set", index=idx, state="up")
+                    if ns == A:   # each path's capacity: 20 Mbit/s, a deep queue
+                        ipr.tc("add", "tbf", idx, 0x10000, rate=f"{RATE_MBIT}mbit", burst=15000, latency="300ms")
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        # the receiver gets the primary address's traffic on its alternate port: loose reverse-path filtering
+        in_netns(B, lambda: [Path(f"/proc/sys/net/ipv4/conf/{c}/rp_filter").write_text("0")
+                             for c in ("all", "default", PRIMARY, ALTERNATE)])
+        yield
+    finally:
+        for ns in made:
+            with contextlib.suppress(OSError, FileNotFoundError):
+                netns.remove(ns)
+        with IPRoute() as ip:
+            for name in veths:
+                for index in ip.link_lookup(ifname=name):
+                    ip.link("del", index=index)
+
+
+class Traffic:
+    """Bulk TCP a -> b's primary address (low class) and a 200 Hz UDP probe from a fixed port (left unmarked:
+    the agent's classifier marks it high), with its one-way delays and the port each probe arrived on."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.bulk_on = threading.Event()
+        self.delays: list[tuple[float, float, int]] = []   # (receive time, one-way delay ms, arrival ifindex)
+        self.bulk: list[tuple[float, int]] = []
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
+
+    def start(self) -> None:
+        dst = f"{NET[PRIMARY]}.2"
+        listener = in_netns(B, lambda: _bound(socket.SOCK_STREAM, dst, BULK_PORT))
+        listener.listen(BULK_STREAMS)
+        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, dst, PROBE_PORT))
+        receiver.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        self.socks += [listener, receiver]
+        self._spawn(self._accept, listener)
+        self._spawn(self._receive_probes, receiver)
+        self._spawn(lambda: in_netns(A, lambda: self._send_probes(dst)))
+        for _ in range(BULK_STREAMS):
+            self._spawn(lambda: in_netns(A, lambda: self._send_bulk(dst)))
+
+    def _spawn(self, fn, *args) -> None:  # noqa: ANN001
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self, listener: socket.socket) -> None:
+        listener.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.settimeout(0.2)
+            self.socks.append(conn)
+            self._spawn(self._drain, conn)
+
+    def _drain(self, conn: socket.socket) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                data = conn.recv(1 << 16)
+                if not data:
+                    return
+                self.bulk.append((time.monotonic(), len(data)))
+
+    def _send_bulk(self, dst: str) -> None:
+        self.bulk_on.wait()
+        s = socket.create_connection((dst, BULK_PORT), timeout=2)
+        s.settimeout(0.2)
+        self.socks.append(s)
+        chunk = b"x" * 65536
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                s.send(chunk)
+
+    def _send_probes(self, dst: str) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((f"{NET[PRIMARY]}.1", PROBE_SRC_PORT))
+        self.socks.append(s)
+        while not self.stop.is_set():
+            s.sendto(struct.pack("!q", time.clock_gettime_ns(time.CLOCK_REALTIME)) + b"p" * 100, (dst, PROBE_PORT))
+            time.sleep(0.005)
+
+    def _receive_probes(self, s: socket.socket) -> None:
+        s.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                data, anc, _, _ = s.recvmsg(2048, 64)
+            except OSError:
+                continue
+            now = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            ifindex = next((struct.unpack("i", d[:4])[0] for lvl, typ, d in anc if typ == IP_PKTINFO), -1)
+            self.delays.append((time.monotonic(), (now - struct.unpack("!q", data[:8])[0]) / 1e6, ifindex))
+
+    def bulk_mbit(self, t: float, seconds: float) -> float:
+        return sum(n for at, n in list(self.bulk) if t <= at <= t + seconds) * 8 / seconds / 1e6
+
+    def probes_after(self, t: float, seconds: float) -> tuple[float, set[int]]:
+        """The probes' median delay over [t, t + seconds] and the ports they arrived on."""
+        time.sleep(max(0.0, t + seconds - time.monotonic()))
+        xs = [(d, i) for at, d, i in list(self.delays) if t <= at <= t + seconds]
+        assert len(xs) > 20, f"only {len(xs)} probes arrived"
+        return statistics.median(d for d, _ in xs), {i for _, i in xs}
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=3)
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _bound(kind: int, address: str, port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, kind)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((address, port))
+    return s
+
+
+def _index(ns: str, port: str) -> int:
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=ns, flags=0) as ipr:
+        return ipr.link_lookup(ifname=port)[0]
+
+
+def _our_filters(port: str) -> int:
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=A, flags=0) as ipr:
+        return sum(1 for f in ipr.get_filters(index=ipr.link_lookup(ifname=port)[0], parent="ffff:fff3")
+                   if f.get_attr("TCA_KIND") == "bpf" and f["info"] >> 16 == FILTER_PRIO and f["handle"])
+
+
+def _kernel_ready() -> Path:
+    from clocktower.runtime.bcc_build import bcc_problem, find_kernel_source
+
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces, tc and BPF need root")
+    problem = bcc_problem()
+    headers, where = find_kernel_source()
+    if problem or headers is None:
+        pytest.skip(f"BCC cannot compile here: {problem or where}")
+    return headers
+
+
+def test_a_redirect_moves_the_bulk_to_the_alternate_path_and_the_high_class_delay_recovers(tmp_path: Path) -> None:
+    from clocktower.producers.agent.ebpf.tc_classifier import TcClassifier
+
+    headers = _kernel_ready()
+    with two_paths():
+        classifier = TcClassifier("node-a", [(A, PRIMARY)], headers)
+        redirector = KernelRedirector({PRIMARY: (ALTERNATE, None)}, netns=A)
+        traffic = Traffic()
+        try:
+            classifier.start()   # the agent marks the probe flow high, as it marks the collectives
+            classifier.set_priority(f"{NET[PRIMARY]}.1", f"{NET[PRIMARY]}.2", PROBE_SRC_PORT, PROBE_PORT, "udp",
+                                    HIGH_CLASSID)
+            assert redirector.start() == f"redirect filter on {PRIMARY}"
+            primary_in = _index(B, PRIMARY)
+            traffic.start()
+            quiet, _ = traffic.probes_after(time.monotonic() + 0.3, 1.0)
+            traffic.bulk_on.set()
+            t = time.monotonic() + 1.0
+            congested, _ = traffic.probes_after(t, 1.0)
+            shared_rate = traffic.bulk_mbit(t, 1.0)
+            act = _actuator(tmp_path, SimulatedShaper(), redirector)
+            ack = act.handle(_cmd("redirect", "low", {"dst": f"{NET[PRIMARY]}.2", "share": "0.25",
+                                                       "toward": "b"}, ts_ns=Clock().now))
+            assert ack.status == "applied" and f"from {PRIMARY} to {ALTERNATE}" in ack.detail, ack
+            assert act.shaper.low_share() is None                       # moved, not slowed
+            t = time.monotonic() + 0.5
+            redirected, arrived_on = traffic.probes_after(t, 1.0)
+            moved_rate = traffic.bulk_mbit(t, 1.0)
+            moved = redirector.moved_packets()
+            ack = act.handle(_cmd("resume", "low", {"toward": "b"}, ts_ns=Clock().now + 1))
+            assert ack.status == "applied" and "back on its routed port" in ack.detail, ack
+            assert redirector.redirected() == {}
+            t = time.monotonic() + 1.0
+            resumed, _ = traffic.probes_after(t, 1.0)
+        finally:
+            traffic.close()
+            redirector.close()
+            classifier.stop()
+        assert _our_filters(PRIMARY) == 0                                # close() leaves nothing behind
+    print(f"probe p50 ms: quiet {quiet:.3f}, congested {congested:.2f}, redirected {redirected:.3f}, resumed "
+          f"{resumed:.2f}; bulk Mbit/s: {shared_rate:.1f} -> {moved_rate:.1f}; {moved} packets redirected")
+    assert quiet < 1.0, quiet
+    assert congested > 2 * BUDGET_MS, (quiet, congested)
+    assert redirected < BUDGET_MS, (quiet, congested, redirected)
+    assert arrived_on == {primary_in}, arrived_on                       # the high class kept its path
+    assert moved > 100
+    # the bulk has the alternate path to itself: about its whole rate, not a share of the primary's
+    assert moved_rate > 0.7 * RATE_MBIT, (shared_rate, moved_rate)
+    assert resumed > 2 * BUDGET_MS, resumed                              # back on the primary: congested again
+
+
+def test_a_destination_routed_through_a_port_without_an_alternate_is_not_moved(tmp_path: Path) -> None:
+    _kernel_ready()
+    with two_paths():
+        redirector = KernelRedirector({PRIMARY: (ALTERNATE, None)}, netns=A)
+        try:
+            redirector.start()
+            shaper = SimulatedShaper()
+            ack = _actuator(tmp_path, shaper, redirector).handle(_redirect(f"{NET[ALTERNATE]}.2"))
+            assert ack.status == "applied" and f"routed through {ALTERNATE}, which has no alternate" in ack.detail
+            assert "capped at 25%" in ack.detail and shaper.low_share() == 0.25 and redirector.redirected() == {}
+            from pyroute2 import IPRoute
+
+            with IPRoute(netns=A, flags=0) as ipr:   # an alternate that is down is no path either
+                ipr.link("set", index=ipr.link_lookup(ifname=ALTERNATE)[0], state="down")
+            ack = _actuator(tmp_path / "down", shaper, redirector).handle(_redirect(f"{NET[PRIMARY]}.2"))
+            assert f"its alternate {ALTERNATE} is down" in ack.detail and redirector.redirected() == {}, ack
+        finally:
+            redirector.close()
+
+
+def test_a_filter_left_by_an_actuator_that_died_is_replaced_empty_at_start() -> None:
+    _kernel_ready()
+    with two_paths():
+        first = KernelRedirector({PRIMARY: (ALTERNATE, None)}, netns=A)
+        first.start()
+        assert f"from {PRIMARY} to {ALTERNATE}" in first.redirect([f"{NET[PRIMARY]}.2"], "b")
+        first.bpf.cleanup()     # it dies: the kernel keeps its filter (and the program's map) attached
+        first.bpf = None
+        again = KernelRedirector({PRIMARY: (ALTERNATE, None)}, netns=A)
+        try:
+            assert again.start() == f"redirect filter on {PRIMARY} (replaced one left on {PRIMARY})"
+            assert _our_filters(PRIMARY) == 1 and again.redirected() == {}
+        finally:
+            again.close()
+        assert _our_filters(PRIMARY) == 0
