@@ -25,6 +25,7 @@ import orjson
 from pyroute2 import config as pyroute2_config
 from rich.console import Console
 
+from clocktower import consoles
 from clocktower.actuators.component import ActuatorComponent
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.link_watchdog import LinkWatchdog
@@ -253,7 +254,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
         sources = build_sources(settings, topology)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    err = Console(stderr=True)
+    err = consoles.console(stderr=True)
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from clocktower import agent_cli, control_cli
+from clocktower import agent_cli, consoles, control_cli
 from clocktower.config import Settings
 from clocktower.runtime.errors import UserError
 from clocktower.shutdown_signals import STOP_SIGNALS, stop_on_signals
@@ -25,6 +26,8 @@ def _settings(args: argparse.Namespace) -> Settings:
                                    ("http_port", args.http_port),
                                    ("streams_workers", getattr(args, "streams_workers", None))) if v is not None}
     return Settings(**overrides)
+
+DISTRIBUTION = "clocktower-telemetry"   # pyproject.toml's name
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -38,8 +41,17 @@ def _streams_workers(p: argparse.ArgumentParser) -> None:
                    "(default 1, or CLOCKTOWER_STREAMS_WORKERS)")
 
 
+def _version() -> str:
+    """The installed distribution's version (a checkout run without installing it has none)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="clocktower", description="GPU-cluster telemetry and remediation pipeline")
+    ap.add_argument("--version", action="version", version=f"clocktower {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the pipeline on a simulated fleet with injected faults")
     d.add_argument("--duration", type=float, default=60.0, help="simulated seconds (default 60)")
@@ -71,7 +83,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
     if args.duration <= 0 or args.nodes < 2:
         raise UserError("--duration must be > 0 and --nodes at least 2")
-    out = console if not args.json else Console(stderr=True)
+    out = console if not args.json else consoles.console(stderr=True)
     stop_on_signals()                  # SIGTERM and SIGHUP end the demo as Ctrl-C does: children stopped
     summary = run_demo(_settings(args), args.duration, args.nodes, out, seed=args.seed)
     if args.json:
@@ -147,7 +159,7 @@ def cmd_control(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    console = Console()
+    console = consoles.console()
     handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics,
                "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
     try:

@@ -10,6 +10,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from clocktower import consoles
+
 # Types whose values line up on the right, as numbers do; Nullable/LowCardinality wrappers included.
 _NUMERIC = re.compile(r"^(?:(?:Nullable|LowCardinality)\()*(?:U?Int\d+|Float\d+|BFloat16|Decimal\d*)\b")
 
@@ -23,7 +25,7 @@ def print_table(names: Sequence[str], cells: Sequence[Sequence[str]], types: Seq
         table.add_column(Text(name), justify="right" if numeric else "left", no_wrap=True, overflow="fold")
     for row in cells:
         table.add_row(*(Text(v) for v in row))
-    console = console or Console()
+    console = console or consoles.console()
     needed = Measurement.get(console, console.options.update_width(1 << 20), table).maximum
     if needed > console.width:  # rich would shrink the columns and cut values: print it at its natural width
         console = Console(width=needed, file=console.file, force_terminal=console.is_terminal,

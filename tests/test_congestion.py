@@ -176,3 +176,25 @@ def test_a_link_that_goes_quiet_while_congested_is_resolved_when_its_state_expir
     expired = det.tick(store, T0 + 20 * 10**9)
     assert [getattr(o, "state", getattr(o, "action", "")) for o in expired] == ["resolve", "resume"]
     assert expired[1].node == "a" and expired[0].node == "b"
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), spread=st.integers(1, 20), skew_ms=st.integers(-50, 50))
+def test_out_of_order_and_clock_skewed_samples_give_one_incident_opened_and_resolved_in_time(
+        seed: int, spread: int, skew_ms: int) -> None:
+    """Samples of a link arrive shuffled within `spread` positions (segments of several flows, joined by several
+    workers), and the two nodes' raw clocks disagree by `skew_ms` (the detector judges the corrected delay only):
+    a 200-sample congestion still opens one high-class incident, within 20 samples of its start, and resolves it."""
+    rng = random.Random(seed)
+    delays = [healthy(rng) + (rng.randint(50 * US, 300 * US) if 300 <= i < 500 else 0) for i in range(800)]
+    order = sorted(range(len(delays)), key=lambda i: i + rng.uniform(0, spread))
+    det = Fed(CongestionDetector(escalate=10**6))
+    out = []
+    for i in order:
+        r = row(T0 + i * MS, delays[i], seq=i)
+        out += det(r.model_copy(update={"latency_ns": r.latency_ns + skew_ms * MS}))
+    incidents = [o for o in out if isinstance(o, Incident) and o.state != "update"]
+    assert [(o.state, orjson.loads(o.evidence)["class"]) for o in incidents] == [("open", "high"), ("resolve", "high")]
+    # dated by the sample that tipped it, which may be a late healthy one from just before the start
+    assert T0 + (300 - spread) * MS <= incidents[0].ts_ns <= T0 + (320 + spread) * MS, incidents[0].ts_ns - T0
+    assert incidents[1].ts_ns > T0 + 500 * MS

@@ -1,0 +1,47 @@
+"""What the CLI prints where a script reads it: its version, and lines never wrapped off a terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from clocktower import consoles
+from clocktower.result_table import print_table
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_version_is_the_installed_distributions() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    out = subprocess.run([sys.executable, "-m", "clocktower", "--version"], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == f"clocktower {version}"
+
+
+@pytest.mark.parametrize("stderr", [False, True])
+def test_a_long_line_is_not_wrapped_when_the_output_is_not_a_terminal(capsys: pytest.CaptureFixture[str],
+                                                                       stderr: bool) -> None:
+    line = "refused cmd-" + "0123456789abcdef" * 12 + " because of a reason that runs on well past 80 columns"
+    out = consoles.console(stderr=stderr)
+    assert not out.is_terminal
+    out.print(line)
+    captured = capsys.readouterr()
+    assert (captured.err if stderr else captured.out) == line + "\n"
+
+
+def test_a_table_wider_than_80_columns_is_printed_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    value = "node-07.cluster.example/eth2 " * 6
+    print_table(["link", "n"], [[value.strip(), "3"]], ["String", "UInt64"])
+    lines = capsys.readouterr().out.splitlines()
+    assert any(value.strip() in line for line in lines), lines
+
+
+def test_an_error_line_through_a_pipe_is_one_line() -> None:
+    missing = "/nonexistent/" + "a-long-data-directory-name-" * 5
+    out = subprocess.run([sys.executable, "-m", "clocktower", "query", "--data-dir", missing, "SELECT 1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
