@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from clocktower.actuators.flow_redirector import FlowRedirector, NoAlternatePath, parse_destinations
+from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError, parse_destinations
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.qos_leases import DEFAULT_LEASE_S, RETRY_NS, Leases, lease_ns
@@ -87,6 +87,7 @@ class Actuator:
         self.node = node
         self.shaper = shaper
         self.redirector = redirector
+        self._fallback: set[str] = set()   # holders whose cap stands in for a redirect that found no path
         self.qos_lease_s = qos_lease_s
         self.leases = Leases()
         self.lease_clock = lease_clock
@@ -192,7 +193,7 @@ class Actuator:
         """`rate_limit` {"share"}, `pause`, `redirect` {"dst", "share"} and `resume` of the low traffic class
         (control/traffic_class.py): the only class the pipeline slows or moves. The shaped links, their rates and
         the alternate ports are this node's configuration."""
-        if self.shaper is None and (cmd.action != "redirect" or self.redirector is None):
+        if self.shaper is None and (cmd.action not in ("redirect", "resume") or self.redirector is None):
             raise Refused("no traffic shaper on this node (CLOCKTOWER_ACTUATOR_QOS_LINKS=LINK=MBITS,...)")
         if cmd.target != SHAPED:
             raise Refused(f"only the {SHAPED!r} traffic class is shaped (the command names {cmd.target!r})")
@@ -205,25 +206,35 @@ class Actuator:
             lease = lease_ns(cmd.params.get("lease_s"), self.qos_lease_s)
             share = PAUSED_SHARE if cmd.action == "pause" else parse_share(cmd.params.get("share", ""))
             destinations = parse_destinations(cmd.params.get("dst", "")) if cmd.action == "redirect" else []
+            source = parse_destinations(cmd.params["src"])[0] if cmd.params.get("src") else None
         except ValueError as exc:
             raise Refused(str(exc)) from None
         self.leases.grant(holder, self.lease_clock(), lease)   # first: a limit applied to some links, then failing,
         held = f" (held {lease / 1e9:g} s unless renewed)"     # is lifted at its expiry all the same
-        if destinations:
-            why = "no alternate path configured (CLOCKTOWER_ACTUATOR_REDIRECT_PATHS)"
-            if self.redirector is not None:
-                try:
-                    return self.redirector.redirect(destinations, holder) + held
-                except NoAlternatePath as exc:
-                    why = str(exc)
-            if self.shaper is None:
-                self.leases.drop(holder)
-                raise Refused(f"cannot redirect: {why}; and no traffic shaper to slow the low class instead")
-            return f"{why}: {self.shaper.limit(share, holder)} instead{held}"
-        return self.shaper.limit(share, holder) + held   # type: ignore[union-attr] - checked above
+        if not destinations:
+            self._fallback.discard(holder)                      # a limit of its own, not a redirect's stand-in
+            return self.shaper.limit(share, holder) + held     # type: ignore[union-attr] - checked above
+        why = "no alternate path configured (CLOCKTOWER_ACTUATOR_REDIRECT_PATHS)"
+        if self.redirector is not None:
+            try:
+                done = self.redirector.redirect(destinations, holder, source)
+            except RedirectError as exc:   # no path (or the kernel refused): slow the low class instead
+                why = str(exc)
+            else:
+                if holder in self._fallback and self.shaper is not None:   # a path again: the stand-in cap goes
+                    self._fallback.discard(holder)
+                    done += f"; {self.shaper.resume(holder)}"
+                return done + held
+        if self.shaper is None:   # nothing to hold: what the holder held before ends with its lease, now
+            self._lift(holder)
+            self.leases.drop(holder)
+            raise Refused(f"cannot redirect: {why}; and no traffic shaper to slow the low class instead")
+        self._fallback.add(holder)
+        return f"{why}: {self.shaper.limit(share, holder)} instead{held}"
 
     def _lift(self, holder: str) -> str:
         """End `holder`'s limit and redirect."""
+        self._fallback.discard(holder)
         done = []
         if self.redirector is not None:
             done.append(self.redirector.release(holder))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from clocktower.actuators.actuator import Actuator
 from clocktower.actuators.command_consumer import CommandConsumer
-from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError
+from clocktower.actuators.flow_redirector import FlowRedirector
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.kernel_redirector import KernelRedirector
 from clocktower.actuators.kernel_shaper import KernelShaper
@@ -122,7 +122,7 @@ class ActuatorComponent:
             try:
                 log.info("%s", redirector.start())
                 self._redirector = redirector
-            except RedirectError as exc:   # failover matters more: run without, and say what `redirect` does now
+            except Exception as exc:  # noqa: BLE001 - failover matters more: run without, and say what `redirect` does
                 log.error("redirect unavailable (%s): `redirect` commands slow the low class instead", exc)
         self._actuator = open_actuator(self.node, self._verifier, self._routing, s.state_dir,
                                        Hooks(s.hooks(), s.hook_timeout_s), backups=self.backups, shaper=shaper,
@@ -143,15 +143,17 @@ class ActuatorComponent:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(STOP_TIMEOUT_S)
-            if self._thread.is_alive():
-                log.error("the actuator's consumer did not stop within %g s", STOP_TIMEOUT_S)
-                return
-        if self._actuator is not None:
-            self._actuator.close()
-        if self._redirector is not None:
-            self._redirector.close()   # the routing decides again
+        try:
+            if self._thread is not None:
+                self._thread.join(STOP_TIMEOUT_S)
+                if self._thread.is_alive():
+                    log.error("the actuator's consumer did not stop within %g s", STOP_TIMEOUT_S)
+                    return
+            if self._actuator is not None:
+                self._actuator.close()
+        finally:
+            if self._redirector is not None:   # even with the consumer stuck: the routing decides again
+                self._redirector.close()
 
     def quarantined(self, link: str) -> bool | None:
         """Whether `link` is held on its backup until released; None until the actuator has started."""

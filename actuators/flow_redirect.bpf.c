@@ -30,7 +30,7 @@ static long (*redirect_neigh)(u32 ifindex, struct bpf_redir_neigh *params, int p
     (void *)BPF_FUNC_redirect_neigh;
 
 BPF_HASH(paths, struct dst_key, struct path, MAX_PATHS);
-BPF_ARRAY(moved, u64, 1);      /* packets redirected, for the actuator's status */
+BPF_ARRAY(moved, u64, 1);      /* packets handed to the alternate port, for the actuator's status */
 
 int redirect_low(struct __sk_buff *skb) {
     u32 prio = skb->priority;
@@ -53,19 +53,25 @@ int redirect_low(struct __sk_buff *skb) {
     struct path *p = paths.lookup(&k);
     if (!p)
         return TC_ACT_UNSPEC;
-    int zero = 0;
-    u64 *n = moved.lookup(&zero);
-    if (n)
-        __sync_fetch_and_add(n, 1);
-    if (!p->nh_family)
-        return redirect_neigh(p->ifindex, NULL, 0, 0);
-    struct bpf_redir_neigh nh = {};
-    if (p->nh_family == 2) {
-        nh.nh_family = AF_INET;
-        __builtin_memcpy(&nh.ipv4_nh, p->nh, 4);
+    long rc;
+    if (!p->nh_family) {
+        rc = redirect_neigh(p->ifindex, NULL, 0, 0);
     } else {
-        nh.nh_family = AF_INET6;
-        __builtin_memcpy(nh.ipv6_nh, p->nh, 16);
+        struct bpf_redir_neigh nh = {};
+        if (p->nh_family == 2) {
+            nh.nh_family = AF_INET;
+            __builtin_memcpy(&nh.ipv4_nh, p->nh, 4);
+        } else {
+            nh.nh_family = AF_INET6;
+            __builtin_memcpy(nh.ipv6_nh, p->nh, 16);
+        }
+        rc = redirect_neigh(p->ifindex, &nh, sizeof(nh), 0);
     }
-    return redirect_neigh(p->ifindex, &nh, sizeof(nh), 0);
+    if (rc == TC_ACT_REDIRECT) {
+        int zero = 0;
+        u64 *n = moved.lookup(&zero);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+    }
+    return rc;
 }

@@ -36,8 +36,11 @@ def parse_destinations(text: str) -> list[str]:
             address = ipaddress.ip_address(item)
         except ValueError:
             raise ValueError(f"destination {item[:64]!r} is not an IP address") from None
-        if address.is_unspecified or address.is_multicast or address.is_loopback:
-            raise ValueError(f"destination {address} is not a unicast address of another node")
+        if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
+            raise ValueError(f"destination {item[:64]!r}: give a plain address (no scope, no IPv4-mapped form)")
+        if address.is_unspecified or address.is_multicast or address.is_loopback or address.is_link_local or \
+                address == ipaddress.IPv4Address("255.255.255.255"):
+            raise ValueError(f"destination {address} is not a routed unicast address of another node")
         out.append(str(address))
     return out
 
@@ -49,9 +52,11 @@ class FlowRedirector(Protocol):
     Redirects are held per `holder` (the congested link's receiver, `toward` in the command), like the shaper's
     limits: a destination stays redirected while any holder holds it."""
 
-    def redirect(self, destinations: list[str], holder: str) -> str:
-        """Send the low class toward `destinations` out of the alternate port of the port each is routed through.
-        Raises NoAlternatePath when none of them has one (saying why for each), RedirectError on failure."""
+    def redirect(self, destinations: list[str], holder: str, source: str | None = None) -> str:
+        """Send the low class toward `destinations` out of the alternate port of the port each is routed through
+        (from `source`, this node's address the flows leave from, where given: source-based routing picks the
+        port by it). A destination with no alternate path now is no longer redirected. Raises NoAlternatePath
+        when none of them has one (saying why for each), RedirectError on failure."""
         ...
 
     def release(self, holder: str) -> str:
@@ -81,3 +86,8 @@ class Held:
         dropped = self.by_holder.pop(holder, set())
         still = set().union(*self.by_holder.values()) if self.by_holder else set()
         return dropped - still
+
+    def forget(self, destination: str) -> None:
+        """`destination` is no longer redirected, whoever held it."""
+        for held in self.by_holder.values():
+            held.discard(destination)

@@ -22,6 +22,8 @@ import contextlib
 import ctypes
 import ipaddress
 import logging
+import platform
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,9 @@ from clocktower.runtime.bcc_build import compile_bpf, find_kernel_source
 log = logging.getLogger(__name__)
 PROGRAM = Path(__file__).with_name("flow_redirect.bpf.c")
 EGRESS = "ffff:fff3"
+INGRESS = "ffff:fff2"
+ARPHRD_ETHER = 1
+RTN_UNICAST = 1
 FILTER_PRIO = 0xC7A2            # after the agent's classifier (0xC7A1): tc runs filters in priority order
 MAX_PATHS = 4096                # (port, destination) entries
 DOWN = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
@@ -66,19 +71,37 @@ class KernelRedirector(FlowRedirector):
         return IPRoute(netns=self.netns, flags=0) if self.netns else IPRoute()
 
     def start(self) -> str:
-        """Compile and attach; returns what was found (a leftover filter replaced). RedirectError says why not."""
-        source, why = find_kernel_source(self.kernel_source)
-        if source is None:
-            raise RedirectError(why)
-        from bcc import BPF
+        """Compile and attach; returns what was found (a leftover filter replaced). RedirectError says why not, and
+        a filter left by an actuator that died is removed all the same (its redirects end: failing open)."""
+        with self._lock:
+            if self.bpf is not None:
+                return f"redirect filter on {', '.join(self.paths)}"
+            if any(hop is not None for _, hop in self.paths.values()) and _kernel_before(5, 11):
+                raise RedirectError(f"a next hop needs Linux 5.11 or later (bpf_redirect_neigh's parameters); this "
+                                    f"is {platform.release()}")
+            source, why = find_kernel_source(self.kernel_source)
+            try:
+                if source is None:
+                    raise RedirectError(why)
+                try:
+                    from bcc import BPF
 
-        try:
-            self.bpf = compile_bpf(PROGRAM.read_text(), source, [
-                f"-DMAX_PATHS={MAX_PATHS}", f"-DHANDLE={HANDLE:#x}", f"-DHIGH_CLASSID={HIGH_CLASSID:#x}U",
-                f"-DHIGH_PRIORITY={HIGH_PRIORITY}"])
-            fn = self.bpf.load_func(b"redirect_low", BPF.SCHED_CLS)
-        except Exception as exc:  # noqa: BLE001 - BCC raises plain Exception
-            raise RedirectError(f"the redirect program did not load: {exc}") from None
+                    self.bpf = compile_bpf(PROGRAM.read_text(), source, [
+                        f"-DMAX_PATHS={MAX_PATHS}", f"-DHANDLE={HANDLE:#x}", f"-DHIGH_CLASSID={HIGH_CLASSID:#x}U",
+                        f"-DHIGH_PRIORITY={HIGH_PRIORITY}"])
+                    fn = self.bpf.load_func(b"redirect_low", BPF.SCHED_CLS)
+                except Exception as exc:  # noqa: BLE001 - BCC raises plain Exception (ImportError without BCC)
+                    raise RedirectError(f"the redirect program did not load: {type(exc).__name__}: {exc}") from None
+                replaced = self._attach(fn)
+            except RedirectError:
+                self._detach(leftovers=True)
+                raise
+        if replaced:
+            log.warning("redirects left on %s by an actuator that stopped were removed", ", ".join(replaced))
+            return f"redirect filter on {', '.join(self.paths)} (replaced one left on {', '.join(replaced)})"
+        return f"redirect filter on {', '.join(self.paths)}"
+
+    def _attach(self, fn: Any) -> list[str]:
         replaced = []
         try:
             with self._ipr() as ipr:
@@ -87,27 +110,23 @@ class KernelRedirector(FlowRedirector):
                     if not found:
                         raise RedirectError(f"no port {port} on this node")
                     index = found[0]
+                    if ipr.get_links(index)[0]["ifi_type"] != ARPHRD_ETHER:
+                        raise RedirectError(f"{port} is not an Ethernet port (the filter reads IP after 14 bytes)")
                     has_clsact = any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index))
                     if not has_clsact:
                         ipr.tc("add", "clsact", index)
-                    elif any(f.get_attr("TCA_KIND") == "bpf" and f["info"] >> 16 == FILTER_PRIO
-                             for f in ipr.get_filters(index=index, parent=EGRESS)):
+                    elif _ours(ipr, index):
                         replaced.append(port)
                     self._attached[port] = (index, not has_clsact)
                     ipr.tc("replace-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=EGRESS,
                            classid=1, direct_action=True, prio=FILTER_PRIO)
         except RedirectError:
-            self.close()
             raise
         except Exception as exc:  # noqa: BLE001 - netlink errors
-            self.close()
             raise RedirectError(f"tc failed: {type(exc).__name__}: {exc}") from None
-        if replaced:
-            log.warning("redirects left on %s by an actuator that stopped were removed", ", ".join(replaced))
-            return f"redirect filter on {', '.join(self.paths)} (replaced one left on {', '.join(replaced)})"
-        return f"redirect filter on {', '.join(self.paths)}"
+        return replaced
 
-    def redirect(self, destinations: list[str], holder: str) -> str:
+    def redirect(self, destinations: list[str], holder: str, source: str | None = None) -> str:
         with self._lock:
             if self.bpf is None:
                 raise RedirectError("the redirect filter is not attached")
@@ -116,22 +135,22 @@ class KernelRedirector(FlowRedirector):
             try:
                 with self._ipr() as ipr:
                     for dst in destinations:
-                        port, reason = self._routed_port(ipr, dst)
-                        if port is None:
-                            why_not.append(f"{dst}: {reason}")
-                            continue
-                        alternate, hop = self.paths[port]
-                        alt_index = self._up_index(ipr, alternate)
+                        port, reason = self._routed_port(ipr, dst, source)
+                        alternate, hop = self.paths[port] if port is not None else ("", None)
+                        alt_index = self._up_index(ipr, alternate) if port is not None else None
+                        if port is not None and alt_index is None:
+                            reason = f"its alternate {alternate} is down"
                         if alt_index is None:
-                            why_not.append(f"{dst}: its alternate {alternate} is down")
+                            why_not.append(f"{dst}: {reason}")
+                            self._forget(table, dst)   # a path gone since: no longer redirected (never blackholed)
                             continue
-                        key = _key(table, self._attached[port][0], dst)
+                        key = _key(table, self._attached[port][0], dst)   # type: ignore[index]
                         old = self._where.get(dst)
                         if old is not None and bytes(old[0]) != bytes(key):   # routed through another port now
-                            with contextlib.suppress(KeyError):
-                                del table[old[0]]
+                            self._forget(table, dst)
                         table[key] = _leaf(table, alt_index, hop)
                         self._where[dst] = (key, alternate)
+                        self._held.hold(holder, {dst})   # at once: a failure on the next one leaves none unheld
                         moved.append(f"{dst} from {port} to {alternate}")
             except RedirectError:
                 raise
@@ -139,19 +158,28 @@ class KernelRedirector(FlowRedirector):
                 raise RedirectError(f"redirect failed: {type(exc).__name__}: {exc}") from None
             if not moved:
                 raise NoAlternatePath("no alternate path: " + "; ".join(why_not))
-            self._held.hold(holder, {d for d in destinations if d in self._where})
             return "low class toward " + ", ".join(moved) + (f" (not {'; '.join(why_not)})" if why_not else "")
 
-    def _routed_port(self, ipr: Any, dst: str) -> tuple[str | None, str]:
-        """The configured port `dst` is routed through now, or None and why not."""
-        import socket
+    def _forget(self, table: Any, dst: str) -> None:
+        old = self._where.pop(dst, None)
+        if old is not None:
+            with contextlib.suppress(KeyError):
+                del table[old[0]]
+        self._held.forget(dst)
 
+    def _routed_port(self, ipr: Any, dst: str, source: str | None) -> tuple[str | None, str]:
+        """The configured port `dst` is routed through now (from `source`), or None and why not."""
         family = socket.AF_INET6 if ipaddress.ip_address(dst).version == 6 else socket.AF_INET
+        query: dict[str, Any] = {"dst": dst, "family": family}
+        if source is not None and ipaddress.ip_address(source).version == ipaddress.ip_address(dst).version:
+            query["src"] = source
         try:
-            routes = ipr.route("get", dst=dst, family=family)
-        except Exception as exc:  # noqa: BLE001 - no route: a netlink error
+            routes = ipr.route("get", **query)
+        except Exception as exc:  # noqa: BLE001 - no route (or a source that is not ours): a netlink error
             return None, f"no route ({exc})"
-        oif = routes[0].get_attr("RTA_OIF") if routes else None
+        if not routes or routes[0]["type"] != RTN_UNICAST:
+            return None, "not a unicast route"
+        oif = routes[0].get_attr("RTA_OIF")
         for port, (index, _) in self._attached.items():
             if index == oif:
                 return port, ""
@@ -175,9 +203,7 @@ class KernelRedirector(FlowRedirector):
             if self.bpf is not None:
                 table = self.bpf[b"paths"]
                 for dst in back:
-                    key, _ = self._where.pop(dst)
-                    with contextlib.suppress(KeyError):
-                        del table[key]
+                    self._forget(table, dst)
             return f"low class toward {', '.join(back)} back on its routed port" if back else "nothing redirected"
 
     def redirected(self) -> dict[str, str]:
@@ -185,30 +211,60 @@ class KernelRedirector(FlowRedirector):
             return {dst: port for dst, (_, port) in self._where.items()}
 
     def moved_packets(self) -> int:
-        """Packets the filter has redirected since it started."""
-        return int(self.bpf[b"moved"][ctypes.c_int(0)].value) if self.bpf is not None else 0
+        """Packets the filter has handed to an alternate port since it started."""
+        with self._lock:
+            return int(self.bpf[b"moved"][ctypes.c_int(0)].value) if self.bpf is not None else 0
 
     def close(self) -> None:
-        from pyroute2.netlink.exceptions import NetlinkError
-
         with self._lock:
-            try:
-                with self._ipr() as ipr:
-                    for index, created in self._attached.values():
-                        with contextlib.suppress(NetlinkError):
-                            ipr.tc("del-filter", "bpf", index, ":1", parent=EGRESS, prio=FILTER_PRIO)
-                        if created and not any(f.get_attr("TCA_KIND") for parent in (EGRESS, "ffff:fff2")
-                                               for f in ipr.get_filters(index=index, parent=parent)):
-                            with contextlib.suppress(NetlinkError):
-                                ipr.tc("del", "clsact", index)
-            except (NetlinkError, OSError) as exc:
-                log.warning("could not remove the redirect filter: %s", exc)
-            self._attached.clear()
+            self._detach(leftovers=False)
             self._where.clear()
             self._held = Held()
             if self.bpf is not None:
                 self.bpf.cleanup()
                 self.bpf = None
+
+    def _detach(self, leftovers: bool) -> None:
+        """Remove our filter from every port we attached to (`leftovers`: from every configured port, whoever
+        attached it), and a clsact we added once no filter is left on it. One port failing does not stop the rest."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        ports = {p: self._attached.get(p, (None, False)) for p in self.paths} if leftovers else dict(self._attached)
+        try:
+            ipr_ctx = self._ipr()
+        except Exception as exc:  # noqa: BLE001 - a namespace gone: nothing of ours is left there
+            log.warning("could not remove the redirect filter: %s", exc)
+            return
+        with ipr_ctx as ipr:
+            for port, (index, created) in ports.items():
+                try:
+                    if index is None:
+                        found = ipr.link_lookup(ifname=port)
+                        if not found:
+                            continue
+                        index = found[0]
+                    with contextlib.suppress(NetlinkError):
+                        ipr.tc("del-filter", "bpf", index, ":1", parent=EGRESS, prio=FILTER_PRIO)
+                    if created and not any(f.get_attr("TCA_KIND") for parent in (EGRESS, INGRESS)
+                                           for f in ipr.get_filters(index=index, parent=parent)):
+                        ipr.tc("del", "clsact", index)
+                except (NetlinkError, OSError) as exc:
+                    log.warning("could not remove the redirect filter from %s: %s", port, exc)
+        self._attached.clear()
+
+
+def _ours(ipr: Any, index: int) -> bool:
+    """Whether a filter at our priority is on this port's egress (one left by an actuator that died)."""
+    return any(f.get_attr("TCA_KIND") == "bpf" and f["info"] >> 16 == FILTER_PRIO
+               for f in ipr.get_filters(index=index, parent=EGRESS))
+
+
+def _kernel_before(major: int, minor: int) -> bool:
+    try:
+        found = [int(x) for x in platform.release().split("-")[0].split(".")[:2]]
+    except ValueError:
+        return False
+    return tuple(found) < (major, minor)
 
 
 def _key(table: Any, ifindex: int, dst: str) -> Any:

@@ -15,7 +15,7 @@ class SimulatedRedirector(FlowRedirector):
         self._held = Held()
         self._lock = threading.Lock()
 
-    def redirect(self, destinations: list[str], holder: str) -> str:
+    def redirect(self, destinations: list[str], holder: str, source: str | None = None) -> str:
         if self.alternate is None:
             raise NoAlternatePath("this node has no alternate path")
         with self._lock:

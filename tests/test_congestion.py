@@ -89,7 +89,8 @@ def test_the_detector_opens_and_resolves_one_incident_per_link_and_class_and_slo
     # the sender's low class: redirected with the open (or limited where the sender has no alternate path), paused
     # when still over budget, resumed with the resolve
     assert [(i.node, i.action, i.target, i.params) for i in intents] == [
-        ("a", "redirect", "low", {"share": "0.25", "dst": "10.0.0.2", "lease_s": "60", "toward": "b"}),
+        ("a", "redirect", "low", {"share": "0.25", "dst": "10.0.0.2", "src": "10.0.0.1", "lease_s": "60",
+                                  "toward": "b"}),
         ("a", "pause", "low", {"lease_s": "60", "toward": "b"}), ("a", "resume", "low", {"toward": "b"})]
     assert [inc.command_ids for inc in incidents] == [[command_id_of(i)] for i in intents]
     assert "paused on a" in incidents[1].detail and "resumed on a" in incidents[2].detail
@@ -117,10 +118,14 @@ def test_a_redirect_that_holds_the_congestion_off_is_renewed_itself() -> None:
     det = Fed(CongestionDetector(escalate=10**6))
     out = []
     for i in range(300):
-        out += det(row(T0 + i * 100 * MS, 200 * US if i >= 50 else 5 * US, seq=i))
+        r = row(T0 + i * 100 * MS, 200 * US if i >= 50 else 5 * US, seq=i)
+        if i > 60:   # later samples of the link are of other flows (another address of b): the redirect still names
+            r = r.model_copy(update={"dst_ip": "10.0.1.2"})   # the flow that opened it
+        out += det(r)
     intents = [o for o in out if isinstance(o, CommandIntent)]
     assert [i.action for i in intents] == ["redirect", "redirect"]
     assert intents[1].ts_ns - intents[0].ts_ns == 20 * S and intents[1].params == intents[0].params
+    assert intents[0].params["dst"] == "10.0.0.2"
 
 
 def test_low_class_congestion_orders_nothing() -> None:

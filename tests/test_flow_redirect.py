@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from clocktower.actuators.actuator import Actuator
-from clocktower.actuators.flow_redirector import MAX_DESTINATIONS, parse_destinations
+from clocktower.actuators.flow_redirector import MAX_DESTINATIONS, RedirectError, parse_destinations
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.kernel_redirector import FILTER_PRIO, KernelRedirector
 from clocktower.actuators.quarantine import Quarantine
@@ -78,6 +78,39 @@ def test_without_an_alternate_path_a_redirect_slows_the_low_class_instead(tmp_pa
     assert ack.status == "refused" and "no traffic shaper to slow the low class instead" in ack.detail
 
 
+class FailingRedirector(SimulatedRedirector):
+    def redirect(self, destinations: list[str], holder: str, source: str | None = None) -> str:
+        raise RedirectError("redirect failed: NetlinkError: (22, 'Invalid argument')")
+
+
+def test_a_redirect_the_kernel_refuses_slows_the_low_class_instead(tmp_path: Path) -> None:
+    shaper = SimulatedShaper()
+    ack = _actuator(tmp_path, shaper, FailingRedirector()).handle(_redirect())
+    assert ack.status == "applied" and "Invalid argument" in ack.detail and "capped at 25%" in ack.detail, ack
+
+
+def test_once_a_path_is_found_the_cap_that_stood_in_for_it_is_lifted(tmp_path: Path) -> None:
+    shaper, redirector = SimulatedShaper(), SimulatedRedirector(alternate=None)
+    act = _actuator(tmp_path, shaper, redirector)
+    assert "instead" in act.handle(_redirect(ts=0)).detail and shaper.low_share() == 0.25
+    redirector.alternate = "eth1"                                         # the alternate came up
+    ack = act.handle(_redirect(ts=1))
+    assert "moved to the eth1" in ack.detail and "whole link again" in ack.detail, ack
+    assert shaper.low_share() == 1.0 and redirector.redirected() == {"10.0.0.2": "eth1"}
+
+
+def test_a_node_that_only_redirects_takes_resume_and_ends_what_a_refused_renewal_cannot_hold(tmp_path: Path) -> None:
+    redirector = SimulatedRedirector()
+    act = _actuator(tmp_path, None, redirector)
+    assert act.handle(_redirect(ts=0)).status == "applied" and redirector.redirected()
+    ack = act.handle(_cmd("resume", "low", {"toward": "node-b"}, ts_ns=Clock().now + 1))
+    assert ack.status == "applied" and redirector.redirected() == {}, ack
+    assert act.handle(_redirect(ts=2)).status == "applied" and redirector.redirected()
+    redirector.alternate = None                                            # no path now, and no shaper to cap:
+    ack = act.handle(_redirect(ts=3))                                      # refused, and nothing is left held
+    assert ack.status == "refused" and redirector.redirected() == {} and "node-b" not in act.leases.until, ack
+
+
 def test_a_redirect_whose_renewal_never_comes_ends_with_its_lease(tmp_path: Path) -> None:
     clock, redirector = Clock(), SimulatedRedirector()
     act = _actuator(tmp_path, SimulatedShaper(), redirector, clock)
@@ -89,8 +122,10 @@ def test_a_redirect_whose_renewal_never_comes_ends_with_its_lease(tmp_path: Path
 
 
 @pytest.mark.parametrize(("dst", "why"), [
-    ("", "no destination address"), ("node-b", "is not an IP address"), ("127.0.0.1", "not a unicast address"),
-    ("0.0.0.0", "not a unicast address"), ("224.0.0.1", "not a unicast address"),
+    ("", "no destination address"), ("node-b", "is not an IP address"), ("127.0.0.1", "not a routed unicast"),
+    ("0.0.0.0", "not a routed unicast"), ("224.0.0.1", "not a routed unicast"), ("255.255.255.255", "not a routed"),
+    ("169.254.0.7", "not a routed unicast"), ("fe80::1", "not a routed unicast"), ("fe80::1%eth0", "no scope"),
+    ("::ffff:10.0.0.2", "no IPv4-mapped form"),
     (",".join(f"10.0.0.{i}" for i in range(1, MAX_DESTINATIONS + 2)), f"at most {MAX_DESTINATIONS}")])
 def test_bad_destinations_are_refused(tmp_path: Path, dst: str, why: str) -> None:
     redirector = SimulatedRedirector()
@@ -129,6 +164,10 @@ def two_paths() -> Iterator[None]:
     from pyroute2 import IPRoute, netns
 
     made, veths = [], [f"r{_RUN}{i}" for i in range(4)]
+    with IPRoute() as ip:   # ends left by a run of this pid that was killed
+        for name in veths:
+            for index in ip.link_lookup(ifname=name):
+                ip.link("del", index=index)
     try:
         for ns in (A, B):
             with contextlib.suppress(OSError, FileNotFoundError):
@@ -358,10 +397,14 @@ def test_a_destination_routed_through_a_port_without_an_alternate_is_not_moved(t
             assert "capped at 25%" in ack.detail and shaper.low_share() == 0.25 and redirector.redirected() == {}
             from pyroute2 import IPRoute
 
-            with IPRoute(netns=A, flags=0) as ipr:   # an alternate that is down is no path either
+            act = _actuator(tmp_path / "down", shaper, redirector)
+            assert "from rd0 to rd1" in act.handle(_redirect(f"{NET[PRIMARY]}.2", ts=1)).detail
+            assert len(redirector.bpf[b"paths"]) == 1
+            with IPRoute(netns=A, flags=0) as ipr:   # the alternate goes down: no path, and what was moved comes back
                 ipr.link("set", index=ipr.link_lookup(ifname=ALTERNATE)[0], state="down")
-            ack = _actuator(tmp_path / "down", shaper, redirector).handle(_redirect(f"{NET[PRIMARY]}.2"))
-            assert f"its alternate {ALTERNATE} is down" in ack.detail and redirector.redirected() == {}, ack
+            ack = act.handle(_redirect(f"{NET[PRIMARY]}.2", ts=2))
+            assert f"its alternate {ALTERNATE} is down" in ack.detail and "capped at 25%" in ack.detail, ack
+            assert redirector.redirected() == {} and len(redirector.bpf[b"paths"]) == 0
         finally:
             redirector.close()
 
@@ -381,3 +424,36 @@ def test_a_filter_left_by_an_actuator_that_died_is_replaced_empty_at_start() -> 
         finally:
             again.close()
         assert _our_filters(PRIMARY) == 0
+
+
+def test_a_path_with_a_next_hop_delivers_the_low_class_on_the_alternate_port() -> None:
+    _kernel_ready()
+    with two_paths():
+        redirector = KernelRedirector({PRIMARY: (ALTERNATE, f"{NET[ALTERNATE]}.2")}, netns=A)
+        dst = f"{NET[PRIMARY]}.2"
+        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, dst, PROBE_PORT))
+        receiver.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        receiver.settimeout(1.0)
+        try:
+            redirector.start()
+            assert f"from {PRIMARY} to {ALTERNATE}" in redirector.redirect([dst], "b", f"{NET[PRIMARY]}.1")
+
+            def send() -> None:
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)   # priority 0: the low class
+                for _ in range(20):
+                    s.sendto(b"x" * 100, (dst, PROBE_PORT))
+                    time.sleep(0.01)
+                s.close()
+
+            in_netns(A, send)
+            arrived = []
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    _, anc, _, _ = receiver.recvmsg(2048, 64)
+                    arrived += [struct.unpack("i", d[:4])[0] for _, typ, d in anc if typ == IP_PKTINFO]
+            # (the first may wait in the neighbour queue while the next hop's address is resolved)
+            assert len(arrived) >= 15 and set(arrived) == {_index(B, ALTERNATE)}, arrived
+            assert redirector.moved_packets() >= len(arrived)
+        finally:
+            receiver.close()
+            redirector.close()

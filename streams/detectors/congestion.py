@@ -132,10 +132,13 @@ class CongestionDetector(Processor):
                 out += self._quiet(entry, dst, src, entry.get("last_high", entry["open"]["high"][1]) + QUIET_NS)
         return out
 
-    def _qos(self, ev: FlowLatency, incident_id: str, action: str) -> CommandIntent:
+    def _qos(self, ev: FlowLatency, incident_id: str, action: str, path: list[str] | None = None) -> CommandIntent:
+        """`path`: the (source, destination) addresses of the high-class flow that opened the congestion, which a
+        `redirect` moves the low class off, renewals included (not those of whichever sample comes next)."""
         params = {"share": f"{self.limit_share:g}"} if action in ("rate_limit", "redirect") else {}
         if action == "redirect":
-            params["dst"] = ev.dst_ip
+            src, dst = path or [ev.src_ip, ev.dst_ip]
+            params["dst"], params["src"] = dst, src
         if action != "resume":
             params["lease_s"] = str(LEASE_S)
         return CommandIntent(node=ev.src_node, action=action, target=SHAPED, ts_ns=ev.ts_ns,   # type: ignore[arg-type]
@@ -149,7 +152,7 @@ class CongestionDetector(Processor):
             return []
         opened[3:] = [ev.ts_ns]
         action = "pause" if len(opened) > 2 and opened[2] else "redirect"
-        intent = self._qos(ev, opened[0], action)
+        intent = self._qos(ev, opened[0], action, entry.get("path"))
         evidence = self._evidence(ev, entry, entry["link"].queue.get("high", 0.0), "high")
         return [self._incident(ev, opened[0], opened[1], "update", "critical", "high",
                                f"still congested: the low class's {action} on {ev.src_node} renewed for {LEASE_S} s",
@@ -175,7 +178,9 @@ class CongestionDetector(Processor):
         if c.opened:
             incident_id = stable_id("congestion", f"{ev.src_node}->{ev.node}", c.klass, ev.ts_ns)
             entry["open"][c.klass] = [incident_id, ev.ts_ns, False]
-            intents = [self._qos(ev, incident_id, "redirect")] if high else []
+            if high:
+                entry["path"] = [ev.src_ip, ev.dst_ip]
+            intents = [self._qos(ev, incident_id, "redirect", entry.get("path"))] if high else []
             detail = (f"{c.klass}-priority queueing {c.queue_ns / 1e3:.0f} us over a {c.baseline_ns / 1e3:.1f} us "
                       f"floor, budget {c.budget_ns / 1e3:.0f} us")
             detail += (f"; low class toward {ev.dst_ip} redirected on {ev.src_node} (limited to "
