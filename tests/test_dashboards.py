@@ -1,0 +1,56 @@
+"""The dashboards as the ClickHouse plugin reads them: format, plugin version, and FINAL where rows are replaced.
+
+The plugin (grafana-clickhouse-datasource, through grafana/sqlds) reads a target's `format` as the plugin SDK's
+sqlutil.FormatQueryOption: 0 time series (a long result becomes one series per label), 1 table. A target without
+`pluginVersion` is taken for an old-style query and migrated. Tables whose rows a redelivery writes again
+(REPLACING models) show each row once only with FINAL: after a worker restart the incidents panel showed 11 rows
+where there were 9.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clocktower.schemas.topics import TOPICS
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
+FORMAT = {"timeseries": 0, "table": 1}
+REPLACED = {t.table for t in TOPICS if getattr(t.model, "REPLACING", False)}
+
+
+def _plugin_version() -> str:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    plugins = compose["services"]["grafana"]["environment"]["GF_INSTALL_PLUGINS"]
+    name, _, version = plugins.partition(" ")
+    assert name == "grafana-clickhouse-datasource" and re.fullmatch(r"\d+\.\d+\.\d+", version), plugins
+    return version
+
+
+def _targets(dashboard: Path) -> list[tuple[dict, dict]]:
+    return [(panel, target) for panel in json.loads(dashboard.read_text())["panels"] for target in panel["targets"]]
+
+
+@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda p: p.name)
+def test_every_target_asks_the_format_its_panel_draws_and_names_the_pinned_plugin(dashboard: Path) -> None:
+    version = _plugin_version()
+    for panel, target in _targets(dashboard):
+        assert target["format"] == FORMAT[panel["type"]], panel["title"]
+        assert target["queryType"] == panel["type"], panel["title"]
+        assert (target["pluginVersion"], target["editorType"]) == (version, "sql"), panel["title"]
+
+
+@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda p: p.name)
+def test_every_table_whose_rows_are_replaced_is_read_with_final(dashboard: Path) -> None:
+    assert {"incidents", "control_commands", "flow_latency", "iteration_breakdown"} <= REPLACED
+    read = []
+    for panel, target in _targets(dashboard):
+        for table, final in re.findall(r"\bFROM\s+(\w+)(\s+FINAL\b)?", target["rawSql"]):
+            read.append(table)
+            assert table not in REPLACED or final, f"{panel['title']}: {table} without FINAL"
+    assert REPLACED & set(read)
