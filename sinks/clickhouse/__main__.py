@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.runtime.parent_watch import watch_parent
+from clocktower.runtime.settings_help import service_parser
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
@@ -33,7 +34,9 @@ def sink_for(s: SinkSettings, writer: TableWriter) -> KafkaClickHouseSink:
                                producer_key=NodeSigning().producer_key_bytes())   # flags rows no node signed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    service_parser("python -m clocktower.sinks.clickhouse", "The Kafka -> ClickHouse sink: runs until SIGTERM/SIGINT, "
+                   "which flushes pending batches and commits.", SinkSettings).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
     watch_parent()
     s = SinkSettings()
