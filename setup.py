@@ -30,6 +30,6 @@ for name in SUBPACKAGES:
 
 # Non-Python files the package needs at run time: the eBPF sources, and the drain/spare hook examples (a package
 # path, not a module: hook_examples/ has no __init__.py, so it ships as data of clocktower.actuators).
-package_data = {"clocktower.producers.agent.ebpf": ["*.bpf.c"],
+package_data = {"clocktower.producers.agent.ebpf": ["*.bpf.c", "setup_bcc.sh"],
                 "clocktower.actuators": ["hook_examples/*.sh", "*.bpf.c"]}
 setup(packages=packages, package_dir=package_dir, package_data=package_data)

@@ -17,6 +17,8 @@ import argparse
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
+from clocktower.runtime.bcc_build import SETUP_SCRIPT, headers_cache
 from clocktower.runtime.broker_profile import profile_settings
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
@@ -59,6 +62,9 @@ pyroute2_config.disable_mp_signal = True
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("agent", help="run the node agent (GPU health, eBPF flows, links, clock probes)")
+    a.add_argument("action", nargs="?", choices=("run", "setup-ebpf"), default="run", help=(
+        "run (the default), or setup-ebpf: make this Debian node ready for the eBPF sources (as root: BCC from "
+        "apt, kernel headers, tracefs; what `make setup-ebpf` does in a checkout)"))
     a.add_argument("--node", help="this node's name (default: hostname, or CLOCKTOWER_AGENT_NODE)")
     a.add_argument("--stdout", action="store_true", help="print event batches as JSON lines instead of Kafka")
     a.add_argument("--duration", type=float, help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
@@ -235,7 +241,17 @@ def _wait_running(runner: AgentRunner, view: SourceTableView, stop: threading.Ev
     view.update(runner.report())
 
 
+def setup_ebpf() -> int:
+    """Run the packaged setup_bcc.sh for this Python environment; its output goes straight to the terminal."""
+    if not SETUP_SCRIPT.is_file():
+        raise UserError(f"{SETUP_SCRIPT} is missing from this installation")
+    env = {**os.environ, "CLOCKTOWER_HEADERS_CACHE": str(headers_cache())}
+    return subprocess.run(["bash", str(SETUP_SCRIPT), sys.prefix], env=env).returncode
+
+
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
+    if args.action == "setup-ebpf":
+        return setup_ebpf()
     if args.gen_clock_key:
         try:
             path = generate_key_file(args.gen_clock_key)

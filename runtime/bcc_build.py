@@ -2,7 +2,8 @@
 
 The agent's sources (producers/agent/ebpf/) and the actuator's flow redirect (actuators/kernel_redirector.py)
 both compile C with BCC against the kernel's headers. BCC (Debian's python3-bpfcc) is imported lazily, so this
-module imports on any machine. `scripts/setup_bcc.sh` (`make setup-ebpf`) makes a Debian machine ready.
+module imports on any machine. `clocktower agent setup-ebpf` (in a checkout: `make setup-ebpf`) makes a Debian
+machine ready: producers/agent/ebpf/setup_bcc.sh, shipped in the package.
 """
 
 from __future__ import annotations
@@ -14,8 +15,20 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-HEADERS_CACHE = REPO / ".cache" / "kernel-headers"
-SETUP_HINT = "run scripts/setup_bcc.sh (make setup-ebpf) as root"
+SETUP_SCRIPT = REPO / "producers" / "agent" / "ebpf" / "setup_bcc.sh"   # the same path installed (clocktower/...)
+SETUP_HINT = "run `clocktower agent setup-ebpf` as root (in a checkout: make setup-ebpf)"
+
+
+def headers_cache() -> Path:
+    """Where setup_bcc.sh unpacks kernel headers: $CLOCKTOWER_HEADERS_CACHE, else the checkout's
+    .cache/kernel-headers, else (installed from the wheel) /var/cache/clocktower/kernel-headers."""
+    env = os.environ.get("CLOCKTOWER_HEADERS_CACHE")
+    if env:
+        return Path(env)
+    if (REPO / "pyproject.toml").is_file():
+        return REPO / ".cache" / "kernel-headers"
+    return Path("/var/cache/clocktower/kernel-headers")
+
 
 _compile_lock = threading.Lock()         # BCC_KERNEL_SOURCE is process-wide; compile one program at a time
 
@@ -30,7 +43,7 @@ def find_kernel_source(explicit: str | os.PathLike[str] | None = None) -> tuple[
 
     Order: `explicit` (no fallback when given), $BCC_KERNEL_SOURCE, the running kernel's own headers
     (/lib/modules/$(uname -r)/build, what real nodes use), then the newest tree that
-    scripts/setup_bcc.sh unpacked into .cache/kernel-headers/.
+    setup_bcc.sh unpacked into `headers_cache()`.
     """
     if explicit is not None:
         path = Path(explicit)
@@ -46,11 +59,12 @@ def find_kernel_source(explicit: str | os.PathLike[str] | None = None) -> tuple[
     build = Path("/lib/modules") / platform.release() / "build"
     if _headers_ok(build):
         return build, str(build)
-    cached = sorted((p for p in HEADERS_CACHE.glob("linux-headers-*") if _headers_ok(p)),
+    cache = headers_cache()
+    cached = sorted((p for p in cache.glob("linux-headers-*") if _headers_ok(p)),
                     key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.replace("-", ".").split(".")])
     if cached:
         return cached[-1], str(cached[-1])
-    return None, (f"no kernel headers: {build} is missing, BCC_KERNEL_SOURCE is unset and {HEADERS_CACHE} is "
+    return None, (f"no kernel headers: {build} is missing, BCC_KERNEL_SOURCE is unset and {cache} is "
                   f"empty; {SETUP_HINT}")
 
 

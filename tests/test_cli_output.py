@@ -45,3 +45,26 @@ def test_an_error_line_through_a_pipe_is_one_line() -> None:
     out = subprocess.run([sys.executable, "-m", "clocktower", "query", "--data-dir", missing, "SELECT 1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
+
+
+def test_the_kernel_headers_go_where_the_environment_says_else_into_the_checkout(monkeypatch) -> None:  # noqa: ANN001
+    from clocktower.runtime.bcc_build import headers_cache
+
+    monkeypatch.delenv("CLOCKTOWER_HEADERS_CACHE", raising=False)
+    assert headers_cache() == REPO / ".cache" / "kernel-headers"
+    monkeypatch.setenv("CLOCKTOWER_HEADERS_CACHE", "/var/tmp/headers")
+    assert headers_cache() == Path("/var/tmp/headers")
+
+
+def test_agent_setup_ebpf_runs_the_script_the_package_ships() -> None:
+    import os
+
+    from clocktower.runtime.bcc_build import SETUP_SCRIPT
+
+    assert SETUP_SCRIPT.is_file()   # package data: the wheel's contents are checked in test_packaging
+    if os.geteuid() != 0:
+        pytest.skip("setup-ebpf needs root (apt-get, mount)")
+    out = subprocess.run([sys.executable, "-m", "clocktower", "agent", "setup-ebpf"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1].startswith("BCC_KERNEL_SOURCE=/"), out.stdout

@@ -46,7 +46,7 @@ def test_the_wheel_installs_exactly_the_packages_modules_under_one_top_level_nam
                 for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
     expected |= {f"clocktower/{p.name}" for p in (REPO / "clocktower").glob("*.py")}
     expected |= {"clocktower/producers/agent/ebpf/flows.bpf.c", "clocktower/producers/agent/ebpf/tc_flows.bpf.c",
-                 "clocktower/actuators/flow_redirect.bpf.c"}
+                 "clocktower/actuators/flow_redirect.bpf.c", "clocktower/producers/agent/ebpf/setup_bcc.sh"}
     hooks = REPO / "actuators" / "hook_examples"
     expected |= {f"clocktower/actuators/hook_examples/{p.name}" for p in hooks.glob("*.sh")}
     assert len(expected) > 4 and {n for n in names if n.endswith((".py", ".c", ".sh"))} == expected

@@ -1,7 +1,7 @@
 """What the BCC-based sources share: finding kernel headers, checking the machine, compiling, draining.
 
 BCC (Debian's python3-bpfcc) is imported lazily, so this package imports on any machine; `check()`
-says what is missing. `scripts/setup_bcc.sh` makes a Debian machine ready.
+says what is missing. `clocktower agent setup-ebpf` (setup_bcc.sh, beside this file) makes a Debian machine ready.
 
 Draining: the BPF programs count per (flow, time slot) into two maps written alternately (DoubleBuffer);
 the drain thread reads the idle map every drain period, and SlotAggregator merges the entries of a slot
@@ -27,7 +27,6 @@ from typing import Any
 
 from clocktower.producers.event_builder import EventBuilder
 from clocktower.runtime.bcc_build import (  # noqa: F401 - re-exported to the agent's sources
-    HEADERS_CACHE,
     SETUP_HINT,
     bcc_problem,
     compile_bpf,

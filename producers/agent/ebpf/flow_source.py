@@ -35,7 +35,7 @@ The maps hold `max_flows` flows per drain period: max_flows x (slots per drain p
 
 Runtime needs: root (CAP_BPF + CAP_PERFMON, CAP_NET_ADMIN for tc), tracefs mounted, Debian's
 python3-bpfcc importable, and kernel headers: `kernel_source`, $BCC_KERNEL_SOURCE,
-/lib/modules/$(uname -r)/build, or .cache/kernel-headers/ (scripts/setup_bcc.sh sets all this up).
+/lib/modules/$(uname -r)/build, or .cache/kernel-headers/ (`clocktower agent setup-ebpf` sets all this up).
 """
 
 from __future__ import annotations
