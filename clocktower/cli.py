@@ -69,6 +69,14 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="table (default), json (one array of objects) or csv (with a header line)")
     _common(q)
+    e = sub.add_parser("explain", help="why an iteration was slow: the rank waited for, the cause, the evidence")
+    e.add_argument("--job", help="the job (default: the one judged last)")
+    when = e.add_mutually_exclusive_group()
+    when.add_argument("--iteration", type=int, help="this iteration (default: the job's worst moments)")
+    when.add_argument("--since", help="only iterations that began since then: 15m, 2h, 1d ago, or an ISO time (UTC)")
+    e.add_argument("--limit", type=int, default=3, help="worst moments explained without --iteration (default 3)")
+    e.add_argument("--json", action="store_true", help="print one JSON object: the sentences and their evidence")
+    _common(e)
     t = sub.add_parser("topics", help="consumer lag per group, topic and partition: end offset - committed")
     t.add_argument("--json", action="store_true")
     _common(t)
@@ -138,6 +146,33 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace, console: Console) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from clocktower.explain import as_json, narrate
+    from clocktower.explain_query import explain, iterations, latest_job, parse_since
+    from clocktower.query import open_client
+
+    if args.limit < 1:
+        raise UserError("--limit must be at least 1")
+    since = parse_since(args.since) if args.since else None
+    try:
+        client = open_client(_settings(args))
+        job = args.job or latest_job(client)
+        found = [explain(client, it) for it in iterations(client, job, args.iteration, since, args.limit)]
+    except ClickHouseError as exc:
+        raise UserError(str(exc).strip().splitlines()[0]) from None
+    if args.json:
+        print(orjson.dumps({"job": job, "iterations": [as_json(e) for e in found]}).decode())
+        return 0
+    for n, e in enumerate(found):
+        if n:
+            console.print()
+        for i, line in enumerate(narrate(e)):
+            console.print(("" if i == 0 else "  - ") + line, highlight=False, markup=False)
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace, console: Console) -> int:
     from clocktower.result_table import print_table
     from clocktower.running_broker import running_bootstrap
@@ -160,7 +195,7 @@ def cmd_control(args: argparse.Namespace, console: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     console = consoles.console()
-    handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics,
+    handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics, "explain": cmd_explain,
                "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
     try:
         return handler(args, console)

@@ -49,6 +49,20 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
     to_ack = {f["kind"]: f["fault_to_ack_ms"] for f in summary["fault_to_ack"]}
     assert {"link_flap", "gpu_xid"} <= set(to_ack), summary["fault_to_ack"]
     assert all(0 < ms < 120_000 for ms in to_ack.values()), to_ack
+    # `clocktower explain` on the data the demo left: the worst moments of its job, each with its rank and cause
+    r = clocktower("explain", "--json", "--data-dir", str(tmp_path / "ct"), env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    explained = json.loads(r.stdout)
+    assert explained["job"] == "job-demo" and 1 <= len(explained["iterations"]) <= 3, explained
+    worst = summary["worst_iterations"][0]
+    first = explained["iterations"][0]
+    assert first["iteration"]["slowest_rank"] == worst["slowest_rank"] or worst["blame"] == "none", (first, worst)
+    for e in explained["iterations"]:
+        it, lines = e["iteration"], e["narrative"]
+        assert lines[0].startswith(f"iteration {it['iteration']} of job-demo at ") and "x the job's typical" in lines[0]
+        assert f"rank {it['slowest_rank']} (on {it['node']}" in lines[1], lines
+        assert lines[2].startswith(f"blame: {it['blame']}"), lines
+        assert it["slowest_rank"] in {r["rank"] for r in e["ranks"]}, e   # its ranks' breakdowns, read back
 
 
 SUMMARY = {
