@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
 
@@ -16,6 +17,7 @@ from clocktower.schemas.topics import BY_SCHEMA, TOPICS
 # Which incident kind detects which injected fault kind.
 DETECTS = {kind: kind for kind in KINDS}   # each injected kind is detected by the incident kind of its name
 WORST = 5   # iterations shown with their blame
+T = TypeVar("T")
 
 
 def table_rows(client: Client) -> dict[str, int]:
@@ -24,6 +26,23 @@ def table_rows(client: Client) -> dict[str, int]:
         final = " FINAL" if t.model.REPLACING else ""
         out[t.table] = int(client.query(f"SELECT count() FROM `{t.table}`{final}").result_rows[0][0])
     return out
+
+
+def settled(read: Callable[[], dict[str, int]], derive: Callable[[], T], tries: int = 3,
+            pause_s: float = 1.0) -> tuple[dict[str, int], T, bool]:
+    """`derive()` between two equal `read()`s of the row counts, so that what it reports agrees with them (a
+    summary read while rows still arrived said 32,225 flow_latency rows in one place and 33,293 in another).
+    After `tries` without two equal reads: the last ones, and False."""
+    before = read()
+    for attempt in range(tries):
+        result = derive()
+        after = read()
+        if after == before:
+            return after, result, True
+        before = after
+        if attempt + 1 < tries:
+            time.sleep(pause_s)
+    return before, result, False
 
 
 def control_errors(control: Mapping[str, Any]) -> list[str]:
@@ -47,7 +66,8 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
                   clocks: Mapping[str, NodeClock] | None = None) -> dict:
     """Rows are counted as growth since `rows_before`; faults and incidents since `since_ns`. With the
     simulator's `clocks`, the clock estimates are also checked against ground truth."""
-    rows = {t: n - rows_before.get(t, 0) for t, n in table_rows(client).items()}
+    counts, clock, steady = settled(lambda: table_rows(client), lambda: clock_sync_report(client, since_ns, clocks))
+    rows = {t: n - rows_before.get(t, 0) for t, n in counts.items()}
     missing = {BY_SCHEMA[s].table: n - rows[BY_SCHEMA[s].table] for s, n in produced.items()
                if n != rows[BY_SCHEMA[s].table]}
     faults = [dict(zip(("fault_id", "kind", "target", "node", "start_ns"), r, strict=True)) for r in client.query(
@@ -77,7 +97,8 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
     if rows["deadletter"]:
         errs.append(f"{rows['deadletter']} records dead-lettered")
     errs += control_errors(control)
-    clock = clock_sync_report(client, since_ns, clocks)
+    if not steady:
+        errs.append("rows were still arriving while the summary was read: its counts may disagree with each other")
     if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
         errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")
     worst = [dict(zip(("job", "iteration", "slowdown", "slowest_rank", "node", "blame", "evidence"), r, strict=True))
