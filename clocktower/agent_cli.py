@@ -36,6 +36,7 @@ from clocktower.agent_status_view import SourceTableView
 from clocktower.config import Settings
 from clocktower.durable_acks import delivered_publisher
 from clocktower.producers.agent.config import ALL_SOURCES, AgentSettings
+from clocktower.producers.agent.ebpf._bcc import SETUP_SCRIPT
 from clocktower.producers.agent.factory import build_sources, topology_for
 from clocktower.producers.agent.link_source import LinkSource
 from clocktower.producers.agent.port_topology import PortTopology
@@ -44,7 +45,7 @@ from clocktower.producers.agent.stdout_sink import JsonLinesSink
 from clocktower.producers.clock.key import ClockKeyError, generate_key_file
 from clocktower.producers.spool import SpoolInUse
 from clocktower.producers.spooling_publisher import SpoolingPublisher
-from clocktower.runtime.bcc_build import SETUP_SCRIPT, headers_cache
+from clocktower.runtime.bcc_build import headers_cache
 from clocktower.runtime.broker_profile import profile_settings
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.private_file import private_dir
@@ -245,7 +246,7 @@ def setup_ebpf() -> int:
     """Run the packaged setup_bcc.sh for this Python environment; its output goes straight to the terminal."""
     if not SETUP_SCRIPT.is_file():
         raise UserError(f"{SETUP_SCRIPT} is missing from this installation")
-    env = {**os.environ, "CLOCKTOWER_HEADERS_CACHE": str(headers_cache())}
+    env = {**os.environ, "CLOCKTOWER_HEADERS_CACHE": str(headers_cache()), "CLOCKTOWER_PYTHON": sys.executable}
     return subprocess.run(["bash", str(SETUP_SCRIPT), sys.prefix], env=env).returncode
 
 

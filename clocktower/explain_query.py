@@ -19,7 +19,7 @@ from clocktower.explain import Command, Explanation, FlowDelay, IncidentSpan, It
 from clocktower.runtime.errors import UserError
 
 WINDOW_NS = 10 * 10**9        # incidents and commands from this long before the iteration's start
-BASELINE_NS = 60 * 10**9      # a flow's baseline: its median one-way delay over this long before the iteration
+BASELINE_NS = 60 * 10**9      # a flow's baseline: its p99 one-way delay over this long before the iteration
 FLOWS = 3                     # the slowest rank's flows shown, worst p99 first
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 
@@ -76,25 +76,28 @@ def explain(client: Client, it: Iteration) -> Explanation:
         "WHERE job = {job:String} AND iteration = {it:UInt64} ORDER BY rank", parameters=params).result_rows]
     nodes = sorted({r.node for r in ranks} | {it.node})
     params["nodes"] = nodes
-    flows = [FlowDelay(src, dst, int(p99), int(base) if base == base and base else None, int(n))
+    flows = [FlowDelay(src, dst, int(p99), int(base) if base else None, int(n))
              for src, dst, p99, n, base in client.query(
-        "SELECT src_node, node, quantile(0.99)(corrected_latency_ns) AS p99, count() AS n, "
-        " (SELECT quantile(0.5)(b.corrected_latency_ns) FROM flow_latency AS b FINAL WHERE b.clock_corrected "
-        "  AND b.src_node = f.src_node AND b.node = f.node AND b.rx_ns >= {base:Int64} AND b.rx_ns < {start:Int64})"
-        " AS baseline "
-        "FROM flow_latency AS f FINAL WHERE clock_corrected AND rx_ns >= {start:Int64} AND rx_ns <= {end:Int64} "
-        "AND (src_node = {node:String} OR node = {node:String}) "
-        "GROUP BY src_node, node ORDER BY p99 DESC LIMIT " + str(FLOWS), parameters=params).result_rows]
+        "SELECT f.src_node, f.node, f.p99, f.n, b.p99 FROM ("
+        " SELECT src_node, node, quantile(0.99)(corrected_latency_ns) AS p99, count() AS n FROM flow_latency FINAL"
+        " WHERE clock_corrected AND rx_ns >= {start:Int64} AND rx_ns <= {end:Int64}"
+        " AND (src_node = {node:String} OR node = {node:String}) GROUP BY src_node, node) AS f "
+        "LEFT JOIN ("
+        " SELECT src_node, node, quantile(0.99)(corrected_latency_ns) AS p99 FROM flow_latency FINAL"
+        " WHERE clock_corrected AND rx_ns >= {base:Int64} AND rx_ns < {start:Int64}"
+        " AND (src_node = {node:String} OR node = {node:String}) GROUP BY src_node, node) AS b "
+        "ON b.src_node = f.src_node AND b.node = f.node "
+        "ORDER BY f.p99 DESC LIMIT " + str(FLOWS), parameters=params, settings={"join_use_nulls": 1}).result_rows]
     incidents = [IncidentSpan(*r[:6], r[6] or None, r[7]) for r in client.query(
         "SELECT incident_id, argMax(kind, ts_ns), any(node), argMax(target, ts_ns), "
         " if(countIf(state = 'open') > 0, argMinIf(severity, ts_ns, state = 'open'), argMax(severity, ts_ns)), "
-        " min(opened_ns), maxIf(ts_ns, state = 'resolve'), argMax(detail, ts_ns) "
-        "FROM incidents FINAL GROUP BY incident_id "
-        "HAVING min(opened_ns) <= {end:Int64} AND (maxIf(ts_ns, state = 'resolve') = 0 "
-        " OR maxIf(ts_ns, state = 'resolve') >= {from:Int64}) "
-        " AND (any(node) IN {nodes:Array(String)} OR arrayExists(n -> startsWith(argMax(target, ts_ns), n), "
-        " {nodes:Array(String)})) "
-        "ORDER BY min(opened_ns) LIMIT 20", parameters=params).result_rows]
+        " min(opened_ns) AS opened, maxIf(ts_ns, state = 'resolve') AS resolved, argMax(detail, ts_ns) "
+        "FROM incidents FINAL WHERE opened_ns <= {end:Int64} GROUP BY incident_id "
+        "HAVING (resolved = 0 OR resolved >= {from:Int64}) "
+        " AND (any(node) IN {nodes:Array(String)} OR arrayExists(n -> startsWith(argMax(target, ts_ns), "
+        " concat(n, '/')), {nodes:Array(String)}) OR startsWith(argMax(target, ts_ns), concat({job:String}, ':'))) "
+        "ORDER BY any(node) = {node:String} DESC, opened DESC LIMIT 20", parameters=params).result_rows]
+    incidents.sort(key=lambda i: i.opened_ns)
     commands: list[Command] = []
     if incidents:
         params["ids"] = [i.incident_id for i in incidents]

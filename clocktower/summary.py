@@ -65,11 +65,42 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
                   errors: list[str], rows_before: Mapping[str, int], since_ns: int,
                   clocks: Mapping[str, NodeClock] | None = None) -> dict:
     """Rows are counted as growth since `rows_before`; faults and incidents since `since_ns`. With the
-    simulator's `clocks`, the clock estimates are also checked against ground truth."""
-    counts, clock, steady = settled(lambda: table_rows(client), lambda: clock_sync_report(client, since_ns, clocks))
+    simulator's `clocks`, the clock estimates are also checked against ground truth. Every figure is read between
+    two equal row counts (`settled`), so they agree with each other and with `rows`."""
+    counts, figures, steady = settled(lambda: table_rows(client), lambda: _figures(client, since_ns, clocks))
     rows = {t: n - rows_before.get(t, 0) for t, n in counts.items()}
     missing = {BY_SCHEMA[s].table: n - rows[BY_SCHEMA[s].table] for s, n in produced.items()
                if n != rows[BY_SCHEMA[s].table]}
+    control, clock = figures["control"], figures["clock_sync"]
+    errs = list(errors)
+    if delivery_failures:
+        errs.append(f"{delivery_failures} events failed delivery to Kafka")
+    if missing:
+        errs.append(f"row counts differ from events produced: {missing}")
+    if rows["deadletter"]:
+        errs.append(f"{rows['deadletter']} records dead-lettered")
+    errs += control_errors(control)
+    if not steady:
+        errs.append("rows were still arriving while the summary was read: its counts may disagree with each other")
+    if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
+        errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")
+    return {
+        "events_produced": dict(sorted(produced.items())),
+        "rows": rows,
+        "faults_injected": figures["faults"],
+        "incidents_detected": figures["incidents"],
+        "iterations_blamed": figures["blames"],
+        "worst_iterations": figures["worst"],
+        "control_commands": figures["commands"],
+        **control,
+        "clock_sync": clock,
+        "deadletter": rows["deadletter"],
+        "errors": errs,
+    }
+
+
+def _figures(client: Client, since_ns: int, clocks: Mapping[str, NodeClock] | None) -> dict[str, Any]:
+    """Everything the summary reports besides the row counts, read in one go."""
     faults = [dict(zip(("fault_id", "kind", "target", "node", "start_ns"), r, strict=True)) for r in client.query(
         "SELECT fault_id, kind, target, node, start_ns FROM faults_injected WHERE ts_ns >= {s:Int64} "
         "ORDER BY start_ns",
@@ -88,19 +119,6 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         f["detected"] = (kind, f["node"]) in opened or (kind, f["target"].replace(":", "/", 1)) in opened
     commands = dict(client.query("SELECT action, count() FROM control_commands WHERE ts_ns >= {s:Int64} "
                                  "GROUP BY action", parameters={"s": since_ns}).result_rows)
-    control = control_loop_report(client, since_ns, faults, DETECTS)
-    errs = list(errors)
-    if delivery_failures:
-        errs.append(f"{delivery_failures} events failed delivery to Kafka")
-    if missing:
-        errs.append(f"row counts differ from events produced: {missing}")
-    if rows["deadletter"]:
-        errs.append(f"{rows['deadletter']} records dead-lettered")
-    errs += control_errors(control)
-    if not steady:
-        errs.append("rows were still arriving while the summary was read: its counts may disagree with each other")
-    if clock["flow_latency_rows"] and not clock["flow_latency_corrected"]:
-        errs.append("no flow_latency row was clock-corrected: no clock estimates (are probes flowing?)")
     worst = [dict(zip(("job", "iteration", "slowdown", "slowest_rank", "node", "blame", "evidence"), r, strict=True))
              for r in client.query(
         "SELECT job, iteration, slowdown, slowest_rank, node, blame, evidence FROM iteration_blame FINAL "
@@ -108,16 +126,8 @@ def build_summary(client: Client, produced: Mapping[str, int], delivery_failures
         parameters={"s": since_ns, "n": WORST}).result_rows]
     blames = dict(client.query("SELECT blame, count() FROM iteration_blame FINAL WHERE ts_ns >= {s:Int64} "
                                "GROUP BY blame", parameters={"s": since_ns}).result_rows)
-    return {
-        "events_produced": dict(sorted(produced.items())),
-        "rows": rows,
-        "faults_injected": faults,
-        "incidents_detected": {k: int(v) for k, v in sorted(incidents.items())},
-        "iterations_blamed": {k: int(v) for k, v in sorted(blames.items())},
-        "worst_iterations": worst,
-        "control_commands": {k: int(v) for k, v in sorted(commands.items())},
-        **control,
-        "clock_sync": clock,
-        "deadletter": rows["deadletter"],
-        "errors": errs,
-    }
+    return {"faults": faults, "incidents": {k: int(v) for k, v in sorted(incidents.items())},
+            "blames": {k: int(v) for k, v in sorted(blames.items())}, "worst": worst,
+            "commands": {k: int(v) for k, v in sorted(commands.items())},
+            "control": control_loop_report(client, since_ns, faults, DETECTS),
+            "clock_sync": clock_sync_report(client, since_ns, clocks)}

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SETUP_SCRIPT = REPO / "producers" / "agent" / "ebpf" / "setup_bcc.sh"   # the same path installed (clocktower/...)
 SETUP_HINT = "run `clocktower agent setup-ebpf` as root (in a checkout: make setup-ebpf)"
 
 

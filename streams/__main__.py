@@ -11,14 +11,14 @@ from pydantic import ValidationError
 
 from clocktower.runtime.errors import UserError
 from clocktower.runtime.parent_watch import watch_parent
-from clocktower.runtime.settings_help import service_parser
+from clocktower.runtime.settings_help import ALSO_READ, service_parser
 from clocktower.streams.app import build_app
 from clocktower.streams.settings import StreamsSettings
 
 
 def main() -> None:
     parser = service_parser("python -m clocktower.streams", "The stream processors (a Faust worker); arguments after "
-                            "the options go to Faust's `worker` command.", StreamsSettings)
+                            "the options go to Faust's `worker` command.", StreamsSettings, ALSO_READ)
     parser.parse_known_args()   # --help, and nothing else of ours
     try:   # settings and keys are read first: a problem there is one line, not a traceback
         settings = StreamsSettings()

@@ -59,7 +59,7 @@ def test_the_kernel_headers_go_where_the_environment_says_else_into_the_checkout
 def test_agent_setup_ebpf_runs_the_script_the_package_ships() -> None:
     import os
 
-    from clocktower.runtime.bcc_build import SETUP_SCRIPT
+    from clocktower.producers.agent.ebpf._bcc import SETUP_SCRIPT
 
     assert SETUP_SCRIPT.is_file()   # package data: the wheel's contents are checked in test_packaging
     if os.geteuid() != 0:

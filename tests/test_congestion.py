@@ -197,9 +197,12 @@ def test_out_of_order_and_clock_skewed_samples_give_one_incident_opened_and_reso
     out = []
     for i in order:
         r = row(T0 + i * MS, delays[i], seq=i)
-        out += det(r.model_copy(update={"latency_ns": r.latency_ns + skew_ms * MS}))
+        # the receiver's raw clock is off by skew_ms: its stamps and the raw latency move, the corrected one does not
+        out += det(r.model_copy(update={"latency_ns": r.latency_ns + skew_ms * MS, "rx_ns": r.rx_ns + skew_ms * MS,
+                                        "ts_ns": r.ts_ns + skew_ms * MS}))
     incidents = [o for o in out if isinstance(o, Incident) and o.state != "update"]
     assert [(o.state, orjson.loads(o.evidence)["class"]) for o in incidents] == [("open", "high"), ("resolve", "high")]
     # dated by the sample that tipped it, which may be a late healthy one from just before the start
-    assert T0 + (300 - spread) * MS <= incidents[0].ts_ns <= T0 + (320 + spread) * MS, incidents[0].ts_ns - T0
-    assert incidents[1].ts_ns > T0 + 500 * MS
+    at = incidents[0].ts_ns - skew_ms * MS
+    assert T0 + (300 - spread) * MS <= at <= T0 + (320 + spread) * MS, at - T0
+    assert incidents[1].ts_ns - skew_ms * MS > T0 + 500 * MS

@@ -14,7 +14,7 @@ from prometheus_client import start_http_server
 
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.runtime.parent_watch import watch_parent
-from clocktower.runtime.settings_help import service_parser
+from clocktower.runtime.settings_help import ALSO_READ, service_parser
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
@@ -36,7 +36,7 @@ def sink_for(s: SinkSettings, writer: TableWriter) -> KafkaClickHouseSink:
 
 def main(argv: list[str] | None = None) -> None:
     service_parser("python -m clocktower.sinks.clickhouse", "The Kafka -> ClickHouse sink: runs until SIGTERM/SIGINT, "
-                   "which flushes pending batches and commits.", SinkSettings).parse_args(argv)
+                   "which flushes pending batches and commits.", SinkSettings, ALSO_READ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sink %(levelname)s %(message)s")
     watch_parent()
     s = SinkSettings()

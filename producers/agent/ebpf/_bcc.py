@@ -35,6 +35,7 @@ from clocktower.runtime.bcc_build import (  # noqa: F401 - re-exported to the ag
 from clocktower.schemas.telemetry import FlowCounters
 
 TRACEFS = Path("/sys/kernel/tracing")
+SETUP_SCRIPT = Path(__file__).with_name("setup_bcc.sh")   # package data: `clocktower agent setup-ebpf` runs it
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21

@@ -17,7 +17,8 @@
 # Prints the headers directory (the last line of output is `BCC_KERNEL_SOURCE=...`).
 set -euo pipefail
 
-VENV="${1:?usage: setup_bcc.sh PREFIX (the venv or installation holding bin/python)}"
+VENV="${1:?usage: setup_bcc.sh PREFIX (the venv or installation prefix; CLOCKTOWER_PYTHON: its interpreter)}"
+PYTHON="${CLOCKTOWER_PYTHON:-$VENV/bin/python}"   # a system install's is python3, not $PREFIX/bin/python
 CACHE="${CLOCKTOWER_HEADERS_CACHE:?set CLOCKTOWER_HEADERS_CACHE to where kernel headers are unpacked}"
 DEBIAN_DIST=/usr/lib/python3/dist-packages
 
@@ -27,7 +28,7 @@ say() { echo "setup_bcc: $*"; }
 [ "$(uname -s)" = Linux ] || die "eBPF needs Linux (this is $(uname -s))"
 [ "$(id -u)" = 0 ] || die "must run as root (apt-get, mount; the BPF programs themselves need CAP_BPF)"
 command -v apt-get >/dev/null || die "apt-get not found: this script supports Debian/Ubuntu only"
-[ -x "$VENV/bin/python" ] || die "no Python at $VENV/bin/python (a venv or installation prefix)"
+[ -x "$PYTHON" ] || die "no Python at $PYTHON (set CLOCKTOWER_PYTHON to the environment's interpreter)"
 
 # -- 1. python3-bpfcc ---------------------------------------------------------------------------------------
 if [ ! -f "$DEBIAN_DIST/bcc/__init__.py" ]; then
@@ -89,7 +90,7 @@ else
 fi
 
 # -- 3. bcc importable from the venv (and nothing else from Debian) --------------------------------------------
-site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+site="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 shim="$VENV/debian-bcc"
 if [ "$(readlink "$shim/bcc" 2>/dev/null || true)" != "$DEBIAN_DIST/bcc" ]; then
     mkdir -p "$shim"
@@ -100,7 +101,7 @@ if [ "$(cat "$pth" 2>/dev/null || true)" != "$shim" ]; then
     printf '%s\n' "$shim" >"$pth"
 fi
 # Verify: bcc comes from Debian through the shim, and the shim holds nothing but bcc.
-where="$("$VENV/bin/python" -c 'import bcc, os; print(os.path.dirname(os.path.realpath(bcc.__file__)))' 2>&1)" \
+where="$("$PYTHON" -c 'import bcc, os; print(os.path.dirname(os.path.realpath(bcc.__file__)))' 2>&1)" \
     || die "import bcc fails in $VENV: $where"
 [ "$where" = "$(realpath "$DEBIAN_DIST/bcc")" ] || say "note: bcc is imported from $where (the venv has its own)"
 [ "$(ls -A "$shim")" = bcc ] || die "$shim must hold only the bcc link; found: $(ls -A "$shim" | tr '\n' ' ')"
