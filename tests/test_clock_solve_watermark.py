@@ -45,3 +45,28 @@ def test_a_fitter_three_seconds_behind_delays_the_solves_but_every_node_stays_in
     # until the late fitter's first fits are in, only the other's edges exist; from then on, whole solves
     late = [n for t, n in behind if t >= 3.5]
     assert len(late) >= 20 and set(late) == {6}, behind
+
+
+def test_a_fitter_that_comes_back_after_the_others_reached_the_end_still_gets_its_nodes_solved() -> None:
+    """A worker killed before its fitter's first fits, restarted late: its fits (all of them, replayed) reach the
+    solve only after the other fitter's last ones, so the watermark never crosses a new step again. Its nodes must
+    still be solved once its edges have caught up (seen in test_scale_out's killed run: three nodes never got an
+    estimate)."""
+    seconds = 12
+    sim = FleetSimulator(SimConfig(nodes=6, duration_s=seconds, seed=11), start_ns=1_796_000_000 * S)
+    fitters = [ProcessorRunner(ClockEdgeFits()), ProcessorRunner(ClockEdgeFits())]
+    solve = ProcessorRunner(ClockSolve())
+    withheld: list = []
+    solved: list[int] = []
+    for tick in range(1, 10 * seconds + 1):
+        probes = [e for e in sim.advance(sim.start_ns + tick * S // 10) if isinstance(e, ClockProbe)]
+        for p, runner in enumerate(fitters):
+            out = runner.run(p, [e for e in probes if partition_of(runner.processor.partition_key(e), 2) == p])
+            if p == 0:
+                withheld += out
+            else:
+                for fit in out:
+                    solved += [len(est) for est in [solve.run(0, [fit])] if est]
+    assert solved and max(solved) < 6                     # only the other fitter's edges so far
+    after = [len(est) for fit in withheld for est in [solve.run(0, [fit])] if est]
+    assert after and after[-1] == 6, after

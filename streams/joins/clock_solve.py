@@ -13,6 +13,8 @@ to report. Each time the watermark crosses a step of `clock_update_ns`, it solve
 then has a fit at least that recent, and
 newer fits are read back along their fitted curve. One fitter's fits of one update arrive as several
 records; the watermark moves once the last of them is in, so a solve never sees half an update.
+A fitter that comes back behind the others (its worker restarted) holds the watermark back until its edges
+have caught up, and then gets a solve even if the watermark only reaches the last solved step again.
 It publishes a ClockEstimate per node to analytics.clock, which every worker reads back into its
 ClockView. Not durable: each fit is a complete summary of its edge, so a new owner has the whole graph
 again after one round of fits (one update).
@@ -45,6 +47,7 @@ class ClockSolve(Processor):
         self.warmup_ns = warmup_ns   # fitters on other workers start later: the first solves wait for them
         self._latest: dict[tuple[str, str], int] = {}   # edge -> origin of its latest fit
         self._solved_step = -1
+        self._solved_edges: set[tuple[str, str]] = set()   # the edges the last solve had
         self._first_ns: int | None = None   # the first fit's origin: no solve in the warm-up after it
 
     @classmethod
@@ -74,8 +77,14 @@ class ClockSolve(Processor):
         return min(self._latest.values())
 
     def tick(self, state: Any, now_ns: int) -> list[Output]:
+        """Solves when the watermark crosses a new step, or reaches the last solved one again with edges that were
+        not in that solve: a fitter that comes back (its worker restarted) after the others' fits stopped (the end
+        of a run, a fleet gone quiet) would otherwise never see its nodes solved."""
         wm = self.watermark()
-        if wm is None or wm // self.update_ns <= self._solved_step or wm - self._first_ns < self.warmup_ns:
+        if wm is None or wm - self._first_ns < self.warmup_ns:
             return []
-        self._solved_step = wm // self.update_ns
+        step = wm // self.update_ns
+        if step < self._solved_step or (step == self._solved_step and self._latest.keys() <= self._solved_edges):
+            return []
+        self._solved_step, self._solved_edges = step, set(self._latest)
         return list(self.solver.update(wm))
