@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import statistics
-import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +28,8 @@ from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.traffic_class import HIGH_CLASSID, LOW_CLASSID, traffic_class
 from tests.control_keys import TEST_VERIFIER
 from tests.failover_bed import in_netns
+from tests.namespace_traffic import Traffic
 from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
-
-SO_PRIORITY = 12
 
 
 def _actuator(state: Path, shaper=None, clock: Clock | None = None) -> Actuator:  # noqa: ANN001
@@ -222,110 +217,9 @@ def two_hosts() -> Iterator[None]:
                     ip.link("del", index=index)
 
 
-class Traffic:
-    """A bulk TCP stream a -> b (low class) and a 200 Hz UDP probe a -> b (high class) with one-way delays."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.bulk_on = threading.Event()
-        self.delays: list[tuple[float, float]] = []   # (receive time, one-way delay ms)
-        self.bulk: list[tuple[float, int]] = []        # (receive time, bytes) of the bulk streams
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-
-    def start(self) -> None:
-        listener = in_netns(B, lambda: _bound(socket.SOCK_STREAM, BULK_PORT))
-        listener.listen(BULK_STREAMS)
-        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, PROBE_PORT))
-        self.socks += [listener, receiver]
-        self._spawn(self._drain_bulk, listener)
-        self._spawn(self._receive_probes, receiver)
-        self._spawn(lambda: in_netns(A, self._send_probes))
-        for _ in range(BULK_STREAMS):
-            self._spawn(lambda: in_netns(A, self._send_bulk))
-
-    def _spawn(self, fn, *args) -> None:  # noqa: ANN001
-        t = threading.Thread(target=fn, args=args, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def _drain_bulk(self, listener: socket.socket) -> None:
-        listener.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            conn.settimeout(0.2)
-            self.socks.append(conn)
-            self._spawn(self._drain, conn)
-
-    def _drain(self, conn: socket.socket) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                data = conn.recv(1 << 16)
-                if not data:
-                    return
-                self.bulk.append((time.monotonic(), len(data)))
-
-    def _send_bulk(self) -> None:
-        self.bulk_on.wait()
-        s = socket.create_connection((ADDR[B], BULK_PORT), timeout=2)
-        s.setsockopt(socket.SOL_SOCKET, SO_PRIORITY, 0)   # the low class (the qdisc's default)
-        s.settimeout(0.2)
-        self.socks.append(s)
-        chunk = b"x" * 65536
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                s.send(chunk)
-
-    def _send_probes(self) -> None:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, SO_PRIORITY, HIGH_CLASSID)
-        self.socks.append(s)
-        while not self.stop.is_set():
-            s.sendto(struct.pack("!q", time.clock_gettime_ns(time.CLOCK_REALTIME)) + b"p" * 100, (ADDR[B], PROBE_PORT))
-            time.sleep(0.005)
-
-    def _receive_probes(self, s: socket.socket) -> None:
-        s.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                data = s.recv(2048)
-            except OSError:
-                continue
-            now = time.clock_gettime_ns(time.CLOCK_REALTIME)
-            self.delays.append((time.monotonic(), (now - struct.unpack("!q", data[:8])[0]) / 1e6))
-
-    def bulk_mbit(self, t: float, seconds: float) -> float:
-        """The bulk streams' received rate over [t, t + seconds] (already past), Mbit/s."""
-        return sum(n for at, n in list(self.bulk) if t <= at <= t + seconds) * 8 / seconds / 1e6
-
-    def p50_after(self, t: float, seconds: float) -> float:
-        time.sleep(max(0.0, t + seconds - time.monotonic()))
-        xs = [d for at, d in self.delays if t <= at <= t + seconds]
-        assert len(xs) > 20, f"only {len(xs)} probes arrived"
-        return statistics.median(xs)
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=3)
-        for s in self.socks:
-            with contextlib.suppress(OSError):
-                s.close()
-
-
-def _bound(kind: int, port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, kind)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((ADDR[B], port))
-    return s
-
-
 def test_rate_limiting_the_low_class_brings_the_high_class_delay_back_within_budget(tmp_path: Path) -> None:
     with two_hosts():
-        traffic = Traffic()
+        traffic = Traffic(A, B, ADDR[B], BULK_PORT, PROBE_PORT, BULK_STREAMS, probe_priority=HIGH_CLASSID)
         try:
             traffic.start()
             quiet = traffic.p50_after(time.monotonic() + 0.3, 1.0)

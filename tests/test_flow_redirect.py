@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import statistics
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +32,8 @@ from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.traffic_class import HIGH_CLASSID
 from tests.control_keys import TEST_VERIFIER
 from tests.failover_bed import in_netns
+from tests.namespace_traffic import IP_PKTINFO, Traffic, bound
 from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
-
-SO_PRIORITY = 12
-IP_PKTINFO = 8
 
 
 def _actuator(state: Path, shaper=None, redirector=None, clock: Clock | None = None) -> Actuator:  # noqa: ANN001
@@ -203,110 +199,6 @@ def two_paths() -> Iterator[None]:
                     ip.link("del", index=index)
 
 
-class Traffic:
-    """Bulk TCP a -> b's primary address (low class) and a 200 Hz UDP probe from a fixed port (left unmarked:
-    the agent's classifier marks it high), with its one-way delays and the port each probe arrived on."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.bulk_on = threading.Event()
-        self.delays: list[tuple[float, float, int]] = []   # (receive time, one-way delay ms, arrival ifindex)
-        self.bulk: list[tuple[float, int]] = []
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-
-    def start(self) -> None:
-        dst = f"{NET[PRIMARY]}.2"
-        listener = in_netns(B, lambda: _bound(socket.SOCK_STREAM, dst, BULK_PORT))
-        listener.listen(BULK_STREAMS)
-        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, dst, PROBE_PORT))
-        receiver.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-        self.socks += [listener, receiver]
-        self._spawn(self._accept, listener)
-        self._spawn(self._receive_probes, receiver)
-        self._spawn(lambda: in_netns(A, lambda: self._send_probes(dst)))
-        for _ in range(BULK_STREAMS):
-            self._spawn(lambda: in_netns(A, lambda: self._send_bulk(dst)))
-
-    def _spawn(self, fn, *args) -> None:  # noqa: ANN001
-        t = threading.Thread(target=fn, args=args, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def _accept(self, listener: socket.socket) -> None:
-        listener.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            conn.settimeout(0.2)
-            self.socks.append(conn)
-            self._spawn(self._drain, conn)
-
-    def _drain(self, conn: socket.socket) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                data = conn.recv(1 << 16)
-                if not data:
-                    return
-                self.bulk.append((time.monotonic(), len(data)))
-
-    def _send_bulk(self, dst: str) -> None:
-        self.bulk_on.wait()
-        s = socket.create_connection((dst, BULK_PORT), timeout=2)
-        s.settimeout(0.2)
-        self.socks.append(s)
-        chunk = b"x" * 65536
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                s.send(chunk)
-
-    def _send_probes(self, dst: str) -> None:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((f"{NET[PRIMARY]}.1", PROBE_SRC_PORT))
-        self.socks.append(s)
-        while not self.stop.is_set():
-            s.sendto(struct.pack("!q", time.clock_gettime_ns(time.CLOCK_REALTIME)) + b"p" * 100, (dst, PROBE_PORT))
-            time.sleep(0.005)
-
-    def _receive_probes(self, s: socket.socket) -> None:
-        s.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                data, anc, _, _ = s.recvmsg(2048, 64)
-            except OSError:
-                continue
-            now = time.clock_gettime_ns(time.CLOCK_REALTIME)
-            ifindex = next((struct.unpack("i", d[:4])[0] for lvl, typ, d in anc if typ == IP_PKTINFO), -1)
-            self.delays.append((time.monotonic(), (now - struct.unpack("!q", data[:8])[0]) / 1e6, ifindex))
-
-    def bulk_mbit(self, t: float, seconds: float) -> float:
-        return sum(n for at, n in list(self.bulk) if t <= at <= t + seconds) * 8 / seconds / 1e6
-
-    def probes_after(self, t: float, seconds: float) -> tuple[float, set[int]]:
-        """The probes' median delay over [t, t + seconds] and the ports they arrived on."""
-        time.sleep(max(0.0, t + seconds - time.monotonic()))
-        xs = [(d, i) for at, d, i in list(self.delays) if t <= at <= t + seconds]
-        assert len(xs) > 20, f"only {len(xs)} probes arrived"
-        return statistics.median(d for d, _ in xs), {i for _, i in xs}
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=3)
-        for s in self.socks:
-            with contextlib.suppress(OSError):
-                s.close()
-
-
-def _bound(kind: int, address: str, port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, kind)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((address, port))
-    return s
-
-
 def _index(ns: str, port: str) -> int:
     from pyroute2 import IPRoute
 
@@ -341,7 +233,8 @@ def test_a_redirect_moves_the_bulk_to_the_alternate_path_and_the_high_class_dela
     with two_paths():
         classifier = TcClassifier("node-a", [(A, PRIMARY)], headers)
         redirector = KernelRedirector({PRIMARY: (ALTERNATE, None)}, netns=A)
-        traffic = Traffic()
+        traffic = Traffic(A, B, f"{NET[PRIMARY]}.2", BULK_PORT, PROBE_PORT, BULK_STREAMS,
+                          probe_source=(f"{NET[PRIMARY]}.1", PROBE_SRC_PORT))   # unmarked: the agent marks it
         try:
             classifier.start()   # the agent marks the probe flow high, as it marks the collectives
             classifier.set_priority(f"{NET[PRIMARY]}.1", f"{NET[PRIMARY]}.2", PROBE_SRC_PORT, PROBE_PORT, "udp",
@@ -431,7 +324,7 @@ def test_a_path_with_a_next_hop_delivers_the_low_class_on_the_alternate_port() -
     with two_paths():
         redirector = KernelRedirector({PRIMARY: (ALTERNATE, f"{NET[ALTERNATE]}.2")}, netns=A)
         dst = f"{NET[PRIMARY]}.2"
-        receiver = in_netns(B, lambda: _bound(socket.SOCK_DGRAM, dst, PROBE_PORT))
+        receiver = in_netns(B, lambda: bound(socket.SOCK_DGRAM, dst, PROBE_PORT))
         receiver.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
         receiver.settimeout(1.0)
         try:
