@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.installed-pytorch
 
-.PHONY: setup setup-pytorch setup-ebpf demo up test lint bench bench-agent clean docs
+.PHONY: setup setup-pytorch setup-ebpf demo up test lint bench bench-agent clean docs dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench-agent: setup setup-ebpf
 
 docs: setup
 	$(PY) -m clocktower.schemas.docs > docs/SCHEMA.md && $(PY) -m clocktower.schemas.json_schema docs/schemas
+
+# grafana/dashboards/*.json and grafana/provisioning/alerting/ from clocktower/dashboards/ (edit those, not the JSON)
+dashboards: setup
+	$(PY) -m clocktower.dashboards
 
 clean:
 	rm -rf $(VENV) .clocktower .clocktower-agent .cache .pytest_cache .ruff_cache

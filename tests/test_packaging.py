@@ -44,7 +44,8 @@ def test_the_wheel_installs_exactly_the_packages_modules_under_one_top_level_nam
     assert {n.split("/")[0] for n in names} == {"clocktower"}
     expected = {f"clocktower/{p.relative_to(REPO).as_posix()}" for folder in TOP_LEVEL_FOLDERS
                 for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
-    expected |= {f"clocktower/{p.name}" for p in (REPO / "clocktower").glob("*.py")}
+    expected |= {f"clocktower/{p.relative_to(REPO / 'clocktower').as_posix()}"
+                 for p in (REPO / "clocktower").rglob("*.py") if "__pycache__" not in p.parts}
     expected |= {"clocktower/producers/agent/ebpf/flows.bpf.c", "clocktower/producers/agent/ebpf/tc_flows.bpf.c",
                  "clocktower/actuators/flow_redirect.bpf.c", "clocktower/producers/agent/ebpf/setup_bcc.sh"}
     hooks = REPO / "actuators" / "hook_examples"

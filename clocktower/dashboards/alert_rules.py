@@ -1,0 +1,61 @@
+"""Grafana alert rules for what needs a person: a critical incident still open, a node gone quiet, dead letters.
+
+Each rule's query returns one row per alert instance (string columns become its labels, the number its value);
+the threshold fires on a value above 0. Rules read the provisioned datasource (alert rules have no variables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clocktower.dashboards.variables import DEFAULT_DATASOURCE_UID, PLUGIN_VERSION
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    uid: str
+    title: str
+    sql: str
+    summary: str
+    severity: str
+    window_s: int = 600      # the query's time range: $__timeFilter covers the last `window_s` seconds
+
+
+RULES: tuple[AlertRule, ...] = (
+    AlertRule("clocktower-critical-incident", "Critical incident open", """SELECT what AS kind, place AS target, toUInt64(1) AS open
+FROM (SELECT any(kind) AS what, any(target) AS place, argMax(severity, ts_ns) AS level
+      FROM incidents FINAL
+      WHERE $__timeFilter(time)
+      GROUP BY incident_id
+      HAVING countIf(state = 'open') > 0 AND countIf(state = 'resolve') = 0)
+WHERE level = 'critical'""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical"),
+    AlertRule("clocktower-node-silent", "Node stopped reporting", """SELECT node, dateDiff('second', max(time), now64(9)) AS silent_s
+FROM heartbeats
+WHERE $__timeFilter(time)
+GROUP BY node
+HAVING silent_s > 30""", "{{ $labels.node }} sent no heartbeat for {{ $values.A }} s", "critical"),
+    AlertRule("clocktower-dead-letters", "Records dead-lettered", """SELECT origin_topic, count() AS dead_letters
+FROM deadletter FINAL
+WHERE $__timeFilter(time)
+GROUP BY origin_topic""", "{{ $values.A }} records from {{ $labels.origin_topic }} were dead-lettered", "warning",
+              window_s=300),
+)
+
+
+def provisioning() -> dict:
+    """The alerting provisioning file (grafana/provisioning/alerting/)."""
+    return {"apiVersion": 1, "groups": [{
+        "orgId": 1, "name": "clocktower", "folder": "clocktower", "interval": "1m",
+        "rules": [_rule(r) for r in RULES]}]}
+
+
+def _rule(r: AlertRule) -> dict:
+    query = {"refId": "A", "editorType": "sql", "format": 1, "queryType": "table", "rawSql": r.sql,
+             "pluginVersion": PLUGIN_VERSION}
+    threshold = {"refId": "C", "type": "threshold", "expression": "A",
+                 "conditions": [{"evaluator": {"type": "gt", "params": [0]}}]}
+    return {"uid": r.uid, "title": r.title, "condition": "C", "for": "0s", "noDataState": "OK",
+            "execErrState": "Error", "labels": {"severity": r.severity}, "annotations": {"summary": r.summary},
+            "data": [{"refId": "A", "relativeTimeRange": {"from": r.window_s, "to": 0},
+                      "datasourceUid": DEFAULT_DATASOURCE_UID, "model": query},
+                     {"refId": "C", "datasourceUid": "__expr__", "model": threshold}]}

@@ -1,0 +1,75 @@
+"""The dashboards' template variables, the filters panels write with them, and the incident annotations.
+
+`$cluster` is a datasource variable: a cluster is one pipeline with its own ClickHouse, so picking a cluster
+picks the datasource every panel reads. `$job`, `$node` and `$gpu` are multi-value query variables with "All".
+Panels filter with the plugin's `$__conditionalAll(condition, $var)`: with "All" picked it becomes 1=1, so a
+fleet of thousands of nodes is not spelled out as an IN list; otherwise the condition, with the picked values
+formatted `singlequote` (each quoted, quotes inside escaped: a node name cannot break out of the literal).
+"""
+
+from __future__ import annotations
+
+PLUGIN = "grafana-clickhouse-datasource"
+PLUGIN_VERSION = "4.20.0"        # pinned in docker-compose.yml's GF_INSTALL_PLUGINS (tests/test_dashboards.py)
+DATASOURCE = {"type": PLUGIN, "uid": "${cluster}"}
+DEFAULT_DATASOURCE_UID = "clocktower-ch"   # grafana/provisioning/datasources/clickhouse.yaml
+
+NODE_IS = "$__conditionalAll(node IN (${node:singlequote}), $node)"
+JOB_IS = "$__conditionalAll(job IN (${job:singlequote}), $job)"
+GPU_IS = "$__conditionalAll(toString(gpu) IN (${gpu:singlequote}), $gpu)"
+
+VARIABLE_SQL = {
+    "job": "SELECT DISTINCT job FROM iterations WHERE $__timeFilter(time) ORDER BY job",
+    "node": "SELECT DISTINCT node FROM heartbeats WHERE $__timeFilter(time) ORDER BY node",
+    "gpu": f"SELECT DISTINCT gpu FROM gpu_health WHERE $__timeFilter(time) AND {NODE_IS} ORDER BY gpu",
+}
+
+
+def _query_variable(name: str) -> dict:
+    sql = VARIABLE_SQL[name]
+    return {"type": "query", "name": name, "label": name, "datasource": DATASOURCE, "definition": sql,
+            "query": {"refId": f"{name}-variable", "queryType": "sql", "rawSql": sql},
+            "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "hide": 0,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
+
+
+def template_variables(names: tuple[str, ...]) -> list[dict]:
+    """`cluster` first (the others' queries run on it), then the rest in the order given."""
+    if names[:1] != ("cluster",):
+        raise ValueError(f"the cluster variable must come first: {names}")
+    cluster = {"type": "datasource", "name": "cluster", "label": "cluster", "query": PLUGIN, "refresh": 1,
+               "regex": "", "hide": 0, "current": {"selected": True, "text": "clocktower",
+                                                    "value": DEFAULT_DATASOURCE_UID}}
+    return [cluster, *(_query_variable(n) for n in names[1:])]
+
+
+def _annotation(name: str, color: str, sql: str) -> dict:
+    return {"name": name, "enable": True, "iconColor": color, "datasource": DATASOURCE,
+            "target": {"refId": "annotation", "datasource": DATASOURCE, "editorType": "sql", "format": 1,
+                       "queryType": "table", "pluginVersion": PLUGIN_VERSION, "rawSql": sql}}
+
+
+# An incident is a region from its opening to its resolution (still open: up to now), tagged with its kind and
+# latest severity; a control command is a point. Both follow $node.
+INCIDENT_ANNOTATION_SQL = f"""SELECT opened AS time, resolved AS timeEnd, concat(what, ' on ', place, ': ', latest) AS text,
+  [what, level] AS tags
+FROM (SELECT fromUnixTimestamp64Nano(min(opened_ns)) AS opened,
+        if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), now64(9)) AS resolved,
+        toString(any(kind)) AS what, toString(any(target)) AS place, argMax(detail, ts_ns) AS latest,
+        toString(argMax(severity, ts_ns)) AS level
+      FROM incidents FINAL
+      WHERE $__timeFilter(time) AND {NODE_IS}
+      GROUP BY incident_id)
+ORDER BY time"""
+
+COMMAND_ANNOTATION_SQL = f"""SELECT time, concat(action, ' ', target, ' on ', node) AS text, [toString(action)] AS tags
+FROM control_commands FINAL
+WHERE $__timeFilter(time) AND {NODE_IS}
+ORDER BY time"""
+
+ANNOTATIONS = [
+    {"builtIn": 1, "name": "Annotations & Alerts", "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+     "type": "dashboard", "datasource": {"type": "grafana", "uid": "-- Grafana --"}},
+    _annotation("Incidents", "red", INCIDENT_ANNOTATION_SQL),
+    _annotation("Control commands", "blue", COMMAND_ANNOTATION_SQL),
+]
