@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import os
 import signal
 import sys
 import time
@@ -77,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=3, help="worst moments explained without --iteration (default 3)")
     e.add_argument("--json", action="store_true", help="print one JSON object: the sentences and their evidence")
     _common(e)
+    s = sub.add_parser("schema", help="print the DDL a fresh ClickHouse database gets (the sink runs it at start)")
+    s.add_argument("--cluster", help="the ON CLUSTER form: ReplicatedMergeTree <table>_local per shard, and "
+                   "<table> as a Distributed table (the sink's CLOCKTOWER_CLICKHOUSE_CLUSTER)")
+    s.add_argument("--database", default="default", help="the database (default: default)")
     t = sub.add_parser("topics", help="consumer lag per group, topic and partition: end offset - committed")
     t.add_argument("--json", action="store_true")
     _common(t)
@@ -188,6 +193,18 @@ def cmd_topics(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    from clocktower.schemas.clickhouse_ddl import Layout
+    from clocktower.schemas.migrations import fresh_install_sql
+
+    try:
+        layout = Layout(args.database, args.cluster)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(";\n\n".join(fresh_install_sql(layout)) + ";")
+    return 0
+
+
 def cmd_control(args: argparse.Namespace, console: Console) -> int:
     return control_cli.cmd_control(args, _settings(args) if hasattr(args, "data_dir") else Settings(), console)
 
@@ -196,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     console = consoles.console()
     handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics, "explain": cmd_explain,
-               "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
+               "schema": cmd_schema, "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
     try:
         return handler(args, console)
     except UserError as exc:
@@ -207,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"bad configuration {where}: {err['msg'].removeprefix('Value error, ')}")
     except KeyboardInterrupt:  # Ctrl-C while `up` starts (its stack stopped what it started) or in a query
         return 130
+    except BrokenPipeError:    # `clocktower schema | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error when Python flushes
+        return 0
     return 2
 
 

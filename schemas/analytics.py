@@ -12,6 +12,7 @@ from clocktower.schemas.column_types import (
     Float64,
     Int64,
     Name,
+    Sequence,
     Text,
     TimestampNs,
     UInt8,
@@ -41,7 +42,7 @@ class FlowLatency(Event):
     src_port: UInt16
     dst_port: UInt16
     proto: Protocol
-    seq: UInt64
+    seq: Sequence
     bytes: UInt64
     tx_ns: TimestampNs
     rx_ns: TimestampNs
@@ -114,7 +115,7 @@ class IterationBreakdown(Event):
 
     job: Name
     rank: UInt32
-    iteration: UInt64
+    iteration: Sequence
     start_ns: TimestampNs
     end_ns: TimestampNs
     duration_ns: DurationNs
@@ -146,7 +147,7 @@ class IterationBlame(Event):
     REPLACING = True
 
     job: Name
-    iteration: UInt64
+    iteration: Sequence
     start_ns: TimestampNs = Field(description="the earliest rank's start, on its node's clock")
     duration_ns: DurationNs = Field(description="the longest rank's iteration")
     baseline_ns: DurationNs = Field(description="the job's typical iteration (EWMA of its iterations not slow)")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from clocktower.schemas.column_types import CH
+from clocktower.schemas.column_types import CH, DEFAULT_CODEC, Codec
 from clocktower.schemas.event import Event
 
 _ARROW = {
@@ -25,6 +25,7 @@ class Column:
     name: str
     ch_type: str
     arrow_type: pa.DataType
+    codec: str = DEFAULT_CODEC
 
 
 def _ch_of(annotation: Any, metadata: list[Any]) -> str:
@@ -57,6 +58,20 @@ def _ch_of(annotation: Any, metadata: list[Any]) -> str:
     raise TypeError(f"no ClickHouse type for {annotation!r}")
 
 
+def _codec_of(annotation: Any, metadata: list[Any]) -> str:
+    """The field's Codec, looked for through Annotated and Optional as its type is; else DEFAULT_CODEC."""
+    for m in metadata:
+        if isinstance(m, Codec):
+            return m.codec
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _codec_of(args[0], list(args[1:]))
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _codec_of(inner[0], []) if len(inner) == 1 else DEFAULT_CODEC
+    return DEFAULT_CODEC
+
+
 def arrow_type(ch_type: str) -> pa.DataType:
     """The Arrow type the sink sends for a ClickHouse column type."""
     if ch_type.startswith("Nullable("):
@@ -75,5 +90,5 @@ def model_columns(model: type[Event]) -> tuple[Column, ...]:
     cols = []
     for name, field in model.model_fields.items():
         ch = _ch_of(field.annotation, list(field.metadata))
-        cols.append(Column(name, ch, arrow_type(ch)))
+        cols.append(Column(name, ch, arrow_type(ch), _codec_of(field.annotation, list(field.metadata))))
     return tuple(cols)

@@ -6,7 +6,18 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from clocktower.schemas.column_types import CH, Bool, Float64, Name, TimestampNs, UInt8, UInt16, UInt32, UInt64
+from clocktower.schemas.column_types import (
+    CH,
+    Bool,
+    Float64,
+    Name,
+    Sequence,
+    TimestampNs,
+    UInt8,
+    UInt16,
+    UInt32,
+    UInt64,
+)
 from clocktower.schemas.event import Event, column_rule, missing_when_required
 
 Protocol = Literal["tcp", "udp", "roce"]
@@ -31,7 +42,7 @@ class FlowSample(Event):
     src_port: UInt16
     dst_port: UInt16
     proto: Protocol
-    seq: UInt64
+    seq: Sequence
     bytes: UInt64
     packets: UInt64
     retransmits: UInt32
@@ -43,7 +54,7 @@ class ClockProbe(Event):
 
     SCHEMA = "clock_probe"
 
-    pair_id: UInt64
+    pair_id: Sequence
     idx: Literal[0, 1]
     sender: Name
     receiver: Name
@@ -71,7 +82,7 @@ class CollectiveEvent(Event):
     rank: UInt32
     communicator: Name
     op: Literal["allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "send", "recv", "barrier"]
-    seq: UInt64
+    seq: Sequence
     bytes: UInt64
     start_ns: TimestampNs
     end_ns: TimestampNs
@@ -106,7 +117,7 @@ class IterationEvent(Event):
 
     job: Name
     rank: UInt32
-    iteration: UInt64
+    iteration: Sequence
     start_ns: TimestampNs
     end_ns: TimestampNs
     collectives: UInt32 | None = None
@@ -284,5 +295,5 @@ class NodeHeartbeat(Event):
     SCHEMA = "heartbeat"
     ORDER_BY = ("node", "ts_ns")
 
-    seq: UInt64
+    seq: Sequence
     interval_ms: UInt32 = Field(ge=1, description="how often this agent sends one, ms")

@@ -16,6 +16,7 @@ from clocktower.ports import free_port
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.shutdown_signals import STOP_SIGNALS
 from clocktower.stack import Stack
+from tests.simulated_fleet import SimulatedFleet, load
 
 # pyroute2 forks helpers (netns.create, sockets in a namespace) and stops them with SIGTERM. A forked helper keeps
 # the parent's Python handlers, and a test that ran the CLI in-process leaves SIGTERM raising KeyboardInterrupt
@@ -84,3 +85,14 @@ def services(tmp_path: Path) -> Iterator[Pipeline]:
         yield p
     finally:
         p.stack.stop()
+
+
+@pytest.fixture(scope="session")
+def simulated_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedFleet]:
+    """The engine holding a simulated fleet run (tests/simulated_fleet.py), for the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("simulated-fleet")
+    services = start_services(tmp / "ct")
+    try:
+        yield load(services.client, services.settings, tmp / "actuators")
+    finally:
+        services.stack.stop()

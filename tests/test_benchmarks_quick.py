@@ -29,6 +29,7 @@ KEYS = {   # a key each must report: the figure it exists for
     "forged_commands.py": "forged_us_per_command",
     "idle_cpu.py": "idle_cpu_pct_total",
     "pipeline_throughput.py": "end_to_end_vs_raw",
+    "storage.py": "codecs_vs_lz4",
     "streams_scaling.py": "workers_2_over_1",
 }
 

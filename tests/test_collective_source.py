@@ -7,18 +7,19 @@ hook's bytes only, old rows and new.
 
 from __future__ import annotations
 
-import json
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from clocktower.dashboards import DASHBOARDS
 from clocktower.schemas.clickhouse_ddl import KAFKA_COLUMNS, create_table_sql
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.telemetry import CollectiveEvent, IterationEvent
 from clocktower.schemas.topics import BY_MODEL
 from clocktower.sinks.clickhouse.batch_set import BatchSet
 from clocktower.sinks.clickhouse.table_writer import TableWriter
-from tests.test_ddl_and_grafana import DASHBOARDS, _grafana_to_sql
+from tests.grafana_plugin import ALL, QueryContext, interpolate
 
 BUCKET = 1_048_576
 
@@ -31,13 +32,13 @@ def _collective(now: int, seq: int, source: str) -> CollectiveEvent:
 
 def _old_table(spec, drop: str) -> str:  # noqa: ANN001
     """The table as the version before `drop` existed made it."""
-    return "\n".join(line for line in create_table_sql(spec).splitlines() if f"`{drop}`" not in line).replace(
+    return "\n".join(line for line in create_table_sql(spec)[0].splitlines() if f"`{drop}`" not in line).replace(
         ",\n)", "\n)")
 
 
 def _collective_queries() -> list[tuple[str, str]]:
-    return [(p["title"], t["rawSql"]) for d in DASHBOARDS for p in json.loads(d.read_text())["panels"]
-            for t in p["targets"] if "collectives" in t["rawSql"].split("FROM", 1)[-1]]
+    return [(p.title, p.sql) for d in DASHBOARDS for p in d.panels
+            if "collectives" in p.sql.split("FROM", 1)[-1] and "bytes_per_s" in p.sql]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,9 @@ def test_old_tables_get_the_new_columns_and_dashboards_count_each_allreduce_once
     queries = _collective_queries()
     assert queries, "no dashboard panel shows collective traffic"
     for title, sql in queries:
-        result = client.query(_grafana_to_sql(sql))
+        now = datetime.now(UTC)
+        ctx = QueryContext(now - timedelta(hours=1), now + timedelta(minutes=1), 10, {"job": [ALL], "node": [ALL]})
+        result = client.query(interpolate(sql, ctx))
         col = result.column_names.index("bytes_per_s")
         job = result.column_names.index("job")
         per_job: dict[str, float] = {}

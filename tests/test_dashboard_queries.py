@@ -1,91 +1,32 @@
 """Every dashboard panel, annotation, variable and alert rule, run as Grafana would run it, on simulated data.
 
-The data: a simulated fleet run (every kind of fault) through the stream processors in memory, its commands
-applied by real actuators on simulated ports, everything inserted into the real engine behind the embedded
-endpoint. Each query is expanded the way the plugin does (tests/grafana_plugin.py), for "All" and for one picked
-value of each variable, and sent as the read-only `dashboards` user Grafana logs in as. Its result must suit its
-panel: a time series gets a time column, label columns and number columns, sorted by time, each (time, labels)
-once, and comes back from LongToWide as one series per label; a stat gets numbers; a table gets rows.
+The data: a simulated fleet run (every kind of fault, tests/simulated_fleet.py) in the real engine behind the
+embedded endpoint. Each query is expanded the way the plugin does (tests/grafana_plugin.py), for "All" and for
+one picked value of each variable, and sent as the read-only `dashboards` user Grafana logs in as. Its result
+must suit its panel: a time series gets a time column, label columns and number columns, sorted by time, each
+(time, labels) once, and comes back from LongToWide as one series per label; a stat gets numbers; a table rows.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-from clocktower.actuators.component import open_actuator
-from clocktower.actuators.hooks import Hooks
-from clocktower.actuators.simulated_redirector import SimulatedRedirector
-from clocktower.actuators.simulated_routing import SimulatedRouting
-from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.dashboards import DASHBOARDS
 from clocktower.dashboards.alert_rules import RULES
 from clocktower.dashboards.layout import Dashboard, Panel
 from clocktower.dashboards.variables import ANNOTATIONS, VARIABLE_SQL
-from clocktower.demo_actuators import BACKUP, HOOK, INTERFACES, PRIMARY
-from clocktower.producers.simulator.config import SimConfig
-from clocktower.producers.simulator.fleet import FleetSimulator
-from clocktower.runtime.clickhouse_client import http_client
-from clocktower.runtime.credentials import DASHBOARDS_USER, credentials_path, read_users
-from clocktower.schemas.control import ControlCommand
-from clocktower.schemas.topics import BY_MODEL
-from clocktower.sinks.clickhouse.batch_set import BatchSet
-from clocktower.sinks.clickhouse.table_writer import TableWriter
-from clocktower.streams.processors import Processors
-from tests.control_keys import TEST_SIGNER
 from tests.grafana_plugin import ALL, QueryContext, field_kind, interpolate, long_to_wide
 
-SECONDS = 40          # the default fault schedule fits every kind of fault in it
 INTERVAL_S = 2
 PANELS = [(b, p) for b in DASHBOARDS for p in b.panels]
 
 
-def _simulated_run(tmp: Path) -> list:
-    start_ns = time.time_ns() - (SECONDS + 5) * 10**9
-    sim = FleetSimulator(SimConfig(nodes=4, duration_s=SECONDS, seed=3), start_ns=start_ns)
-    processors = Processors(TEST_SIGNER, clock_ns=lambda: sim.now_ns)
-    events: list = []
-    for step in range(1, 4 * SECONDS + 1):
-        batch = sim.advance(start_ns + step * 250_000_000)
-        events += batch
-        events += processors.on_batch(batch)
-    actuators = {}
-    hooks = Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
-    for cmd in [e for e in events if isinstance(e, ControlCommand)]:
-        if cmd.node not in actuators:
-            actuators[cmd.node] = open_actuator(
-                cmd.node, TEST_SIGNER.verifier(), SimulatedRouting(INTERFACES), tmp / cmd.node, hooks,
-                backups=lambda link: BACKUP if link == PRIMARY else "", shaper=SimulatedShaper(),
-                redirector=SimulatedRedirector(BACKUP))
-        events.append(actuators[cmd.node].handle(cmd))
-    return events
-
-
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(simulated_fleet):
     """(the dashboards user's client, the time range of the data)."""
-    from tests.conftest import start_services
-
-    tmp = tmp_path_factory.mktemp("panels")
-    services = start_services(tmp / "ct")
-    try:
-        writer = TableWriter(services.client)
-        writer.ensure_schema()
-        events = _simulated_run(tmp / "actuators")
-        batches = BatchSet()
-        for offset, e in enumerate(events):
-            batches.add(BY_MODEL[type(e)].name, 0, offset, [e])
-        for batch in batches.take()[0]:
-            writer.insert(batch)
-        password, _ = read_users(credentials_path(services.settings.data_dir))[DASHBOARDS_USER]
-        reader = http_client(services.settings.clickhouse, DASHBOARDS_USER, password)
-        now = datetime.now(UTC)
-        yield reader, (now - timedelta(minutes=5), now + timedelta(seconds=5))
-    finally:
-        services.stack.stop()
+    return simulated_fleet.reader, (simulated_fleet.start, simulated_fleet.end)
 
 
 def _contexts(engine, board_vars: tuple[str, ...]) -> list[QueryContext]:

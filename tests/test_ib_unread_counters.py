@@ -92,7 +92,7 @@ def test_old_link_state_table_is_upgraded_and_stores_null_not_zero(root: Path, t
     from clocktower.sinks.clickhouse.table_writer import TableWriter
     from tests.conftest import start_services
 
-    old_ddl = create_table_sql(BY_MODEL[LinkState]).replace("Nullable(UInt64)", "UInt64")
+    old_ddl = create_table_sql(BY_MODEL[LinkState])[0].replace("Nullable(UInt64)", "UInt64")
     services = start_services(tmp_path / "ct")
     try:
         client = services.client

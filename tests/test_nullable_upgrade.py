@@ -19,7 +19,7 @@ from tests.event_samples import SAMPLES
 
 def _old_ddl() -> str:
     """gpu_health as the previous version made it: the same columns, none nullable."""
-    ddl = create_table_sql(BY_MODEL[GpuHealth])
+    ddl = create_table_sql(BY_MODEL[GpuHealth])[0]
     for c in model_columns(GpuHealth):
         if c.ch_type.startswith("Nullable("):
             ddl = ddl.replace(f"`{c.name}` {c.ch_type}", f"`{c.name}` {c.ch_type[9:-1]}")

@@ -54,6 +54,13 @@ WHERE {WHERE}
 GROUP BY node, gpu
 ORDER BY remapped_uncorrectable DESC, retired_pages DESC, node, gpu LIMIT 200""", kind="table", width=8,
               description="Each GPU's latest counts: a pending or failed remap needs a reset or a swap."),
+        Panel("Throttled share per GPU (per-minute rollup)", f"""SELECT minute AS t, {GPU} AS gpu_id, sum(throttled_samples) / sum(samples) AS throttled
+FROM gpu_health_1m
+WHERE $__timeFilter(minute) AND {NODE_IS} AND {GPU_IS}
+GROUP BY t, gpu_id
+HAVING throttled > 0
+ORDER BY t""", unit="percentunit", width=24,
+              description="From the gpu_health_1m rollup: which GPUs throttle, and how much of each minute."),
         Panel("GPUs off the bus", f"""SELECT min(time) AS first_lost, node, gpu, argMax(uuid, ts_ns) AS uuid, count() AS samples_lost
 FROM gpu_health
 WHERE {WHERE} AND lost

@@ -25,6 +25,15 @@ GROUP BY t, job ORDER BY t""", description="1 is on pace; 2 means an iteration t
 FROM iteration_breakdown FINAL
 WHERE $__timeFilter(time) AND {JOB_IS} AND {NODE_IS}
 GROUP BY t, job ORDER BY t""", unit="ms"),
+        Panel("Per iteration: slowest rank vs median compute (ms; rollup)", f"""SELECT fromUnixTimestamp64Nano(min(first_start_ns)) AS t, job, max(max_duration_ns) / 1e6 AS slowest_rank_ms,
+  quantilesTDigestMerge(0.5, 0.99)(compute_quantiles_ns)[1] / 1e6 AS median_compute_ms
+FROM iteration_stats
+WHERE {JOB_IS}
+GROUP BY job, iteration
+HAVING $__timeFilter(t)
+ORDER BY t""", unit="ms", width=24,
+              description="From the iteration_stats rollup: each iteration's slowest rank against its ranks' median "
+                          "compute; the gap is the straggler's cost."),
         Panel("Slow iterations by blame", f"""SELECT $__timeInterval(time) AS t, toString(blame) AS cause, count() AS iterations
 FROM iteration_blame FINAL
 WHERE $__timeFilter(time) AND blame != 'none' AND {JOB_IS}
@@ -49,6 +58,10 @@ GROUP BY t, job ORDER BY t"""),
 FROM collectives
 WHERE $__timeFilter(time) AND source = 'hook' AND {JOB_IS} AND {NODE_IS}
 GROUP BY t, op ORDER BY t""", unit="ms", description="From the communication hook (flight-recorder rows repeat it)."),
+        Panel("Collective traffic per job (bytes/s)", f"""SELECT $__timeInterval(time) AS t, job, sum(bytes) / $__interval_s AS bytes_per_s
+FROM collectives
+WHERE $__timeFilter(time) AND source = 'hook' AND {JOB_IS} AND {NODE_IS}
+GROUP BY t, job ORDER BY t""", unit="Bps", description="What the ranks' collectives moved, from the communication hook."),
         Panel("Collective algorithm bandwidth (bytes/s)", f"""SELECT $__timeInterval(time) AS t, op,
   sum(bytes) / (sum(end_ns - start_ns) / 1e9) AS algbw
 FROM collectives

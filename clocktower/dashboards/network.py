@@ -42,6 +42,17 @@ GROUP BY t, link ORDER BY t""", kind="heatmap", unit="µs", width=24, height=9,
 FROM flow_latency FINAL
 WHERE $__timeFilter(time) AND {EITHER_END}
 GROUP BY t ORDER BY t""", unit="µs"),
+        Panel("One-way delay p99 per link, per minute (µs; rollup, for long ranges)", f"""SELECT minute AS t, concat(src_node, ' → ', node) AS link,
+  quantilesTDigestMerge(0.5, 0.9, 0.99)(delay_quantiles_ns)[3] / 1000 AS p99_us
+FROM flow_latency_1m
+WHERE $__timeFilter(minute) AND {EITHER_END}
+GROUP BY t, link ORDER BY t""", unit="µs",
+              description="From the flow_latency_1m rollup: days of history without reading the raw rows."),
+        Panel("Link availability per port (per-minute rollup)", f"""SELECT minute AS t, concat(node, '/', interface) AS port, sum(up_samples) / sum(samples) AS availability
+FROM link_availability_1m
+WHERE $__timeFilter(minute) AND {NODE_IS}
+GROUP BY t, port ORDER BY t""", unit="percentunit",
+              description="The share of each port's samples that were up with carrier, per minute."),
         Panel("Carrier changes per port and interval", increase_per_interval(
             "link_states", "concat(node, '/', interface)", {"changes": "carrier_changes"}, NODE_IS),
               description="Flaps: how often each port's carrier came or went in the interval."),

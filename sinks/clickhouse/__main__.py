@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from clocktower.runtime.clickhouse_client import http_client
 from clocktower.runtime.parent_watch import watch_parent
 from clocktower.runtime.settings_help import ALSO_READ, service_parser
+from clocktower.schemas.clickhouse_ddl import Layout
 from clocktower.schemas.record_mac import NodeSigning
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
 from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.metrics_host)
     client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
-    writer = TableWriter(client)
+    writer = TableWriter(client, layout=Layout(s.clickhouse_database, s.clickhouse_cluster))
     writer.ensure_schema()
     warm_up()
     sink = sink_for(s, writer)

@@ -13,3 +13,7 @@ class SinkSettings(RuntimeSettings):
     flush_rows: int = Field(default=10_000, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
     sink_instance_id: str | None = Field(default=None, description="Kafka static member id; unique per sink")
+    clickhouse_cluster: str | None = Field(
+        default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
+        description="a ClickHouse cluster (remote_servers) to create the tables ON CLUSTER: ReplicatedMergeTree "
+                    "<table>_local per shard, and <table> as a Distributed table over them; unset: one server")

@@ -9,8 +9,9 @@ import time
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql, all_ddl, nullable_upgrade_sql
-from clocktower.schemas.topics import TOPICS, TopicSpec
+from clocktower.schemas.clickhouse_ddl import ONE_SERVER, Layout
+from clocktower.schemas.topics import TopicSpec
+from clocktower.sinks.clickhouse.migrator import Migrator
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
 
 log = logging.getLogger(__name__)
@@ -19,38 +20,27 @@ log = logging.getLogger(__name__)
 class TableWriter:
     """Writes partition batches as Arrow columns, each with its dedup token."""
 
-    def __init__(self, client: Client, retries: int = 5, backoff_s: float = 0.2) -> None:
+    def __init__(self, client: Client, retries: int = 5, backoff_s: float = 0.2, layout: Layout = ONE_SERVER) -> None:
+        """`layout`: one server, or a cluster (inserts then go through the Distributed tables, each acked only once
+        its shard has the rows, so a retry's dedup token meets the first try's on that shard)."""
         self.client = client
+        self.layout = layout
         self.retries = retries
         self.backoff_s = backoff_s
         # The sink inserts on its own thread and checks resume points on the main one: one request at a time on
         # the client, whose session ClickHouse locks per query (two at once fail with SESSION_IS_LOCKED).
         self._lock = threading.Lock()
 
-    def ensure_schema(self) -> None:
-        for ddl in all_ddl():
-            self.client.command(ddl)
-        for spec in TOPICS:   # tables made before rows carried `_topic`: their rows are all from their topic
-            self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_topic` "
-                                f"LowCardinality(String) DEFAULT {_quote(spec.name)} AFTER `_offset`")
-            self.client.command(f"ALTER TABLE `{spec.table}` ADD COLUMN IF NOT EXISTS `_node_mac` "   # rows stored
-                                "LowCardinality(String) DEFAULT 'unchecked' AFTER `_topic`")      # before it: unknown
-        # tables made by an older version: add the model's newer columns (e.g. collectives.source)
-        rows = self.client.query("SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"
-                                 ).result_rows
-        existing: dict[str, dict[str, str]] = {}
-        for table, name, typ in rows:
-            existing.setdefault(table, {})[name] = typ
-        for spec in TOPICS:
-            types = existing.get(spec.table, {})
-            for alter in add_missing_columns_sql(spec, set(types)) + nullable_upgrade_sql(spec, types):
-                log.info("schema upgrade: %s", alter)
-                self.client.command(alter)
+    def ensure_schema(self) -> list[int]:
+        """Creates, migrates and reconciles the tables (sinks/clickhouse/migrator.py): the migrations it ran."""
+        return Migrator(self.client, self.layout).run()
 
     def insert(self, batch: PartitionBatch) -> None:
         """Insert one batch; retries reuse the token, so a lost reply never doubles rows."""
         table = batch.to_arrow()
         settings = {"insert_deduplication_token": batch.dedup_token()}
+        if self.layout.cluster:
+            settings["distributed_foreground_insert"] = 1
         for attempt in range(self.retries + 1):
             try:
                 with self._lock:
