@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.installed-pytorch
 
-.PHONY: setup setup-pytorch setup-ebpf demo up test lint bench bench-agent clean docs dashboards
+.PHONY: setup setup-pytorch setup-ebpf setup-chromium demo up test lint bench bench-agent clean docs dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ setup-pytorch: $(TORCH)
 setup-ebpf: $(STAMP)
 	scripts/setup_bcc.sh $(VENV)
 
+# Debian's chromium (apt, as root): tests/test_report.py renders `clocktower report` in it, headless.
+setup-chromium:
+	scripts/setup_chromium.sh
+
 demo: setup
 	$(VENV)/bin/clocktower demo $(ARGS)
 
@@ -36,7 +40,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/lint_imports.py   # import-linter: the layering contracts in pyproject.toml
 
-test: setup setup-pytorch setup-ebpf lint
+test: setup setup-pytorch setup-ebpf setup-chromium lint
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: setup

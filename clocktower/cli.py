@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=3, help="worst moments explained without --iteration (default 3)")
     e.add_argument("--json", action="store_true", help="print one JSON object: the sentences and their evidence")
     _common(e)
+    r = sub.add_parser("report", help="one self-contained HTML file with charts: iterations and stragglers, "
+                       "one-way delay per link, GPU temperature and throttling, incidents and actions")
+    r.add_argument("--out", type=Path, required=True, help="the HTML file to write (replaced if it exists)")
+    r.add_argument("--job", help="the job (default: the one judged last)")
+    r.add_argument("--since", help="only from then: 15m, 2h, 1d ago, or an ISO time (UTC); default: all of the job")
+    _common(r)
     s = sub.add_parser("schema", help="print the DDL a fresh ClickHouse database gets (the sink runs it at start)")
     s.add_argument("--cluster", help="the ON CLUSTER form: ReplicatedMergeTree <table>_local per shard, and "
                    "<table> as a Distributed table (the sink's CLOCKTOWER_CLICKHOUSE_CLUSTER)")
@@ -193,6 +199,40 @@ def cmd_topics(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from datetime import UTC, datetime
+
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from clocktower.explain import narrate
+    from clocktower.explain_query import explain, iterations, latest_job, parse_since
+    from clocktower.query import open_client
+    from clocktower.report import render_report
+    from clocktower.report_query import read_report
+
+    since = parse_since(args.since) if args.since else None
+    try:
+        client = open_client(_settings(args))
+        job = args.job or latest_job(client)
+        data = read_report(client, job, since)
+        worst = [explain(client, it) for it in iterations(client, job, None, since, 3) if it.slowdown >= 1.2]
+    except ClickHouseError as exc:
+        raise UserError(str(exc).strip().splitlines()[0]) from None
+    page = render_report(data, [narrate(e) for e in worst], datetime.now(UTC))
+    out = args.out.expanduser()
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory: name the HTML file")
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    console.print(f"wrote {out} ({len(page.encode()) / 1e6:.1f} MB): {len(data.iterations)} iterations of {job}, "
+                  f"{len(data.incidents)} incidents, {len(data.commands)} commands", highlight=False, markup=False)
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
     from clocktower.schemas.clickhouse_ddl import Layout
     from clocktower.schemas.migrations import fresh_install_sql
@@ -213,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     console = consoles.console()
     handler = {"demo": cmd_demo, "up": cmd_up, "query": cmd_query, "topics": cmd_topics, "explain": cmd_explain,
-               "schema": cmd_schema, "agent": agent_cli.cmd_agent, "control": cmd_control}[args.command]
+               "schema": cmd_schema, "report": cmd_report, "agent": agent_cli.cmd_agent,
+               "control": cmd_control}[args.command]
     try:
         return handler(args, console)
     except UserError as exc:

@@ -5,6 +5,7 @@ control command acked by the simulated nodes' actuators."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from clocktower import cli
 from clocktower.config import Settings
 from clocktower.demo_actuators import ALL_NODES_UP_TO, SPARE_NODE, actuated_nodes
 from clocktower.ports import free_port
+from clocktower.report import CHARTS
 from clocktower.summary import control_errors
+from tests.headless_chromium import render
 from tests.test_cli import _env, clocktower
 
 
@@ -63,6 +66,13 @@ def test_demo_summary_has_no_errors_and_corrected_latency(tmp_path: Path) -> Non
         assert f"rank {it['slowest_rank']} (on {it['node']}" in lines[1], lines
         assert lines[2].startswith(f"blame: {it['blame']}"), lines
         assert it["slowest_rank"] in {r["rank"] for r in e["ranks"]}, e   # its ranks' breakdowns, read back
+    # `clocktower report` on the same data: one HTML file; where chromium is installed, every chart draws in it
+    page = tmp_path / "report.html"
+    r = clocktower("report", "--out", str(page), "--data-dir", str(tmp_path / "ct"), env=_env(), timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {page}"), r.stderr[-3000:]
+    if shutil.which("chromium"):
+        seen = render(page)
+        assert (seen.charts, seen.errors, seen.console_errors) == (CHARTS, 0, []), seen
 
 
 SUMMARY = {

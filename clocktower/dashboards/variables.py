@@ -50,13 +50,13 @@ def _annotation(name: str, color: str, sql: str) -> dict:
 
 
 # An incident is a region from its opening to its resolution (still open: up to now), tagged with its kind and
-# latest severity; a control command is a point. Both follow $node.
+# worst severity; a control command is a point. Both follow $node.
 INCIDENT_ANNOTATION_SQL = f"""SELECT opened AS time, resolved AS timeEnd, concat(what, ' on ', place, ': ', latest) AS text,
   [what, level] AS tags
 FROM (SELECT fromUnixTimestamp64Nano(min(opened_ns)) AS opened,
         if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), now64(9)) AS resolved,
         toString(any(kind)) AS what, toString(any(target)) AS place, argMax(detail, ts_ns) AS latest,
-        toString(argMax(severity, ts_ns)) AS level
+        ['info', 'warning', 'critical'][max(indexOf(['info', 'warning', 'critical'], severity))] AS level
       FROM incidents FINAL
       WHERE $__timeFilter(time) AND {NODE_IS}
       GROUP BY incident_id)
