@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from clocktower.actuators import metrics
 from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError, parse_destinations
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
@@ -169,9 +170,14 @@ class Actuator:
             if n & (n - 1) == 0:   # 1, 2, 4, ...: the flood is said, not each command
                 log.warning("%d refused commands not logged one by one: more than %g a second (a flood of bad "
                             "commands?); the last: %s", n, REFUSAL_LINES_PER_S, bounded(detail, 200))
-        return ControlAck(node=self.node, ts_ns=self.clock(), command_id=cmd.command_id, status=status,  # type: ignore[arg-type]
-                          detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
-                          apply_ns=apply_ns)
+        ack = ControlAck(node=self.node, ts_ns=self.clock(), command_id=cmd.command_id, status=status,  # type: ignore[arg-type]
+                         detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
+                         apply_ns=apply_ns)
+        metrics.COMMANDS.labels(cmd.action, status).inc()
+        metrics.COMMAND_TO_ACK.labels(cmd.action).observe(max(ack.ts_ns - cmd.ts_ns, 0) / 1e9)
+        if apply_ns:
+            metrics.APPLY.labels(cmd.action).observe(apply_ns / 1e9)
+        return ack
 
     # -- the actions -------------------------------------------------------------------------------------
 

@@ -142,6 +142,23 @@ def _publisher(bootstrap: str, settings: AgentSettings) -> SpoolingPublisher:
         raise UserError(f"{exc} (--spool-dir)") from None
 
 
+def _serve_metrics(settings: AgentSettings, publisher: SpoolingPublisher | None) -> None:
+    """The spool's depth as gauges, and, with CLOCKTOWER_AGENT_METRICS_PORT, the Prometheus endpoint."""
+    from prometheus_client import start_http_server
+
+    from clocktower.producers.agent import metrics
+
+    if publisher is not None:
+        metrics.SPOOL_RECORDS.set_function(lambda: publisher.spool.pending_records)
+        metrics.SPOOL_EVENTS.set_function(lambda: publisher.spool.pending_events)
+    if settings.metrics_port:
+        try:
+            start_http_server(settings.metrics_port, addr=settings.metrics_host)
+        except OSError as exc:
+            raise UserError(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                            f"{exc.strerror or exc} (CLOCKTOWER_AGENT_METRICS_PORT)") from None
+
+
 def kernel_routing(settings: ActuatorSettings, netns: str | None = None) -> LinkRouting:
     """The real routing backend: the kernel's tables through pyroute2, its remembered routes in the state dir;
     `netns` (CLOCKTOWER_AGENT_NETNS) moves the routes of that named network namespace instead of this one's."""
@@ -274,6 +291,7 @@ def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     err = consoles.console(stderr=True)
     bootstrap = None if args.stdout else _bootstrap(args)
     publisher = None if bootstrap is None else _publisher(bootstrap, settings)
+    _serve_metrics(settings, publisher)
     sink: Sink = JsonLinesSink() if publisher is None else publisher.publish
     actuation = _actuation(args, settings.node, bootstrap, settings.netns, publisher, topology)
     actuators = [] if actuation is None else [actuation.component]

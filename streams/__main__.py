@@ -10,9 +10,11 @@ from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from clocktower.runtime.errors import UserError
+from clocktower.runtime.lag_metrics import export_lag
 from clocktower.runtime.parent_watch import watch_parent
 from clocktower.runtime.settings_help import ALSO_READ, service_parser
 from clocktower.streams.app import build_app
+from clocktower.streams.registry import APP_ID, streams_reads
 from clocktower.streams.settings import StreamsSettings
 
 
@@ -33,6 +35,7 @@ def main() -> None:
         sys.exit(2)
     watch_parent()
     if settings.streams_metrics_port:
+        export_lag(settings.bootstrap, {APP_ID: streams_reads()})   # the streams group's lag, read when scraped
         try:
             start_http_server(settings.streams_metrics_port, addr=settings.metrics_host)
         except OSError as exc:   # metrics are not worth stopping the worker for

@@ -96,7 +96,10 @@ def test_every_client_takes_the_login(monkeypatch) -> None:
         return make
 
     sec = KafkaSecurity(security_protocol="SASL_PLAINTEXT", sasl_username="u", sasl_password="p")
-    for module, names in ((kafka_sink, ("Consumer", "Producer")), (topic_admin, ("AdminClient", "Consumer"))):
+    from clocktower.runtime import consumer_lag as lag_module
+
+    for module, names in ((kafka_sink, ("Consumer", "Producer")), (topic_admin, ("AdminClient",)),
+                          (lag_module, ("Consumer",))):
         for n in names:
             monkeypatch.setattr(module, n, spy(n))
     import clocktower.producers.kafka_publisher as kp

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clocktower.dashboards.variables import ANNOTATIONS, DATASOURCE, PLUGIN_VERSION, template_variables
+from clocktower.dashboards.variables import ANNOTATIONS, DATASOURCE, PLUGIN_VERSION, PROMETHEUS, template_variables
 
 PanelKind = Literal["timeseries", "table", "stat", "heatmap"]
 FORMAT: dict[str, int] = {"timeseries": 0, "heatmap": 0, "table": 1, "stat": 1}
@@ -31,6 +31,7 @@ class Panel:
     width: int = 12
     height: int = 8
     may_be_empty: str = ""   # why a simulated run may leave it empty (tests/test_dashboard_queries.py)
+    promql: tuple[tuple[str, str], ...] = ()   # (expr, legend) per target: a Prometheus panel, `sql` unused
 
     def __post_init__(self) -> None:
         if not 1 <= self.width <= GRID_WIDTH:
@@ -80,10 +81,16 @@ def _grid(panels: tuple[Panel, ...]) -> list[dict[str, int]]:
 
 
 def _panel(pid: int, p: Panel, pos: dict[str, int]) -> dict:
-    target = {"refId": "A", "datasource": DATASOURCE, "editorType": "sql", "format": p.format, "rawSql": p.sql,
-              "queryType": "timeseries" if p.format == 0 else "table", "pluginVersion": PLUGIN_VERSION}
-    panel = {"id": pid, "type": p.kind, "title": p.title, "description": p.description, "datasource": DATASOURCE,
-             "gridPos": pos, "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []}, "targets": [target]}
+    if p.promql:
+        source = PROMETHEUS
+        targets = [{"refId": chr(ord("A") + i), "datasource": PROMETHEUS, "editorMode": "code", "expr": expr,
+                    "legendFormat": legend, "range": True} for i, (expr, legend) in enumerate(p.promql)]
+    else:
+        source = DATASOURCE
+        targets = [{"refId": "A", "datasource": DATASOURCE, "editorType": "sql", "format": p.format, "rawSql": p.sql,
+                    "queryType": "timeseries" if p.format == 0 else "table", "pluginVersion": PLUGIN_VERSION}]
+    panel = {"id": pid, "type": p.kind, "title": p.title, "description": p.description, "datasource": source,
+             "gridPos": pos, "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []}, "targets": targets}
     if p.kind == "heatmap":
         # rows pre-aggregated by the query: one bucket per series (label), coloured by its value
         panel["options"] = {"calculate": False, "rowsFrame": {"layout": "auto"}, "yAxis": {"axisPlacement": "left"},

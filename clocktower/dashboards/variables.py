@@ -13,6 +13,8 @@ PLUGIN = "grafana-clickhouse-datasource"
 PLUGIN_VERSION = "4.20.0"        # pinned in docker-compose.yml's GF_INSTALL_PLUGINS (tests/test_dashboards.py)
 DATASOURCE = {"type": PLUGIN, "uid": "${cluster}"}
 DEFAULT_DATASOURCE_UID = "clocktower-ch"   # grafana/provisioning/datasources/clickhouse.yaml
+PROMETHEUS = {"type": "prometheus", "uid": "${prometheus}"}   # the pipeline's own metrics (self-monitoring)
+DEFAULT_PROMETHEUS_UID = "clocktower-prom"   # grafana/provisioning/datasources/prometheus.yaml
 
 NODE_IS = "$__conditionalAll(node IN (${node:singlequote}), $node)"
 JOB_IS = "$__conditionalAll(job IN (${job:singlequote}), $job)"
@@ -40,7 +42,10 @@ def template_variables(names: tuple[str, ...]) -> list[dict]:
     cluster = {"type": "datasource", "name": "cluster", "label": "cluster", "query": PLUGIN, "refresh": 1,
                "regex": "", "hide": 0, "current": {"selected": True, "text": "clocktower",
                                                     "value": DEFAULT_DATASOURCE_UID}}
-    return [cluster, *(_query_variable(n) for n in names[1:])]
+    prometheus = {"type": "datasource", "name": "prometheus", "label": "prometheus", "query": "prometheus",
+                  "refresh": 1, "regex": "", "hide": 0, "current": {"selected": True, "text": "clocktower-prometheus",
+                                                                     "value": DEFAULT_PROMETHEUS_UID}}
+    return [cluster, *(prometheus if n == "prometheus" else _query_variable(n) for n in names[1:])]
 
 
 def _annotation(name: str, color: str, sql: str) -> dict:

@@ -103,6 +103,11 @@ class AgentSettings(BaseSettings):
     compression: Literal["lz4", "zstd"] = "lz4"
     spool_dir: Path = Path(".clocktower-agent/spool")
     spool_max_mb: float = Field(default=256.0, gt=0)
+    metrics_port: int = Field(default=0, ge=0, le=65535, description=(
+        "the agent's Prometheus endpoint (events, spool depth, the actuator's commands and command-to-ack time); "
+        "0 disables it"))
+    metrics_host: str = Field(default="127.0.0.1", description=(
+        "where the Prometheus endpoint binds: the cluster interface's address for the fleet's Prometheus"))
 
     @field_validator("link_backups", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clocktower.producers.agent import metrics
 from clocktower.producers.agent.source import Availability, Source
 from clocktower.schemas.event import Event
 
@@ -224,6 +225,7 @@ class AgentRunner:
             self.sink(batch)
         except Exception as exc:   # the sink (spooling publisher) owns durability; count and go on
             self.sink_errors += 1
+            metrics.DROPPED.inc(len(batch))
             with self._lock:
                 self.dropped_events += len(batch)
             log.error("sink failed for %d events (dropped): %s", len(batch), exc)
@@ -234,6 +236,10 @@ class AgentRunner:
         with self._lock:
             self.refused.update(refused)
             self.delivered.update(sent - refused)
+        for schema, n in (sent - refused).items():
+            metrics.EVENTS.labels(schema).inc(n)
+        for schema, n in refused.items():
+            metrics.REFUSED.labels(schema).inc(n)
 
     # -- stopping --------------------------------------------------------------------------------------
 

@@ -13,12 +13,14 @@ import threading
 from prometheus_client import start_http_server
 
 from clocktower.runtime.clickhouse_client import http_client
+from clocktower.runtime.lag_metrics import export_lag
 from clocktower.runtime.parent_watch import watch_parent
 from clocktower.runtime.settings_help import ALSO_READ, service_parser
 from clocktower.schemas.clickhouse_ddl import Layout
 from clocktower.schemas.record_mac import NodeSigning
+from clocktower.schemas.topics import TOPICS
 from clocktower.sinks.clickhouse.batch_set import FlushPolicy
-from clocktower.sinks.clickhouse.kafka_sink import KafkaClickHouseSink
+from clocktower.sinks.clickhouse.kafka_sink import GROUP_ID, KafkaClickHouseSink
 from clocktower.sinks.clickhouse.partition_batch import warm_up
 from clocktower.sinks.clickhouse.settings import SinkSettings
 from clocktower.sinks.clickhouse.table_writer import TableWriter
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_parent()
     s = SinkSettings()
     if s.metrics_port:
+        export_lag(s.bootstrap, {GROUP_ID: [t.name for t in TOPICS]})   # its own group's lag
         start_http_server(s.metrics_port, addr=s.metrics_host)
     client = http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database)
     writer = TableWriter(client, layout=Layout(s.clickhouse_database, s.clickhouse_cluster))

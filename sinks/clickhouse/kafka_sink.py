@@ -52,6 +52,7 @@ from clocktower.sinks.clickhouse.resume import OFFSET_BEGINNING, ResumePoint, fi
 from clocktower.sinks.clickhouse.table_writer import TableWriter
 
 log = logging.getLogger(__name__)
+GROUP_ID = "clocktower-sink"
 RDKAFKA_LOG = logging.getLogger("rdkafka")  # librdkafka's own log lines, through Python logging
 DEADLETTER_TOPIC = "deadletter"
 # The resume checks run inside the assign callback, which must return well within max.poll.interval.ms
@@ -72,7 +73,7 @@ class KafkaClickHouseSink:
     """Consumes `topics` into their ClickHouse tables."""
 
     def __init__(self, bootstrap: str, writer: TableWriter, topics: list[str] | None = None,
-                 group_id: str = "clocktower-sink", policy: FlushPolicy | None = None,
+                 group_id: str = GROUP_ID, policy: FlushPolicy | None = None,
                  instance_id: str | None = None, security: KafkaSecurity | None = None,
                  max_future_skew_ns: int = DEFAULT_MAX_FUTURE_SKEW_NS, idle_backoff_s: float = IDLE_FETCH_BACKOFF_S,
                  check_reused_offsets: bool = True, consumer_extra: Mapping[str, object] | None = None,
