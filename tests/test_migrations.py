@@ -185,3 +185,13 @@ def test_clocktower_schema_prints_the_statements_a_start_runs_and_refuses_a_bad_
     assert out.rstrip().removesuffix(";").split(";\n\n") == fresh_install_sql(CLUSTER)
     assert main(["schema", "--cluster", "fleet; DROP TABLE x"]) == 2
     assert "letters, digits and _" in capsys.readouterr().err
+
+
+def test_the_sink_deletes_lost_records_from_every_shard_s_local_table_on_a_cluster(services) -> None:
+    from clocktower.sinks.clickhouse.table_writer import TableWriter as Writer
+
+    where = "`_topic` = 'telemetry.gpu' AND `_partition` = 0 AND `_offset` >= 5"
+    sql = Writer(services.client, layout=CLUSTER).delete_sql("gpu_health", where)
+    assert sql == f"ALTER TABLE `gpu_health_local` ON CLUSTER fleet DELETE WHERE {where}"
+    services.client.query("SELECT formatQuery({q:String})", parameters={"q": sql})   # parses
+    assert Writer(services.client).delete_sql("gpu_health", where) == f"ALTER TABLE `gpu_health` DELETE WHERE {where}"

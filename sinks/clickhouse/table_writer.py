@@ -80,15 +80,20 @@ class TableWriter:
         for a record now at a reused offset replaces the old one. Synchronous (mutations_sync=2), so the
         sink reads the log again only once the rows are gone.
         """
-        return self._delete("`" + spec.table + "`", f"`_topic` = {_quote(spec.name)} AND `_partition` = "
+        return self._delete(spec.table, f"`_topic` = {_quote(spec.name)} AND `_partition` = "
                             f"{int(partition)} AND `_offset` >= {int(from_offset)}")
 
     def _delete(self, table: str, where: str) -> int:
-        rows = int(self._query(f"SELECT count() FROM {table} WHERE {where}")[0][0])
+        rows = int(self._query(f"SELECT count() FROM `{table}` WHERE {where}")[0][0])
         if rows:
             with self._lock:
-                self.client.command(f"ALTER TABLE {table} DELETE WHERE {where}", settings={"mutations_sync": 2})
+                self.client.command(self.delete_sql(table, where), settings={"mutations_sync": 2})
         return rows
+
+    def delete_sql(self, table: str, where: str) -> str:
+        """The mutation deleting `where` from `table`: on a cluster, from every shard's local table (a Distributed
+        table cannot be altered)."""
+        return f"ALTER TABLE `{self.layout.storage(table)}`{self.layout.on_cluster} DELETE WHERE {where}"
 
     def _query(self, sql: str, parameters: dict[str, object] | None = None) -> list:
         with self._lock:
