@@ -127,6 +127,7 @@ class Actuator:
 
     def refuse(self, command_id: str, reason: str, action: str = "", target: str = "") -> ControlAck:
         """A refused ack for a command that could not even be read (a malformed record naming `command_id`)."""
+        metrics.COMMANDS.labels(action if action in LINK_ACTIONS + HOOK_ACTIONS + QOS_ACTIONS else "", "refused").inc()
         return ControlAck(node=self.node, ts_ns=self.clock(), command_id=bounded(command_id, 256) or "unknown",
                           status="refused", detail=bounded(reason, DETAIL_LIMIT),
                           action=action if action in LINK_ACTIONS + HOOK_ACTIONS + QOS_ACTIONS  # type: ignore[arg-type]
@@ -174,7 +175,8 @@ class Actuator:
                          detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
                          apply_ns=apply_ns)
         metrics.COMMANDS.labels(cmd.action, status).inc()
-        metrics.COMMAND_TO_ACK.labels(cmd.action).observe(max(ack.ts_ns - cmd.ts_ns, 0) / 1e9)
+        if not forged:   # a forged command's timestamp is whatever its sender wrote: not a time to report
+            metrics.COMMAND_TO_ACK.labels(cmd.action).observe(max(ack.ts_ns - cmd.ts_ns, 0) / 1e9)
         if apply_ns:
             metrics.APPLY.labels(cmd.action).observe(apply_ns / 1e9)
         return ack

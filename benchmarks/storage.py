@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from clocktower.ports import free_port  # noqa: E402
 from clocktower.producers.simulator.config import SimConfig  # noqa: E402
 from clocktower.producers.simulator.fleet import FleetSimulator  # noqa: E402
 from clocktower.runtime.clickhouse_client import http_client  # noqa: E402
-from clocktower.schemas.clickhouse_ddl import create_table_sql  # noqa: E402
+from clocktower.schemas.clickhouse_ddl import create_table_sql, without_codecs  # noqa: E402
 from clocktower.schemas.columns import model_columns  # noqa: E402
 from clocktower.schemas.topics import BY_MODEL, TOPICS  # noqa: E402
 from clocktower.sinks.clickhouse.batch_set import BatchSet  # noqa: E402
@@ -61,8 +60,7 @@ def simulate(seconds: int, nodes: int) -> list:
 
 
 def _without_codecs(ddl: str, table: str) -> str:
-    ddl = re.sub(r" CODEC\((?:[^()]|\([^()]*\))*\)", "", ddl)
-    return ddl.replace(f"`{table}`", f"`{table}_lz4`", 1)
+    return without_codecs(ddl).replace(f"`{table}`", f"`{table}_lz4`", 1)
 
 
 def measure(client, events: list) -> dict:  # noqa: ANN001

@@ -208,14 +208,14 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from clocktower.explain_query import explain, iterations, latest_job, parse_since
     from clocktower.query import open_client
     from clocktower.report import render_report
-    from clocktower.report_query import read_report
+    from clocktower.report_query import STRAGGLER, read_report
 
     since = parse_since(args.since) if args.since else None
     try:
         client = open_client(_settings(args))
         job = args.job or latest_job(client)
         data = read_report(client, job, since)
-        worst = [explain(client, it) for it in iterations(client, job, None, since, 3) if it.slowdown >= 1.2]
+        worst = [explain(client, it) for it in iterations(client, job, None, since, 3) if it.slowdown >= STRAGGLER]
     except ClickHouseError as exc:
         raise UserError(str(exc).strip().splitlines()[0]) from None
     page = render_report(data, [narrate(e) for e in worst], datetime.now(UTC))

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 
 from clickhouse_connect.driver.client import Client
 
+from clocktower.dashboards.shared_sql import WORST_SEVERITY, acks_by_command
 from clocktower.runtime.errors import UserError
 
 MAX_POINTS = 300
 STRAGGLER = 1.2   # an iteration this many times its job's baseline is marked
-# An incident's worst severity over its life (its `resolve` row says info: the latest would hide a critical one).
-WORST_SEVERITY = "['info', 'warning', 'critical'][max(indexOf(['info', 'warning', 'critical'], severity))]"
 
 
 @dataclass
@@ -65,12 +64,13 @@ def read_report(client: Client, job: str, since_ns: int | None) -> ReportData:
         SELECT fromUnixTimestamp64Nano(min(opened_ns)),
                if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), NULL),
                any(kind), {WORST_SEVERITY}, any(target), argMax(detail, ts_ns)
-        FROM incidents FINAL WHERE opened_ns BETWEEN {{from:Int64}} - 10000000000 AND {{to:Int64}}
-        GROUP BY incident_id ORDER BY 1""", params)
+        FROM incidents FINAL WHERE ts_ns >= {{from:Int64}} - 86400000000000 AND opened_ns <= {{to:Int64}}
+        GROUP BY incident_id
+        HAVING countIf(state = 'resolve') = 0 OR maxIf(ts_ns, state = 'resolve') >= {{from:Int64}}
+        ORDER BY 1""", params)   # open at some time in the span (opened up to a day before it)
     data.commands = _rows(client, f"""
-        SELECT c.time, c.node, c.action, c.target, a.status, a.detail
+        SELECT c.time, c.node, c.action, c.target, a.ack_status, a.ack_detail
         FROM (SELECT time, node, command_id, action, target FROM control_commands FINAL WHERE {window}) AS c
-        LEFT JOIN (SELECT command_id, argMax(status, ts_ns) AS status, argMax(detail, ts_ns) AS detail
-                   FROM control_acks GROUP BY command_id) AS a ON c.command_id = a.command_id
+        LEFT JOIN ({acks_by_command("ts_ns >= {from:Int64}")}) AS a ON c.command_id = a.command_id
         ORDER BY c.time""", params)
     return data

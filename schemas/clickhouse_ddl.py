@@ -15,16 +15,16 @@ that replace each other are sharded by their replacing key, so FINAL meets them 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from clocktower.schemas.column_types import DEFAULT_CODEC
+from clocktower.schemas.column_types import DEFAULT_CODEC, TIME_CODEC
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.topics import TOPICS, TopicSpec
 
 DEDUP_WINDOW = 10_000
 KAFKA_COLUMNS = (("_partition", "UInt32"), ("_offset", "Int64"), ("_topic", "LowCardinality(String)"),
                  ("_node_mac", "LowCardinality(String)"))
-TIME_CODEC = "Delta, ZSTD(1)"
 REPLICA_PATH = "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}'"   # the server's macros
 
 
@@ -69,6 +69,9 @@ class Layout:
         """The tables an added column goes to: the local one and, on a cluster, the Distributed one too."""
         return [self.storage(table), table] if self.cluster else [table]
 
+    def qualified(self, table: str) -> str:
+        return f"{self.database}.`{table}`"
+
 
 ONE_SERVER = Layout()
 
@@ -112,25 +115,41 @@ def _default_sql(spec: TopicSpec, name: str) -> str:
     return ""
 
 
-def add_missing_columns_sql(spec: TopicSpec, existing: set[str], layout: Layout = ONE_SERVER) -> list[str]:
+def _codec(layout: Layout, spec: TopicSpec, table: str, codec: str) -> str:
+    """A column's CODEC clause on the table holding the rows; none on a Distributed table, which stores nothing."""
+    return f" CODEC({codec})" if table == layout.storage(spec.table) else ""
+
+
+def add_missing_columns_sql(spec: TopicSpec, existing: set[str], layout: Layout = ONE_SERVER,
+                            table: str | None = None) -> list[str]:
     """ALTERs that give a table made by an older version the model's columns it lacks (tables are created
-    only when missing, so a new field would otherwise fail every insert into an old data dir)."""
+    only when missing, so a new field would otherwise fail every insert into an old data dir). `table`: the
+    one whose columns `existing` are (on a cluster, the local or the Distributed table; default the local)."""
+    table = table or layout.storage(spec.table)
     out, prev = [], None
     for c in model_columns(spec.model):
         if c.name not in existing:
             where = f" AFTER `{prev}`" if prev else " FIRST"
-            out += [f"ALTER TABLE `{t}`{layout.on_cluster} ADD COLUMN IF NOT EXISTS `{c.name}` {c.ch_type}"
-                    f"{_default_sql(spec, c.name)} CODEC({c.codec}){where}" for t in layout.alter_targets(spec.table)]
+            out.append(f"ALTER TABLE {layout.qualified(table)}{layout.on_cluster} ADD COLUMN IF NOT EXISTS "
+                       f"`{c.name}` {c.ch_type}{_default_sql(spec, c.name)}{_codec(layout, spec, table, c.codec)}"
+                       f"{where}")
         prev = c.name
     return out
 
 
-def nullable_upgrade_sql(spec: TopicSpec, types: dict[str, str], layout: Layout = ONE_SERVER) -> list[str]:
+def nullable_upgrade_sql(spec: TopicSpec, types: dict[str, str], layout: Layout = ONE_SERVER,
+                         table: str | None = None) -> list[str]:
     """ALTERs that make nullable the columns of an older table whose model field became nullable (GpuHealth's
     readings: null = not read). Without them ClickHouse would store a null as 0, the fake reading they replace."""
-    return [f"ALTER TABLE `{t}`{layout.on_cluster} MODIFY COLUMN `{c.name}` {c.ch_type} CODEC({c.codec})"
-            for c in model_columns(spec.model)
-            if c.name in types and c.ch_type == f"Nullable({types[c.name]})" for t in layout.alter_targets(spec.table)]
+    table = table or layout.storage(spec.table)
+    return [f"ALTER TABLE {layout.qualified(table)}{layout.on_cluster} MODIFY COLUMN `{c.name}` {c.ch_type}"
+            f"{_codec(layout, spec, table, c.codec)}" for c in model_columns(spec.model)
+            if c.name in types and c.ch_type == f"Nullable({types[c.name]})"]
+
+
+def without_codecs(ddl: str) -> str:
+    """`ddl` as a version before codecs made it (the storage benchmark's baseline, the migration tests' old tables)."""
+    return re.sub(r" CODEC\((?:[^()]|\([^()]*\))*\)", "", ddl)
 
 
 def all_ddl(layout: Layout = ONE_SERVER) -> list[str]:

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 from clocktower.schemas.clickhouse_ddl import (
     KAFKA_COLUMNS,
-    TIME_CODEC,
     Layout,
     add_missing_columns_sql,
     all_ddl,
     nullable_upgrade_sql,
 )
-from clocktower.schemas.column_types import DEFAULT_CODEC
+from clocktower.schemas.column_types import DEFAULT_CODEC, TIME_CODEC
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.rollups import ROLLUPS
+from clocktower.schemas.sql_literal import quote
 from clocktower.schemas.topics import TOPICS
 
 BOOKKEEPING = "clocktower_migrations"
@@ -43,20 +43,17 @@ class Migration:
     statements: Callable[[Layout, Catalog], list[str]]
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _kafka_origin_columns(layout: Layout, catalog: Catalog) -> list[str]:
     """Tables made before rows carried `_topic` (all their rows are from the table's topic) and `_node_mac`
     (unknown: 'unchecked')."""
     out = []
     for spec in TOPICS:
         for t in layout.alter_targets(spec.table):
-            out.append(f"ALTER TABLE `{t}`{layout.on_cluster} ADD COLUMN IF NOT EXISTS `_topic` LowCardinality(String)"
-                       f" DEFAULT {_quote(spec.name)} CODEC({DEFAULT_CODEC}) AFTER `_offset`")
-            out.append(f"ALTER TABLE `{t}`{layout.on_cluster} ADD COLUMN IF NOT EXISTS `_node_mac` "
-                       f"LowCardinality(String) DEFAULT 'unchecked' CODEC({DEFAULT_CODEC}) AFTER `_topic`")
+            codec = f" CODEC({DEFAULT_CODEC})" if t == layout.storage(spec.table) else ""
+            out.append(f"ALTER TABLE {layout.qualified(t)}{layout.on_cluster} ADD COLUMN IF NOT EXISTS `_topic` "
+                       f"LowCardinality(String) DEFAULT {quote(spec.name)}{codec} AFTER `_offset`")
+            out.append(f"ALTER TABLE {layout.qualified(t)}{layout.on_cluster} ADD COLUMN IF NOT EXISTS `_node_mac` "
+                       f"LowCardinality(String) DEFAULT 'unchecked'{codec} AFTER `_topic`")
     return out
 
 
@@ -72,7 +69,7 @@ def _codecs(layout: Layout, catalog: Catalog) -> list[str]:
         changes = [f"MODIFY COLUMN `{name}` CODEC({codec})" for name, codec in want.items()
                    if name in have and not have[name][1]]
         if changes:
-            out.append(f"ALTER TABLE `{table}`{layout.on_cluster} " + ", ".join(changes))
+            out.append(f"ALTER TABLE {layout.qualified(table)}{layout.on_cluster} " + ", ".join(changes))
     return out
 
 
@@ -102,15 +99,18 @@ def create_sql(layout: Layout) -> list[str]:
 
 
 def reconcile_columns_sql(layout: Layout, catalog: Catalog) -> list[str]:
-    """The models' columns an older table lacks, and fields since made nullable."""
+    """The models' columns an older table lacks, and fields since made nullable: each table judged by its own
+    columns (on a cluster, the local and the Distributed table apart, so one ALTER that failed is done next time)."""
     out = []
     for spec in TOPICS:
-        types = {name: typ for name, (typ, _) in catalog.get(layout.storage(spec.table), {}).items()}
-        out += add_missing_columns_sql(spec, set(types), layout) + nullable_upgrade_sql(spec, types, layout)
-        if types and "time" not in types:   # the first versions' tables: the view Grafana and the rollups read
-            out += [f"ALTER TABLE `{t}`{layout.on_cluster} ADD COLUMN IF NOT EXISTS `time` DateTime64(9) "
-                    f"MATERIALIZED fromUnixTimestamp64Nano(ts_ns) CODEC({TIME_CODEC})"
-                    for t in layout.alter_targets(spec.table)]
+        for table in layout.alter_targets(spec.table):
+            types = {name: typ for name, (typ, _) in catalog.get(table, {}).items()}
+            out += add_missing_columns_sql(spec, set(types), layout, table)
+            out += nullable_upgrade_sql(spec, types, layout, table)
+            if types and "time" not in types:   # the first versions' tables: the view Grafana and the rollups read
+                codec = f" CODEC({TIME_CODEC})" if table == layout.storage(spec.table) else ""
+                out.append(f"ALTER TABLE {layout.qualified(table)}{layout.on_cluster} ADD COLUMN IF NOT EXISTS "
+                           f"`time` DateTime64(9) MATERIALIZED fromUnixTimestamp64Nano(ts_ns){codec}")
     return out
 
 

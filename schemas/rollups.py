@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clocktower.schemas.clickhouse_ddl import Layout
+from clocktower.schemas.column_types import SEQUENCE_CODEC, TIME_CODEC
 
 RETENTION_DAYS = 400   # rollups outlive the raw rows (topics keep 1 to 30 days): a year of trends
 
@@ -53,7 +54,7 @@ def _cols(*lines: str) -> str:
 
 ROLLUPS: tuple[Rollup, ...] = (
     Rollup("flow_latency_1m", "flow_latency", ("src_node", "node", "minute"), _cols(
-        "`minute` DateTime CODEC(Delta, ZSTD(1))",
+        f"`minute` DateTime CODEC({TIME_CODEC})",
         "`src_node` LowCardinality(String)",
         "`node` LowCardinality(String)",
         "`packets` SimpleAggregateFunction(sum, UInt64)",
@@ -71,7 +72,7 @@ ROLLUPS: tuple[Rollup, ...] = (
         "there, else the raw one: `corrected` says how many were corrected)"),
     Rollup("iteration_stats", "iteration_breakdown", ("job", "iteration"), _cols(
         "`job` LowCardinality(String)",
-        "`iteration` UInt64 CODEC(DoubleDelta, ZSTD(1))",
+        f"`iteration` UInt64 CODEC({SEQUENCE_CODEC})",
         "`ranks` SimpleAggregateFunction(sum, UInt64)",
         "`first_start_ns` SimpleAggregateFunction(min, Int64)",
         "`last_end_ns` SimpleAggregateFunction(max, Int64)",
@@ -80,7 +81,7 @@ ROLLUPS: tuple[Rollup, ...] = (
         "`max_compute_ns` SimpleAggregateFunction(max, Int64)",
         "`mean_comm_ns` AggregateFunction(avg, Int64)",
         "`total_comm_bytes` SimpleAggregateFunction(sum, UInt64)",
-        "`day` SimpleAggregateFunction(min, DateTime) CODEC(Delta, ZSTD(1))"),
+        f"`day` SimpleAggregateFunction(min, DateTime) CODEC({TIME_CODEC})"),
         """SELECT job, iteration, count() AS ranks, min(start_ns) AS first_start_ns, max(end_ns) AS last_end_ns,
   max(duration_ns) AS max_duration_ns, quantilesTDigestState(0.5, 0.99)(compute_ns) AS compute_quantiles_ns,
   max(compute_ns) AS max_compute_ns, avgState(comm_ns) AS mean_comm_ns, sum(comm_bytes) AS total_comm_bytes,
@@ -88,7 +89,7 @@ ROLLUPS: tuple[Rollup, ...] = (
         "per job and iteration: ranks reported, span, slowest rank's duration, compute quantiles, mean "
         "communication, bytes"),
     Rollup("gpu_health_1m", "gpu_health", ("node", "gpu", "minute"), _cols(
-        "`minute` DateTime CODEC(Delta, ZSTD(1))",
+        f"`minute` DateTime CODEC({TIME_CODEC})",
         "`node` LowCardinality(String)",
         "`gpu` UInt8",
         "`samples` SimpleAggregateFunction(sum, UInt64)",
@@ -111,7 +112,7 @@ ROLLUPS: tuple[Rollup, ...] = (
         "per GPU and minute: samples, lost and throttled samples, mean and max temperature, max power, lowest SM "
         "clock, mean utilization, worst XID, the ECC and retired-page counters"),
     Rollup("link_availability_1m", "link_states", ("node", "interface", "minute"), _cols(
-        "`minute` DateTime CODEC(Delta, ZSTD(1))",
+        f"`minute` DateTime CODEC({TIME_CODEC})",
         "`node` LowCardinality(String)",
         "`interface` LowCardinality(String)",
         "`samples` SimpleAggregateFunction(sum, UInt64)",

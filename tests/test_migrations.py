@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clocktower.schemas.clickhouse_ddl import Layout, create_table_sql
+from clocktower.schemas.clickhouse_ddl import Layout, create_table_sql, without_codecs
 from clocktower.schemas.columns import model_columns
 from clocktower.schemas.migrations import BOOKKEEPING, MIGRATIONS, fresh_install_sql, reconcile_columns_sql
 from clocktower.schemas.rollups import ROLLUPS
@@ -29,9 +29,9 @@ DESTRUCTIVE = re.compile(r"\b(DROP|TRUNCATE|DELETE|DETACH|RENAME|REPLACE\s+TABLE
 
 
 def _old_version_ddl(spec) -> str:  # noqa: ANN001
-    """The table as the first versions made it: no codecs, no `time` view."""
-    ddl = create_table_sql(spec)[0]
-    ddl = re.sub(r" CODEC\((?:[^()]|\([^()]*\))*\)", "", ddl)
+    """The table as the first versions made it: no codecs, no `time` view, no `_topic` or `_node_mac`."""
+    ddl = without_codecs(create_table_sql(spec)[0])
+    ddl = re.sub(r"\n    `(_topic|_node_mac)` [^\n]*", "", ddl)
     ddl = re.sub(r",\n    `time` DateTime64\(9\) MATERIALIZED [^\n]*", "", ddl)
     return re.sub(r"\nTTL [^\n]*", "", ddl)
 
@@ -50,12 +50,12 @@ def test_an_old_data_dir_is_migrated_keeping_every_row_and_a_second_start_change
     batches = BatchSet()
     batches.add("telemetry.gpu", 0, 0, [GpuHealth(**SAMPLES["gpu_health"])])
     old = batches.take()[0][0].to_arrow()
-    client.insert_arrow("gpu_health", old)
+    client.insert_arrow("gpu_health", old.drop_columns(["_topic", "_node_mac"]))
     assert _codecs(client, "gpu_health")["ts_ns"] == ""
 
     assert writer.ensure_schema() == [m.version for m in MIGRATIONS]
-    assert client.query("SELECT count(), any(toUnixTimestamp64Nano(time)) = any(ts_ns) FROM gpu_health"
-                        ).result_rows == [(1, True)]
+    assert client.query("SELECT count(), any(toUnixTimestamp64Nano(time)) = any(ts_ns), any(_topic), any(_node_mac) "
+                        "FROM gpu_health").result_rows == [(1, True, "telemetry.gpu", "unchecked")]
     codecs = _codecs(client, "gpu_health")
     assert codecs["ts_ns"] == "CODEC(Delta, ZSTD(1))" and codecs["temperature_c"] == "CODEC(ZSTD(1))"
     assert codecs["time"] == "CODEC(Delta, ZSTD(1))"
@@ -192,6 +192,7 @@ def test_the_sink_deletes_lost_records_from_every_shard_s_local_table_on_a_clust
 
     where = "`_topic` = 'telemetry.gpu' AND `_partition` = 0 AND `_offset` >= 5"
     sql = Writer(services.client, layout=CLUSTER).delete_sql("gpu_health", where)
-    assert sql == f"ALTER TABLE `gpu_health_local` ON CLUSTER fleet DELETE WHERE {where}"
+    assert sql == f"ALTER TABLE default.`gpu_health_local` ON CLUSTER fleet DELETE WHERE {where}"
     services.client.query("SELECT formatQuery({q:String})", parameters={"q": sql})   # parses
-    assert Writer(services.client).delete_sql("gpu_health", where) == f"ALTER TABLE `gpu_health` DELETE WHERE {where}"
+    assert Writer(services.client).delete_sql("gpu_health", where) == \
+        f"ALTER TABLE default.`gpu_health` DELETE WHERE {where}"

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-import clocktower.producers.agent.metrics as agent_metrics
+import clocktower.producers.agent.metrics  # noqa: F401 - registers the agent's metrics
 import clocktower.sinks.clickhouse.metrics  # noqa: F401 - registers the sink's metrics
 import clocktower.streams.metrics  # noqa: F401 - registers the streams' metrics
 from clocktower.actuators import metrics as actuator_metrics
@@ -57,6 +57,8 @@ def test_an_ack_counts_its_command_and_its_time_from_command_to_ack(tmp_path) ->
     before = REGISTRY.get_sample_value("clocktower_actuator_commands_total",
                                        {"action": "failover", "status": "applied"}) or 0
     seen = REGISTRY.get_sample_value("clocktower_actuator_command_to_ack_seconds_count", {"action": "failover"}) or 0
+    bucket = "clocktower_actuator_command_to_ack_seconds_bucket"
+    under = {le: REGISTRY.get_sample_value(bucket, {"action": "failover", "le": le}) or 0 for le in ("1.0", "2.5")}
     now = time.time_ns()
     cmd = resigned(ControlCommand(node="node-1", ts_ns=now - 2_000_000_000, command_id="c-metrics-1",
                                   action="failover", target="eth0", params={"from": "eth0", "to": "eth1"},
@@ -69,9 +71,17 @@ def test_an_ack_counts_its_command_and_its_time_from_command_to_ack(tmp_path) ->
                                      {"action": "failover", "status": "refused"}) >= 1
     assert REGISTRY.get_sample_value("clocktower_actuator_command_to_ack_seconds_count",
                                      {"action": "failover"}) == seen + 2
-    # issued 2 s before it was handled: the 2.5 s bucket has it, the 1 s bucket does not
-    text = generate_latest().decode()
-    assert 'clocktower_actuator_command_to_ack_seconds_bucket{action="failover",le="2.5"}' in text
+    # issued 2 s before it was handled: the 2.5 s bucket has both acks, the 1 s bucket neither
+    assert REGISTRY.get_sample_value(bucket, {"action": "failover", "le": "2.5"}) == under["2.5"] + 2
+    assert REGISTRY.get_sample_value(bucket, {"action": "failover", "le": "1.0"}) == under["1.0"]
+    forged = cmd.model_copy(update={"command_id": "c-metrics-forged", "signature": "AAAA"})
+    assert act.handle(forged).status == "refused"   # counted, but its self-declared time is not measured
+    assert REGISTRY.get_sample_value("clocktower_actuator_command_to_ack_seconds_count",
+                                     {"action": "failover"}) == seen + 2
+    refused = REGISTRY.get_sample_value("clocktower_actuator_commands_total", {"action": "", "status": "refused"}) or 0
+    act.refuse("garbled", "not a command record")
+    assert REGISTRY.get_sample_value("clocktower_actuator_commands_total",
+                                     {"action": "", "status": "refused"}) == refused + 1
     act.close()
 
 
@@ -91,8 +101,17 @@ def test_the_agent_counts_what_it_hands_to_kafka_and_shows_its_spool() -> None:
     dropped = REGISTRY.get_sample_value("clocktower_agent_events_dropped_total") or 0
     AgentRunner([], failing)._send([Heartbeat(**SAMPLES["heartbeat"])])   # noqa: SLF001
     assert REGISTRY.get_sample_value("clocktower_agent_events_dropped_total") == dropped + 1
-    agent_metrics.SPOOL_RECORDS.set_function(lambda: 7)
+    from types import SimpleNamespace
+
+    from clocktower.agent_cli import _serve_metrics
+    from clocktower.producers.agent.config import AgentSettings
+
+    spool = SimpleNamespace(pending_records=7, pending_events=70)
+    _serve_metrics(AgentSettings(metrics_port=0), SimpleNamespace(spool=spool))   # the agent's wiring, no server
     assert REGISTRY.get_sample_value("clocktower_agent_spool_records") == 7
+    spool.pending_records = 0   # read when scraped
+    assert REGISTRY.get_sample_value("clocktower_agent_spool_records") == 0
+    assert REGISTRY.get_sample_value("clocktower_agent_spool_events") == 70
 
 
 def test_consumer_lag_is_read_from_the_broker_when_scraped(services) -> None:

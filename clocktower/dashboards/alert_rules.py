@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clocktower.dashboards.shared_sql import open_incidents
 from clocktower.dashboards.variables import DEFAULT_DATASOURCE_UID, PLUGIN_VERSION
 
 
@@ -21,19 +22,19 @@ class AlertRule:
     window_s: int = 600      # the query's time range: $__timeFilter covers the last `window_s` seconds
 
 
+DAY_S = 86_400
 RULES: tuple[AlertRule, ...] = (
-    AlertRule("clocktower-critical-incident", "Critical incident open", """SELECT what AS kind, place AS target, toUInt64(1) AS open
-FROM (SELECT any(kind) AS what, any(target) AS place, argMax(severity, ts_ns) AS level
-      FROM incidents FINAL
-      WHERE $__timeFilter(time)
-      GROUP BY incident_id
-      HAVING countIf(state = 'open') > 0 AND countIf(state = 'resolve') = 0)
-WHERE level = 'critical'""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical"),
+    # over a day: an incident opened hours ago and still open keeps firing
+    AlertRule("clocktower-critical-incident", "Critical incident open", f"""SELECT what AS kind, place AS target, toUInt64(1) AS open
+FROM ({open_incidents("$__timeFilter(time)")})
+WHERE level = 'critical'""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical",
+              window_s=DAY_S),
+    # every node that reported in the last day and not in the last 30 s: a node quiet for hours still fires
     AlertRule("clocktower-node-silent", "Node stopped reporting", """SELECT node, dateDiff('second', max(time), now64(9)) AS silent_s
 FROM heartbeats
 WHERE $__timeFilter(time)
 GROUP BY node
-HAVING silent_s > 30""", "{{ $labels.node }} sent no heartbeat for {{ $values.A }} s", "critical"),
+HAVING silent_s > 30""", "{{ $labels.node }} sent no heartbeat for {{ $values.A }} s", "critical", window_s=DAY_S),
     AlertRule("clocktower-dead-letters", "Records dead-lettered", """SELECT origin_topic, count() AS dead_letters
 FROM deadletter FINAL
 WHERE $__timeFilter(time)

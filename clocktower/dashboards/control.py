@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from clocktower.dashboards.layout import Dashboard, Panel
+from clocktower.dashboards.shared_sql import acks_by_command
 from clocktower.dashboards.variables import NODE_IS
 
-# Each command with its latest ack; ack.ts_ns and command.ts_ns are two machines' clocks (the node's, the
-# worker's): close enough for the seconds an operator looks at, not for microseconds.
+# Each command with its ack; ack.ts_ns and command.ts_ns are two machines' clocks (the node's, the worker's): close
+# enough for the seconds an operator looks at, not for microseconds. No ack yet: status '' and no times.
 ACKED = f"""SELECT c.time AS issued, c.node AS node, c.action AS action, c.target AS target, c.command_id AS command_id,
-  a.status AS status, a.detail AS detail, a.origin AS origin, (a.acked_ns - c.ts_ns) / 1e6 AS ack_ms,
-  a.applied_ns / 1e6 AS apply_ms
+  a.ack_status AS status, a.ack_detail AS detail, a.ack_origin AS origin,
+  if(a.command_id = '', NULL, (a.acked_ns - c.ts_ns) / 1e6) AS ack_ms, if(a.command_id = '', NULL, a.applied_ns / 1e6) AS apply_ms
 FROM (SELECT time, ts_ns, node, command_id, action, target FROM control_commands FINAL
       WHERE $__timeFilter(time) AND {NODE_IS}) AS c
-LEFT JOIN (SELECT command_id, argMax(status, ts_ns) AS status, argMax(detail, ts_ns) AS detail,
-                  argMax(origin, ts_ns) AS origin, max(ts_ns) AS acked_ns, argMax(apply_ns, ts_ns) AS applied_ns
-           FROM control_acks WHERE $__timeFilter(time) GROUP BY command_id) AS a ON c.command_id = a.command_id"""
+LEFT JOIN ({acks_by_command("$__timeFilter(time)")}) AS a ON c.command_id = a.command_id"""
 
 DASHBOARD = Dashboard(
     uid="clocktower-control", title="clocktower: control",

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from clocktower.dashboards.layout import Dashboard, Panel
+from clocktower.dashboards.shared_sql import open_incidents
 from clocktower.dashboards.variables import NODE_IS
 
-# An incident is open while it has an `open` row and no `resolve` row (incidents keep one row per state change).
-OPEN_INCIDENTS = f"""SELECT incident_id, any(kind) AS what, any(target) AS place, argMax(severity, ts_ns) AS level,
-  fromUnixTimestamp64Nano(min(opened_ns)) AS opened, argMax(detail, ts_ns) AS latest
-FROM incidents FINAL
-WHERE $__timeFilter(time) AND {NODE_IS}
-GROUP BY incident_id
-HAVING countIf(state = 'open') > 0 AND countIf(state = 'resolve') = 0"""
+OPEN_INCIDENTS = open_incidents(f"$__timeFilter(time) AND {NODE_IS}")
 
 DASHBOARD = Dashboard(
     uid="clocktower-fleet", title="clocktower: fleet overview",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clocktower.dashboards.variables import ANNOTATIONS, DATASOURCE, PLUGIN_VERSION, PROMETHEUS, template_variables
+from clocktower.dashboards.variables import DATASOURCE, PLUGIN_VERSION, PROMETHEUS, annotations, template_variables
 
 PanelKind = Literal["timeseries", "table", "stat", "heatmap"]
 FORMAT: dict[str, int] = {"timeseries": 0, "heatmap": 0, "table": 1, "stat": 1}
@@ -63,7 +63,7 @@ def render(board: Dashboard) -> dict:
         "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},
         "templating": {"list": template_variables(board.variables)},
-        "annotations": {"list": ANNOTATIONS},
+        "annotations": {"list": annotations(board.variables)},
         "panels": [_panel(i, p, pos) for i, (p, pos) in enumerate(zip(board.panels, _grid(board.panels),
                                                                        strict=True), start=1)],
     }

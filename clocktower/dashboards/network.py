@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from clocktower.dashboards.counters import increase_per_interval
 from clocktower.dashboards.layout import Dashboard, Panel
+from clocktower.dashboards.shared_sql import acks_by_command
 from clocktower.dashboards.variables import NODE_IS
 
 EITHER_END = "$__conditionalAll((node IN (${node:singlequote}) OR src_node IN (${node:singlequote})), $node)"
@@ -13,14 +14,13 @@ NOT_SIMULATED = "the simulator models Ethernet ports and packet samples, not Inf
 
 
 def commands_with_acks(actions: tuple[str, ...]) -> str:
-    """The commands of these actions, each with its latest ack (empty status: no ack yet)."""
+    """The commands of these actions, each with its ack (empty status: no ack yet)."""
     listed = ", ".join(f"'{a}'" for a in actions)
     return f"""SELECT c.time AS issued, c.node AS node, c.action AS action, c.target AS target,
-  toString(c.params) AS params, a.status AS status, a.detail AS detail, c.incident_id AS incident_id
+  toString(c.params) AS params, a.ack_status AS status, a.ack_detail AS detail, c.incident_id AS incident_id
 FROM (SELECT time, node, command_id, action, target, params, incident_id FROM control_commands FINAL
       WHERE $__timeFilter(time) AND action IN ({listed}) AND {NODE_IS}) AS c
-LEFT JOIN (SELECT command_id, argMax(status, ts_ns) AS status, argMax(detail, ts_ns) AS detail
-           FROM control_acks WHERE $__timeFilter(time) GROUP BY command_id) AS a ON c.command_id = a.command_id
+LEFT JOIN ({acks_by_command("$__timeFilter(time)")}) AS a ON c.command_id = a.command_id
 ORDER BY issued DESC LIMIT 200"""
 
 

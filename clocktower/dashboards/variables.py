@@ -4,10 +4,12 @@
 picks the datasource every panel reads. `$job`, `$node` and `$gpu` are multi-value query variables with "All".
 Panels filter with the plugin's `$__conditionalAll(condition, $var)`: with "All" picked it becomes 1=1, so a
 fleet of thousands of nodes is not spelled out as an IN list; otherwise the condition, with the picked values
-formatted `singlequote` (each quoted, quotes inside escaped: a node name cannot break out of the literal).
+formatted `singlequote` (each quoted; see SAFE_NAME for what that does not cover).
 """
 
 from __future__ import annotations
+
+from clocktower.dashboards.shared_sql import WORST_SEVERITY
 
 PLUGIN = "grafana-clickhouse-datasource"
 PLUGIN_VERSION = "4.20.0"        # pinned in docker-compose.yml's GF_INSTALL_PLUGINS (tests/test_dashboards.py)
@@ -20,9 +22,15 @@ NODE_IS = "$__conditionalAll(node IN (${node:singlequote}), $node)"
 JOB_IS = "$__conditionalAll(job IN (${job:singlequote}), $job)"
 GPU_IS = "$__conditionalAll(toString(gpu) IN (${gpu:singlequote}), $gpu)"
 
+# Grafana's `singlequote` format escapes a quote but not a backslash, and ClickHouse reads a backslash as an
+# escape: a value ending in one would end its literal early. So the variable queries offer only names made of
+# SAFE_NAME's characters, and the variables take no custom values; whatever a query still gets runs as the
+# read-only `dashboards` user.
+SAFE_NAME = "^[A-Za-z0-9._:@/+=-]+$"
 VARIABLE_SQL = {
-    "job": "SELECT DISTINCT job FROM iterations WHERE $__timeFilter(time) ORDER BY job",
-    "node": "SELECT DISTINCT node FROM heartbeats WHERE $__timeFilter(time) ORDER BY node",
+    "job": f"SELECT DISTINCT job FROM iterations WHERE $__timeFilter(time) AND match(job, '{SAFE_NAME}') ORDER BY job",
+    "node": f"SELECT DISTINCT node FROM heartbeats WHERE $__timeFilter(time) AND match(node, '{SAFE_NAME}') "
+            "ORDER BY node",
     "gpu": f"SELECT DISTINCT gpu FROM gpu_health WHERE $__timeFilter(time) AND {NODE_IS} ORDER BY gpu",
 }
 
@@ -31,7 +39,7 @@ def _query_variable(name: str) -> dict:
     sql = VARIABLE_SQL[name]
     return {"type": "query", "name": name, "label": name, "datasource": DATASOURCE, "definition": sql,
             "query": {"refId": f"{name}-variable", "queryType": "sql", "rawSql": sql},
-            "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "hide": 0,
+            "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allowCustomValue": False, "hide": 0,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 
 
@@ -55,26 +63,33 @@ def _annotation(name: str, color: str, sql: str) -> dict:
 
 
 # An incident is a region from its opening to its resolution (still open: up to now), tagged with its kind and
-# worst severity; a control command is a point. Both follow $node.
-INCIDENT_ANNOTATION_SQL = f"""SELECT opened AS time, resolved AS timeEnd, concat(what, ' on ', place, ': ', latest) AS text,
+# worst severity; a control command is a point. Both follow $node on the dashboards that have it.
+def _incident_sql(node_filter: str) -> str:
+    return f"""SELECT opened AS time, resolved AS timeEnd, concat(what, ' on ', place, ': ', latest) AS text,
   [what, level] AS tags
 FROM (SELECT fromUnixTimestamp64Nano(min(opened_ns)) AS opened,
         if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), now64(9)) AS resolved,
         toString(any(kind)) AS what, toString(any(target)) AS place, argMax(detail, ts_ns) AS latest,
-        ['info', 'warning', 'critical'][max(indexOf(['info', 'warning', 'critical'], severity))] AS level
+        {WORST_SEVERITY} AS level
       FROM incidents FINAL
-      WHERE $__timeFilter(time) AND {NODE_IS}
+      WHERE $__timeFilter(time) AND {node_filter}
       GROUP BY incident_id)
 ORDER BY time"""
 
-COMMAND_ANNOTATION_SQL = f"""SELECT time, concat(action, ' ', target, ' on ', node) AS text, [toString(action)] AS tags
+
+def _command_sql(node_filter: str) -> str:
+    return f"""SELECT time, concat(action, ' ', target, ' on ', node) AS text, [toString(action)] AS tags
 FROM control_commands FINAL
-WHERE $__timeFilter(time) AND {NODE_IS}
+WHERE $__timeFilter(time) AND {node_filter}
 ORDER BY time"""
 
-ANNOTATIONS = [
-    {"builtIn": 1, "name": "Annotations & Alerts", "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-     "type": "dashboard", "datasource": {"type": "grafana", "uid": "-- Grafana --"}},
-    _annotation("Incidents", "red", INCIDENT_ANNOTATION_SQL),
-    _annotation("Control commands", "blue", COMMAND_ANNOTATION_SQL),
-]
+
+def annotations(names: tuple[str, ...]) -> list[dict]:
+    """The built-in one, the incidents and the control commands, filtered by $node where the dashboard has it."""
+    node_filter = NODE_IS if "node" in names else "1 = 1"
+    return [
+        {"builtIn": 1, "name": "Annotations & Alerts", "enable": True, "hide": True,
+         "iconColor": "rgba(0, 211, 255, 1)", "type": "dashboard", "datasource": {"type": "grafana", "uid": "-- Grafana --"}},
+        _annotation("Incidents", "red", _incident_sql(node_filter)),
+        _annotation("Control commands", "blue", _command_sql(node_filter)),
+    ]

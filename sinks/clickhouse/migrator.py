@@ -66,8 +66,10 @@ class Migrator:
         for sql in statements:
             log.debug("schema migration %d: %s", m.version, sql)
             self.client.command(sql)
+        # on a cluster, through the Distributed table and acked once a shard holds it: a restart right after sees it
+        settings = {"distributed_foreground_insert": 1} if self.layout.cluster else None
         self.client.insert(BOOKKEEPING, [[m.version, m.name, datetime.now(UTC), len(statements), _who()]],
-                           column_names=["version", "name", "applied_at", "statements", "by"])
+                           column_names=["version", "name", "applied_at", "statements", "by"], settings=settings)
 
 
 def _who() -> str:

@@ -10,6 +10,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clocktower.schemas.clickhouse_ddl import ONE_SERVER, Layout
+from clocktower.schemas.sql_literal import quote
 from clocktower.schemas.topics import TopicSpec
 from clocktower.sinks.clickhouse.migrator import Migrator
 from clocktower.sinks.clickhouse.partition_batch import PartitionBatch
@@ -80,7 +81,7 @@ class TableWriter:
         for a record now at a reused offset replaces the old one. Synchronous (mutations_sync=2), so the
         sink reads the log again only once the rows are gone.
         """
-        return self._delete(spec.table, f"`_topic` = {_quote(spec.name)} AND `_partition` = "
+        return self._delete(spec.table, f"`_topic` = {quote(spec.name)} AND `_partition` = "
                             f"{int(partition)} AND `_offset` >= {int(from_offset)}")
 
     def _delete(self, table: str, where: str) -> int:
@@ -93,13 +94,9 @@ class TableWriter:
     def delete_sql(self, table: str, where: str) -> str:
         """The mutation deleting `where` from `table`: on a cluster, from every shard's local table (a Distributed
         table cannot be altered)."""
-        return f"ALTER TABLE `{self.layout.storage(table)}`{self.layout.on_cluster} DELETE WHERE {where}"
+        layout = self.layout
+        return f"ALTER TABLE {layout.qualified(layout.storage(table))}{layout.on_cluster} DELETE WHERE {where}"
 
     def _query(self, sql: str, parameters: dict[str, object] | None = None) -> list:
         with self._lock:
             return list(self.client.query(sql, parameters=parameters).result_rows)
-
-
-def _quote(text: str) -> str:
-    """A ClickHouse string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
