@@ -30,7 +30,7 @@ import orjson
 from pydantic.fields import FieldInfo
 from pydantic.types import AllowInfNan
 
-from clocktower.schemas.column_types import CH
+from clocktower.schemas.column_types import CH, Codec
 from clocktower.schemas.event import Event
 
 ColumnCheck = Callable[[Sequence[Any]], bool]
@@ -61,8 +61,8 @@ def _constraints(metadata: Sequence[Any]) -> _Constraints:
             out["min_len"] = m.min_length
         elif isinstance(m, at.MaxLen):
             out["max_len"] = m.max_length
-        elif isinstance(m, AllowInfNan | CH):
-            pass   # orjson refuses NaN and infinities, and CH is the stored type only
+        elif isinstance(m, AllowInfNan | CH | Codec):
+            pass   # orjson refuses NaN and infinities; CH and Codec say how it is stored only
         elif isinstance(m, FieldInfo):   # an Annotated alias's own Field(...): its constraints count too
             if set(m._attributes_set) - _CONSTRAINT_ATTRIBUTES:   # a default, alias, ... inside an alias
                 raise Unsupported(f"Field attributes {sorted(m._attributes_set)} in an annotation")
