@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := $(VENV)/.installed-pytorch
 
-.PHONY: setup setup-pytorch setup-ebpf setup-chromium demo up test lint bench bench-agent clean docs dashboards
+.PHONY: setup setup-pytorch setup-ebpf setup-chromium setup-prometheus demo up test lint bench bench-agent clean docs dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ setup-ebpf: $(STAMP)
 setup-chromium:
 	scripts/setup_chromium.sh
 
+# Prometheus from Debian's package, unpacked into .cache/ (not installed): tests/test_promql.py runs on it.
+setup-prometheus:
+	scripts/setup_prometheus.sh
+
 demo: setup
 	$(VENV)/bin/clocktower demo $(ARGS)
 
@@ -40,7 +44,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/lint_imports.py   # import-linter: the layering contracts in pyproject.toml
 
-test: setup setup-pytorch setup-ebpf setup-chromium lint
+test: setup setup-pytorch setup-ebpf setup-chromium setup-prometheus lint
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: setup

@@ -1,0 +1,147 @@
+"""The pipeline-health dashboard's PromQL, run on a real Prometheus scraping this process's exporters.
+
+Prometheus is Debian's (2.42), unpacked by `make setup-prometheus` into .cache/prometheus, never installed. The
+test moves every metric the panels read through the code that moves it in production (an actuator's acks, an
+agent's deliveries and spool, the sink's and streams' counters, the lag export), serves them on a free loopback
+port, lets Prometheus scrape them every second, and runs each panel's expression through Prometheus' query API:
+each must succeed and return at least one series. Bounded: 60 s at most, the server stopped and its data removed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY, start_http_server
+
+import clocktower.sinks.clickhouse.metrics as sink_metrics
+import clocktower.streams.metrics as streams_metrics
+from clocktower.dashboards import DASHBOARDS
+from clocktower.ports import free_port
+from clocktower.runtime import lag_metrics
+from clocktower.schemas.control import ControlCommand
+from tests.control_keys import TEST_SIGNER, resigned
+
+PROMETHEUS = Path(__file__).resolve().parents[1] / ".cache" / "prometheus" / "usr" / "bin" / "prometheus"
+EXPRS = [(p.title, expr) for b in DASHBOARDS for p in b.panels for expr, _ in p.promql]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:   # noqa: S310 - loopback, a URL this test built
+        return json.loads(r.read())
+
+
+def _move_every_metric(tmp_path: Path, step: int) -> None:
+    """One round of what production does to each metric the panels read."""
+    from types import SimpleNamespace
+
+    from clocktower.actuators.component import open_actuator
+    from clocktower.actuators.simulated_routing import SimulatedRouting
+    from clocktower.agent_cli import _serve_metrics
+    from clocktower.producers.agent.config import AgentSettings
+    from clocktower.producers.agent.runner import AgentRunner
+    from clocktower.schemas.telemetry import NodeHeartbeat
+    from tests.event_samples import SAMPLES
+
+    act = open_actuator("node-1", TEST_SIGNER.verifier(), SimulatedRouting(("eth0", "eth1")), tmp_path / f"a{step}",
+                        backups=lambda link: "eth1" if link == "eth0" else "")
+    now = time.time_ns()
+    act.handle(resigned(ControlCommand(node="node-1", ts_ns=now - 10**8, command_id=f"promql-{step}",
+                                       action="failover", target="eth0", params={"from": "eth0", "to": "eth1"},
+                                       expires_ns=now + 60 * 10**9, signature="-")))
+    act.close()
+    AgentRunner([], lambda batch: None)._send([NodeHeartbeat(**SAMPLES["heartbeat"])] * 5)   # noqa: SLF001
+
+    def failing(batch: list) -> None:
+        raise OSError("disk full")
+
+    AgentRunner([], failing)._send([NodeHeartbeat(**SAMPLES["heartbeat"])])   # noqa: SLF001
+    _serve_metrics(AgentSettings(metrics_port=0), SimpleNamespace(spool=SimpleNamespace(pending_records=3,
+                                                                                          pending_events=30)))
+    sink_metrics.RECORDS.labels("telemetry.gpu").inc(100)
+    sink_metrics.ROWS.labels("gpu_health").inc(100)
+    sink_metrics.DEADLETTERS.labels("telemetry.gpu").inc()
+    sink_metrics.FLUSH_SECONDS.observe(0.02)
+    streams_metrics.RECORDS.labels("telemetry.gpu").inc(100)
+    streams_metrics.DECODE_FAILURES.labels("telemetry.gpu").inc()
+    streams_metrics.BATCH_FAILURES.labels("telemetry.gpu").inc()
+    lag_metrics.READ_ERRORS.labels("clocktower-sink").inc()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if not PROMETHEUS.exists():
+        pytest.skip("no Prometheus binary at .cache/prometheus (`make setup-prometheus` unpacks Debian's package)")
+    monkeypatch.setattr(lag_metrics, "consumer_lag", lambda *a, **k: [
+        {"group": "clocktower-sink", "topic": "telemetry.gpu", "partition": 0, "lag": 42}])
+    collector = lag_metrics.export_lag("127.0.0.1:1", {"clocktower-sink": ["telemetry.gpu"]})
+    exporter_port, prom_port = free_port(), free_port()
+    server, _ = start_http_server(exporter_port, addr="127.0.0.1")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clocktower\n"
+                      f"    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n")
+    proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))  # noqa: SIM115
+    try:
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200:   # noqa: S310
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        server.shutdown()
+        REGISTRY.unregister(collector)
+
+
+def _scraped(base: str, expr: str, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _get(f"{base}/api/v1/query?query={urllib.parse.quote(expr)}")["data"]["result"]:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_every_pipeline_health_panel_query_runs_on_prometheus_and_returns_series(prometheus, tmp_path) -> None:
+    assert len(EXPRS) >= 10
+    _move_every_metric(tmp_path, 0)
+    assert _scraped(prometheus, "clocktower_actuator_commands_total"), "Prometheus never scraped the exporter"
+    time.sleep(2.5)                      # a later scrape, after the counters moved again: every rate() has two points
+    _move_every_metric(tmp_path, 1)
+    assert _scraped(prometheus, "rate(clocktower_actuator_commands_total[1m]) > 0")
+    empty = []
+    for title, expr in EXPRS:
+        answer = _get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(expr)}")
+        assert answer["status"] == "success", (title, expr, answer)
+        if not answer["data"]["result"]:
+            empty.append((title, expr))
+    assert not empty, empty
+    lag = _get(f"{prometheus}/api/v1/query?query=" + urllib.parse.quote(
+        "sum by (group) (clocktower_consumer_lag_records)"))["data"]["result"]
+    assert [(r["metric"]["group"], r["value"][1]) for r in lag] == [("clocktower-sink", "42")]
+
+
+def test_a_broken_expression_is_refused_by_prometheus(prometheus) -> None:
+    """The check can fail: Prometheus answers a malformed expression with an error, not an empty result."""
+    with pytest.raises(urllib.error.HTTPError):
+        _get(f"{prometheus}/api/v1/query?query="
+             + urllib.parse.quote("sum by (group (clocktower_consumer_lag_records)"))
