@@ -175,7 +175,8 @@ class Actuator:
                          detail=bounded(detail, DETAIL_LIMIT), action=cmd.action, target=cmd.target,
                          apply_ns=apply_ns)
         metrics.COMMANDS.labels(cmd.action, status).inc()
-        if not forged:   # a forged command's timestamp is whatever its sender wrote: not a time to report
+        if status != "refused":   # applied or failed: a refused one may be forged (its time is whatever its sender
+            # wrote) or a replay hours later, neither a command-to-ack time to report
             metrics.COMMAND_TO_ACK.labels(cmd.action).observe(max(ack.ts_ns - cmd.ts_ns, 0) / 1e9)
         if apply_ns:
             metrics.APPLY.labels(cmd.action).observe(apply_ns / 1e9)

@@ -1,6 +1,7 @@
 """The actuator's Prometheus metrics, served by the agent it runs in (CLOCKTOWER_AGENT_METRICS_PORT).
 
-Command to ack is measured from the command's `ts_ns` (the issuing stream worker's clock) to the ack (this node's
+Command to ack is measured for commands applied or failed (not refused: forged, replayed, expired), from the
+command's `ts_ns` (the issuing stream worker's clock) to the ack (this node's
 clock): two machines' clocks, good to the milliseconds an operator reads, not to microseconds.
 """
 

@@ -73,14 +73,18 @@ def _codecs(layout: Layout, catalog: Catalog) -> list[str]:
     return out
 
 
-def _rollups(layout: Layout, catalog: Catalog) -> list[str]:
-    return [sql for r in ROLLUPS for sql in r.create_sql(layout)]
+def _rollups(version: int) -> Callable[[Layout, Catalog], list[str]]:
+    def statements(layout: Layout, catalog: Catalog) -> list[str]:
+        return [sql for r in ROLLUPS if r.migration == version for sql in r.create_sql(layout)]
+    return statements
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "kafka origin columns on tables made before them", _kafka_origin_columns),
     Migration(2, "column codecs (ZSTD; Delta for timestamps, DoubleDelta for sequences)", _codecs),
-    Migration(3, "rollups: per-minute latency, GPU health and link availability; per-iteration job stats", _rollups),
+    Migration(3, "rollups: per-minute latency, GPU health and link availability; per-iteration job stats",
+              _rollups(3)),
+    Migration(4, "rollup: each node's last heartbeat", _rollups(4)),
 )
 
 

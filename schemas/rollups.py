@@ -31,6 +31,7 @@ class Rollup:
     select: str             # the view's SELECT over the source (its FROM is added)
     time: str               # the column TTL counts from
     what: str               # one line for the docs
+    migration: int = 3      # the migration that creates it (a rollup added later needs its own)
 
     def create_sql(self, layout: Layout) -> list[str]:
         """The rollup table, its view (ON CLUSTER: both per shard, the view on the shard's local source), and on a
@@ -111,6 +112,13 @@ ROLLUPS: tuple[Rollup, ...] = (
   max(ecc_uncorrected) AS max_ecc_uncorrected, max(retired_pages) AS max_retired_pages""", "minute",
         "per GPU and minute: samples, lost and throttled samples, mean and max temperature, max power, lowest SM "
         "clock, mean utilization, worst XID, the ECC and retired-page counters"),
+    Rollup("node_last_seen", "heartbeats", ("node",), _cols(
+        "`node` LowCardinality(String)",
+        "`last_seen` SimpleAggregateFunction(max, DateTime64(9))",
+        "`heartbeats` SimpleAggregateFunction(sum, UInt64)"),
+        """SELECT node, max(time) AS last_seen, count() AS heartbeats""", "toDateTime(last_seen)",
+        "per node: its last heartbeat (what the silent-node alert reads: one row per node, not five a second)",
+        migration=4),
     Rollup("link_availability_1m", "link_states", ("node", "interface", "minute"), _cols(
         f"`minute` DateTime CODEC({TIME_CODEC})",
         "`node` LowCardinality(String)",

@@ -196,3 +196,31 @@ def test_the_sink_deletes_lost_records_from_every_shard_s_local_table_on_a_clust
     services.client.query("SELECT formatQuery({q:String})", parameters={"q": sql})   # parses
     assert Writer(services.client).delete_sql("gpu_health", where) == \
         f"ALTER TABLE default.`gpu_health` DELETE WHERE {where}"
+
+
+def test_cluster_reconcile_judges_each_table_by_its_own_columns_and_puts_codecs_on_local_tables_only() -> None:
+    """The local table complete, the Distributed one missing a column and with a reading not yet nullable (an
+    ALTER that failed there last time): only the Distributed table is altered, database-qualified, with no CODEC."""
+    from clocktower.schemas.clickhouse_ddl import add_missing_columns_sql
+
+    spec = BY_MODEL[GpuHealth]
+    full = {c.name: (c.ch_type, "CODEC(ZSTD(1))") for c in model_columns(GpuHealth)} | {"time": ("DateTime64(9)", "")}
+    front = {k: v for k, v in full.items() if k != "xid"}
+    front["temperature_c"] = ("Float64", "")
+    catalog = {"gpu_health_local": full, "gpu_health": front}
+    statements = [s for s in reconcile_columns_sql(CLUSTER, catalog) if "gpu_health" in s]
+    assert len(statements) == 2 and all(s.startswith("ALTER TABLE default.`gpu_health` ON CLUSTER fleet ")
+                                        for s in statements), statements
+    assert "ADD COLUMN IF NOT EXISTS `xid` UInt32" in statements[0] and "CODEC" not in statements[0]
+    assert statements[1] == "ALTER TABLE default.`gpu_health` ON CLUSTER fleet MODIFY COLUMN `temperature_c` " \
+                            "Nullable(Float64)"
+    local = add_missing_columns_sql(spec, set(front), CLUSTER, "gpu_health_local")
+    assert local[0].startswith("ALTER TABLE default.`gpu_health_local` ON CLUSTER fleet ADD COLUMN IF NOT EXISTS "
+                               "`xid` UInt32") and local[0].rstrip().split(" AFTER ")[0].endswith("CODEC(ZSTD(1))")
+
+
+def test_node_last_seen_rollup_holds_each_node_s_last_heartbeat(simulated_fleet) -> None:
+    c = simulated_fleet.admin
+    raw = _one(c, "SELECT node, max(time), count() FROM heartbeats GROUP BY node ORDER BY node")
+    rolled = _one(c, "SELECT node, max(last_seen), sum(heartbeats) FROM node_last_seen GROUP BY node ORDER BY node")
+    assert len(raw) == 4 and rolled == raw

@@ -24,17 +24,18 @@ class AlertRule:
 
 DAY_S = 86_400
 RULES: tuple[AlertRule, ...] = (
-    # over a day: an incident opened hours ago and still open keeps firing
-    AlertRule("clocktower-critical-incident", "Critical incident open", f"""SELECT what AS kind, place AS target, toUInt64(1) AS open
+    # over a day: an incident opened hours ago and still open keeps firing; one instance per kind and target
+    AlertRule("clocktower-critical-incident", "Critical incident open", f"""SELECT what AS kind, place AS target, count() AS open
 FROM ({open_incidents("$__timeFilter(time)")})
-WHERE level = 'critical'""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical",
+WHERE level = 'critical'
+GROUP BY kind, target""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical",
               window_s=DAY_S),
-    # every node that reported in the last day and not in the last 30 s: a node quiet for hours still fires
-    AlertRule("clocktower-node-silent", "Node stopped reporting", """SELECT node, dateDiff('second', max(time), now64(9)) AS silent_s
-FROM heartbeats
-WHERE $__timeFilter(time)
+    # every node seen in the last day and not in the last 30 s (node_last_seen: one row per node, not 5 a second)
+    AlertRule("clocktower-node-silent", "Node stopped reporting", """SELECT node, dateDiff('second', max(last_seen), now64(9)) AS silent_s
+FROM node_last_seen
 GROUP BY node
-HAVING silent_s > 30""", "{{ $labels.node }} sent no heartbeat for {{ $values.A }} s", "critical", window_s=DAY_S),
+HAVING max(last_seen) >= now64(9) - INTERVAL 1 DAY AND silent_s > 30""",
+              "{{ $labels.node }} sent no heartbeat for {{ $values.A }} s", "critical"),
     AlertRule("clocktower-dead-letters", "Records dead-lettered", """SELECT origin_topic, count() AS dead_letters
 FROM deadletter FINAL
 WHERE $__timeFilter(time)

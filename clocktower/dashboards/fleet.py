@@ -6,14 +6,15 @@ from clocktower.dashboards.layout import Dashboard, Panel
 from clocktower.dashboards.shared_sql import open_incidents
 from clocktower.dashboards.variables import NODE_IS
 
-OPEN_INCIDENTS = open_incidents(f"$__timeFilter(time) AND {NODE_IS}")
+# open now, whatever the range shown: any incident opened in the day before its end
+OPEN_INCIDENTS = open_incidents(f"time >= $__toTime - INTERVAL 1 DAY AND time <= $__toTime AND {NODE_IS}")
 
 DASHBOARD = Dashboard(
     uid="clocktower-fleet", title="clocktower: fleet overview",
     question="Is anything wrong right now, what does it cost the training jobs, and which nodes went quiet?",
     panels=(
         Panel("Open incidents", f"SELECT count() AS open_incidents FROM ({OPEN_INCIDENTS})", kind="stat",
-              width=6, height=5, description="Incidents opened in the time range and not resolved yet."),
+              width=6, height=5, description="Incidents opened in the day before the range's end and not resolved by then."),
         Panel("Effective training time", """SELECT sum(baseline_ns) / sum(duration_ns) AS effective
 FROM iteration_blame FINAL
 WHERE $__timeFilter(time)""", kind="stat", unit="percentunit", width=6, height=5,

@@ -28,7 +28,7 @@ GROUP BY t, job ORDER BY t""", unit="ms"),
         Panel("Per iteration: slowest rank vs median compute (ms; rollup)", f"""SELECT fromUnixTimestamp64Nano(min(first_start_ns)) AS t, job, max(max_duration_ns) / 1e6 AS slowest_rank_ms,
   quantilesTDigestMerge(0.5, 0.99)(compute_quantiles_ns)[1] / 1e6 AS median_compute_ms
 FROM iteration_stats
-WHERE {JOB_IS} AND day >= toStartOfDay($__fromTime) - INTERVAL 1 DAY AND day <= $__toTime
+WHERE {JOB_IS} AND day >= toStartOfDay($__fromTime) - INTERVAL 1 DAY
 GROUP BY job, iteration
 HAVING $__timeFilter(t)
 ORDER BY t""", unit="ms", width=24,

@@ -88,7 +88,10 @@ class TableWriter:
         rows = int(self._query(f"SELECT count() FROM `{table}` WHERE {where}")[0][0])
         if rows:
             with self._lock:
-                self.client.command(self.delete_sql(table, where), settings={"mutations_sync": 2})
+                settings = {"mutations_sync": 2}
+                if self.layout.cluster:   # ON CLUSTER waits 180 s by default: a large delete would time out
+                    settings["distributed_ddl_task_timeout"] = 3600
+                self.client.command(self.delete_sql(table, where), settings=settings)
         return rows
 
     def delete_sql(self, table: str, where: str) -> str:
