@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import orjson
 from clickhouse_connect.driver.client import Client
 
+from clocktower.dashboards.shared_sql import acks_by_command
 from clocktower.explain import Command, Explanation, FlowDelay, IncidentSpan, Iteration, RankTime
 from clocktower.runtime.errors import UserError
 
@@ -102,9 +103,8 @@ def explain(client: Client, it: Iteration) -> Explanation:
     if incidents:
         params["ids"] = [i.incident_id for i in incidents]
         commands = [Command(*r[:5], r[5] or None) for r in client.query(
-            "SELECT c.incident_id, c.action, c.node, c.target, c.ts_ns, a.status "
-            "FROM control_commands AS c FINAL LEFT JOIN (SELECT command_id, argMax(status, ts_ns) AS status "
-            " FROM control_acks GROUP BY command_id) AS a ON a.command_id = c.command_id "
+            "SELECT c.incident_id, c.action, c.node, c.target, c.ts_ns, a.ack_status "
+            f"FROM control_commands AS c FINAL LEFT JOIN ({acks_by_command('1')}) AS a ON a.command_id = c.command_id "
             "WHERE c.incident_id IN {ids:Array(String)} ORDER BY c.ts_ns LIMIT 20", parameters=params,
             settings={"join_use_nulls": 1}).result_rows]
     return Explanation(it, ranks, flows, incidents, commands)
