@@ -28,7 +28,7 @@ def handled(directory: Path) -> dict[tuple[str, int], set[int]]:
     """Per (topic, partition), the offsets some worker recorded in `directory`."""
     out: dict[tuple[str, int], set[int]] = defaultdict(set)
     for path in sorted(directory.glob("*.log")):
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n")[:-1]:   # complete lines: a live worker may be mid-write
             topic, partition, offset = line.split(" ")
             out[(topic, int(partition))].add(int(offset))
     return dict(out)

@@ -73,6 +73,7 @@ def _worker(rank: int, ns: str, steps: int, stop_file: str, out_file: str, pace_
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     data = torch.Generator().manual_seed(SEED * 10 + rank)
     progress = Path(out_file).with_suffix(".progress")
+    staged = progress.with_suffix(".progress-staged")
     step, max_step_s, errors = 0, 0.0, []
     try:
         while True:
@@ -90,8 +91,9 @@ def _worker(rank: int, ns: str, steps: int, stop_file: str, out_file: str, pace_
                 dist.all_reduce(flag)
                 done = bool(flag.item() > 0)
             max_step_s = max(max_step_s, time.monotonic() - started)
-            if step % 25 == 0:
-                progress.write_text(str(step))
+            if step % 25 == 0:         # replaced whole: a reader never sees the truncated file of write_text
+                staged.write_text(str(step))
+                staged.replace(progress)
             if done:
                 break
             if pace_s:
@@ -128,9 +130,10 @@ class Job:
 
     def step(self) -> int:
         try:
-            return int(self.outs[0].with_suffix(".progress").read_text() or 0)
-        except (OSError, ValueError):
+            text = self.outs[0].with_suffix(".progress").read_text()
+        except FileNotFoundError:       # rank 0 has not reached step 25 yet
             return 0
+        return int(text)                # whole: the worker replaces the file, never truncates it in place
 
     def wait_step(self, n: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

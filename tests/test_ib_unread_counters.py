@@ -64,6 +64,26 @@ def test_carrier_changes_keeps_last_link_downed_while_unread(root: Path) -> None
     assert [(e.carrier_changes, e.link_downed) for e in src.poll(now=2.0)] == [(7, None)]
 
 
+def test_a_state_file_that_fails_one_poll_keeps_the_state_before(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A read that fails for a moment (EIO in a driver reset; here the file is gone) is not a down and an up:
+    the port keeps the state of the poll before, no state change is counted, and why is logged once."""
+    state = root / "mlx5_0" / "ports" / "1" / "state"
+    src = IbPortSource("node-3", root=root)
+    assert [(e.up, e.ib_state) for e in src.poll(now=0.0)] == [(True, "ACTIVE")]
+    saved = state.read_text()
+    state.unlink()
+    with caplog.at_level(logging.WARNING, logger="clocktower.producers.agent.ib_sysfs"):
+        assert [(e.up, e.ib_state) for e in src.poll(now=1.0)] == [(True, "ACTIVE")]
+        assert [(e.up, e.ib_state) for e in src.poll(now=2.0)] == [(True, "ACTIVE")]
+    assert src.state_changes == 0
+    assert len([r for r in caplog.records if "could not read state" in r.getMessage()]) == 1
+    state.write_text("1: DOWN\n")
+    assert [(e.up, e.ib_state) for e in src.poll(now=3.0)] == [(False, "DOWN")] and src.state_changes == 1
+    state.unlink()                              # with no poll before, an unread state is "unknown": not up
+    assert [(e.up, e.ib_state) for e in IbPortSource("node-4", root=root).poll(now=0.0)] == [(False, "unknown")]
+    state.write_text(saved)
+
+
 def _record(events: list[LinkState]) -> tuple[bytes, bytes, list]:
     headers = [(H_SCHEMA, b"link_state"), (H_VERSION, b"1"), (H_COUNT, str(len(events)).encode())]
     return b"node-3", orjson.dumps([e.model_dump(mode="json") for e in events]), headers

@@ -35,6 +35,9 @@ RDMA device): the runner can then run and report each on its own. It reads every
   previous poll, or that appeared or vanished (a vanished port is reported once with up=False and operstate
   "deleted"). So with a longer report interval a state change still surfaces within one poll interval.
 
+A state file (state, phys_state, rate) that reads empty or fails keeps the port's state of the poll before
+(logged once): a failed read is not a down (see `keep_unread_state`).
+
 `ts_ns` is time.time_ns() taken just before the port is read.
 
 `link` is the port's netdev (RoCE `eth0`, IPoIB `ib0`) and `backup` its backup port, from `topology`
@@ -49,7 +52,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clocktower.producers.agent.port_topology import PortTopology
@@ -123,6 +126,7 @@ class IbPort:
     link_layer: str
     rate_mbps: int
     counters: dict[str, int | None] = field(default_factory=dict)     # None: could not be read
+    unread: frozenset[str] = frozenset()     # the state files (state, phys_state, rate) that read empty or failed
 
     @property
     def name(self) -> str:
@@ -176,10 +180,33 @@ def read_port(device: str, port: int, path: Path) -> IbPort:
         if value is not None:
             value = (value * 4) & U64 if name in WORD_COUNTERS else value & U64
         counters[name] = value
-    return IbPort(device=device, port=port, state=parse_enum(_read(path / "state") or ""),
-                  phys_state=parse_enum(_read(path / "phys_state") or ""),
+    texts = {name: (_read(path / name) or "").strip() for name in STATE_FILES}
+    return IbPort(device=device, port=port, state=parse_enum(texts["state"]),
+                  phys_state=parse_enum(texts["phys_state"]),
                   link_layer=(_read(path / "link_layer") or "unknown").strip() or "unknown",
-                  rate_mbps=parse_rate_mbps(_read(path / "rate") or ""), counters=counters)
+                  rate_mbps=parse_rate_mbps(texts["rate"]), counters=counters,
+                  unread=frozenset(name for name, text in texts.items() if not text))
+
+
+STATE_FILES = {"state": "state", "phys_state": "phys_state", "rate": "rate_mbps"}   # file -> IbPort field
+
+
+def keep_unread_state(port: IbPort, before: IbPort | None) -> IbPort:
+    """The port with each state file it could not read this poll taken from the poll before. Real sysfs never reads
+    empty, but a driver reset can fail a read (EIO) for a moment: reported as read, that one poll would be a down
+    and an up, which the flap detector counts and the watchdog may fail over on."""
+    if before is None or not port.unread:
+        return port
+    _unread_state(port)
+    return replace(port, **{STATE_FILES[name]: getattr(before, STATE_FILES[name]) for name in port.unread})
+
+
+def _unread_state(port: IbPort) -> None:
+    key = Path(port.name, *sorted(port.unread))
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("ib: %s could not read %s: kept the state of the poll before", port.name,
+                    ", ".join(sorted(port.unread)))
 
 
 def read_ports(root: Path = IB_ROOT) -> list[IbPort]:
@@ -243,9 +270,9 @@ class IbPortSource:
         current: dict[str, IbPort] = {}
         for dev, n, path in _port_dirs(self.root):
             ts = time.time_ns()
-            port = read_port(dev, n, path)
+            before = self._last.get(f"{dev}/{n}")
+            port = keep_unread_state(read_port(dev, n, path), before)
             current[port.name] = port
-            before = self._last.get(port.name)
             changed = before is None or before.state_key != port.state_key
             if changed and before is not None:
                 self.state_changes += 1
