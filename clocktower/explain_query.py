@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import orjson
 from clickhouse_connect.driver.client import Client
 
-from clocktower.dashboards.shared_sql import acks_by_command
+from clocktower.dashboards.shared_sql import acks_by_command, incident_spans
 from clocktower.explain import Command, Explanation, FlowDelay, IncidentSpan, Iteration, RankTime
 from clocktower.runtime.errors import UserError
 
@@ -90,14 +90,12 @@ def explain(client: Client, it: Iteration) -> Explanation:
         "ON b.src_node = f.src_node AND b.node = f.node "
         "ORDER BY f.p99 DESC LIMIT " + str(FLOWS), parameters=params, settings={"join_use_nulls": 1}).result_rows]
     incidents = [IncidentSpan(*r[:6], r[6] or None, r[7]) for r in client.query(
-        "SELECT incident_id, argMax(kind, ts_ns), any(node), argMax(target, ts_ns), "
-        " if(countIf(state = 'open') > 0, argMinIf(severity, ts_ns, state = 'open'), argMax(severity, ts_ns)), "
-        " min(opened_ns) AS opened, maxIf(ts_ns, state = 'resolve') AS resolved, argMax(detail, ts_ns) "
-        "FROM incidents FINAL WHERE opened_ns <= {end:Int64} GROUP BY incident_id "
-        "HAVING (resolved = 0 OR resolved >= {from:Int64}) "
-        " AND (any(node) IN {nodes:Array(String)} OR arrayExists(n -> startsWith(argMax(target, ts_ns), "
-        " concat(n, '/')), {nodes:Array(String)}) OR startsWith(argMax(target, ts_ns), concat({job:String}, ':'))) "
-        "ORDER BY any(node) = {node:String} DESC, opened DESC LIMIT 20", parameters=params).result_rows]
+        "SELECT incident_id, what, at_node, place, level, opened, resolved, latest "
+        f"FROM ({incident_spans('opened_ns <= {end:Int64}')}) "
+        "WHERE (resolved = 0 OR resolved >= {from:Int64}) "
+        " AND (at_node IN {nodes:Array(String)} OR arrayExists(n -> startsWith(place, concat(n, '/')), "
+        " {nodes:Array(String)}) OR startsWith(place, concat({job:String}, ':'))) "
+        "ORDER BY at_node = {node:String} DESC, opened DESC LIMIT 20", parameters=params).result_rows]
     incidents.sort(key=lambda i: i.opened_ns)
     commands: list[Command] = []
     if incidents:

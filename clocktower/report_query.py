@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from clickhouse_connect.driver.client import Client
 
-from clocktower.dashboards.shared_sql import WORST_SEVERITY, acks_by_command
+from clocktower.dashboards.shared_sql import acks_by_command, incident_spans
 from clocktower.runtime.errors import UserError
 
 MAX_POINTS = 300
@@ -61,12 +61,10 @@ def read_report(client: Client, job: str, since_ns: int | None) -> ReportData:
         FROM gpu_health WHERE {window} AND NOT lost
         GROUP BY t, node ORDER BY node, t""", params)
     data.incidents = _rows(client, f"""
-        SELECT fromUnixTimestamp64Nano(min(opened_ns)),
-               if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), NULL),
-               any(kind), {WORST_SEVERITY}, any(target), argMax(detail, ts_ns)
-        FROM incidents FINAL WHERE ts_ns >= {{from:Int64}} - 86400000000000 AND opened_ns <= {{to:Int64}}
-        GROUP BY incident_id
-        HAVING countIf(state = 'resolve') = 0 OR maxIf(ts_ns, state = 'resolve') >= {{from:Int64}}
+        SELECT fromUnixTimestamp64Nano(opened), if(resolved > 0, fromUnixTimestamp64Nano(resolved), NULL),
+               what, level, place, latest
+        FROM ({incident_spans("ts_ns >= {from:Int64} - 86400000000000 AND opened_ns <= {to:Int64}")})
+        WHERE resolved = 0 OR resolved >= {{from:Int64}}
         ORDER BY 1""", params)   # open at some time in the span (opened up to a day before it)
     data.commands = _rows(client, f"""
         SELECT c.time, c.node, c.action, c.target, a.ack_status, a.ack_detail

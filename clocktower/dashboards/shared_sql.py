@@ -1,7 +1,8 @@
 """SQL the dashboards, the alert rules and `clocktower report` share, so they agree on what an incident or ack is.
 
 - An incident keeps one row per state change (open, update, resolve). It is open while it has an `open` row and no
-  `resolve` row; its severity is the worst it reached (its `resolve` row says info: the latest would hide it).
+  `resolve` row; its severity is the worst it reached (its `resolve` row says info: the latest would hide it). Its
+  kind and target are the latest: a `link_down` whose link goes on flapping becomes a `link_flap`.
 - A command may be acked more than once: a redelivery is refused as `replayed` after it was applied. Its status is
   `applied` if any ack says so, else its first ack's.
 """
@@ -12,10 +13,23 @@ SEVERITIES = "['info', 'warning', 'critical']"
 WORST_SEVERITY = f"{SEVERITIES}[max(indexOf({SEVERITIES}, severity))]"
 
 
+def incident_spans(where: str) -> str:
+    """One row per incident among the rows `where` selects: incident_id, what (its kind), at_node, place (its latest
+    target), level (worst severity), opened and resolved (ns; 0 while open) and latest (its latest detail). No alias
+    is a column's name: ClickHouse would read the aggregate in `where`."""
+    return f"""SELECT incident_id, toString(argMax(kind, ts_ns)) AS what, any(node) AS at_node,
+  toString(argMax(target, ts_ns)) AS place, {WORST_SEVERITY} AS level, min(opened_ns) AS opened,
+  maxIf(ts_ns, state = 'resolve') AS resolved, argMax(detail, ts_ns) AS latest
+FROM incidents FINAL
+WHERE {where}
+GROUP BY incident_id"""
+
+
 def open_incidents(where: str) -> str:
     """incident_id, what, place, level (worst severity), opened, latest (detail) of the incidents still open among
     the rows `where` selects."""
-    return f"""SELECT incident_id, any(kind) AS what, any(target) AS place, {WORST_SEVERITY} AS level,
+    return f"""SELECT incident_id, toString(argMax(kind, ts_ns)) AS what, toString(argMax(target, ts_ns)) AS place,
+  {WORST_SEVERITY} AS level,
   fromUnixTimestamp64Nano(min(opened_ns)) AS opened, argMax(detail, ts_ns) AS latest
 FROM incidents FINAL
 WHERE {where}

@@ -9,7 +9,7 @@ formatted `singlequote` (each quoted; see SAFE_NAME for what that does not cover
 
 from __future__ import annotations
 
-from clocktower.dashboards.shared_sql import WORST_SEVERITY
+from clocktower.dashboards.shared_sql import incident_spans
 
 PLUGIN = "grafana-clickhouse-datasource"
 PLUGIN_VERSION = "4.20.0"        # pinned in docker-compose.yml's GF_INSTALL_PLUGINS (tests/test_dashboards.py)
@@ -65,15 +65,10 @@ def _annotation(name: str, color: str, sql: str) -> dict:
 # An incident is a region from its opening to its resolution (still open: up to now), tagged with its kind and
 # worst severity; a control command is a point. Both follow $node on the dashboards that have it.
 def _incident_sql(node_filter: str) -> str:
-    return f"""SELECT opened AS time, resolved AS timeEnd, concat(what, ' on ', place, ': ', latest) AS text,
-  [what, level] AS tags
-FROM (SELECT fromUnixTimestamp64Nano(min(opened_ns)) AS opened,
-        if(countIf(state = 'resolve') > 0, fromUnixTimestamp64Nano(maxIf(ts_ns, state = 'resolve')), now64(9)) AS resolved,
-        toString(any(kind)) AS what, toString(any(target)) AS place, argMax(detail, ts_ns) AS latest,
-        {WORST_SEVERITY} AS level
-      FROM incidents FINAL
-      WHERE $__timeFilter(time) AND {node_filter}
-      GROUP BY incident_id)
+    return f"""SELECT fromUnixTimestamp64Nano(opened) AS time,
+  if(resolved > 0, fromUnixTimestamp64Nano(resolved), now64(9)) AS timeEnd,
+  concat(what, ' on ', place, ': ', latest) AS text, [what, level] AS tags
+FROM ({incident_spans(f"$__timeFilter(time) AND {node_filter}")})
 ORDER BY time"""
 
 
