@@ -26,8 +26,7 @@ import clocktower.streams.metrics as streams_metrics
 from clocktower.dashboards import DASHBOARDS
 from clocktower.ports import free_port
 from clocktower.runtime import lag_metrics
-from clocktower.schemas.control import ControlCommand
-from tests.control_keys import TEST_SIGNER, resigned
+from tests.metric_moves import fail_to_hand, hand_to_kafka, serve_spool_metrics, signed_failover, simulated_actuator
 
 PROMETHEUS = Path(__file__).resolve().parents[1] / ".cache" / "prometheus" / "usr" / "bin" / "prometheus"
 EXPRS = [(p.title, expr) for b in DASHBOARDS for p in b.panels for expr, _ in p.promql]
@@ -40,31 +39,12 @@ def _get(url: str) -> dict:
 
 def _move_every_metric(tmp_path: Path, step: int) -> None:
     """One round of what production does to each metric the panels read."""
-    from types import SimpleNamespace
-
-    from clocktower.actuators.component import open_actuator
-    from clocktower.actuators.simulated_routing import SimulatedRouting
-    from clocktower.agent_cli import _serve_metrics
-    from clocktower.producers.agent.config import AgentSettings
-    from clocktower.producers.agent.runner import AgentRunner
-    from clocktower.schemas.telemetry import NodeHeartbeat
-    from tests.event_samples import SAMPLES
-
-    act = open_actuator("node-1", TEST_SIGNER.verifier(), SimulatedRouting(("eth0", "eth1")), tmp_path / f"a{step}",
-                        backups=lambda link: "eth1" if link == "eth0" else "")
-    now = time.time_ns()
-    act.handle(resigned(ControlCommand(node="node-1", ts_ns=now - 10**8, command_id=f"promql-{step}",
-                                       action="failover", target="eth0", params={"from": "eth0", "to": "eth1"},
-                                       expires_ns=now + 60 * 10**9, signature="-")))
+    act = simulated_actuator(tmp_path / f"a{step}")
+    act.handle(signed_failover(f"promql-{step}", issued_s_ago=0.1))
     act.close()
-    AgentRunner([], lambda batch: None)._send([NodeHeartbeat(**SAMPLES["heartbeat"])] * 5)   # noqa: SLF001
-
-    def failing(batch: list) -> None:
-        raise OSError("disk full")
-
-    AgentRunner([], failing)._send([NodeHeartbeat(**SAMPLES["heartbeat"])])   # noqa: SLF001
-    _serve_metrics(AgentSettings(metrics_port=0), SimpleNamespace(spool=SimpleNamespace(pending_records=3,
-                                                                                          pending_events=30)))
+    hand_to_kafka(5)
+    fail_to_hand(1)
+    serve_spool_metrics(records=3, events=30)
     sink_metrics.RECORDS.labels("telemetry.gpu").inc(100)
     sink_metrics.ROWS.labels("gpu_health").inc(100)
     sink_metrics.DEADLETTERS.labels("telemetry.gpu").inc()

@@ -4,7 +4,6 @@ labels it groups by; the actuator, the agent and the lag export move them (the l
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -17,8 +16,7 @@ from clocktower.actuators import metrics as actuator_metrics
 from clocktower.dashboards import DASHBOARDS
 from clocktower.runtime import lag_metrics
 from clocktower.runtime.lag_metrics import ConsumerLagCollector
-from clocktower.schemas.control import ControlCommand
-from tests.control_keys import TEST_SIGNER, resigned
+from tests.metric_moves import fail_to_hand, hand_to_kafka, serve_spool_metrics, signed_failover, simulated_actuator
 
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
 EXPRS = [expr for b in DASHBOARDS for p in b.panels for expr, _ in p.promql]
@@ -49,20 +47,13 @@ def test_the_dashboard_asks_only_for_exported_metrics_and_labels() -> None:
 
 
 def test_an_ack_counts_its_command_and_its_time_from_command_to_ack(tmp_path) -> None:
-    from clocktower.actuators.component import open_actuator
-    from clocktower.actuators.simulated_routing import SimulatedRouting
-
-    act = open_actuator("node-1", TEST_SIGNER.verifier(), SimulatedRouting(("eth0", "eth1")), tmp_path,
-                        backups=lambda link: "eth1" if link == "eth0" else "")
+    act = simulated_actuator(tmp_path)
     before = REGISTRY.get_sample_value("clocktower_actuator_commands_total",
                                        {"action": "failover", "status": "applied"}) or 0
     seen = REGISTRY.get_sample_value("clocktower_actuator_command_to_ack_seconds_count", {"action": "failover"}) or 0
     bucket = "clocktower_actuator_command_to_ack_seconds_bucket"
     under = {le: REGISTRY.get_sample_value(bucket, {"action": "failover", "le": le}) or 0 for le in ("1.0", "2.5")}
-    now = time.time_ns()
-    cmd = resigned(ControlCommand(node="node-1", ts_ns=now - 1_500_000_000, command_id="c-metrics-1",
-                                  action="failover", target="eth0", params={"from": "eth0", "to": "eth1"},
-                                  expires_ns=now + 60 * 10**9, signature="-"))
+    cmd = signed_failover("c-metrics-1", issued_s_ago=1.5)
     assert act.handle(cmd).status == "applied"
     assert act.handle(cmd).status == "refused"   # the replay: counted as refused
     assert REGISTRY.get_sample_value("clocktower_actuator_commands_total",
@@ -86,28 +77,13 @@ def test_an_ack_counts_its_command_and_its_time_from_command_to_ack(tmp_path) ->
 
 
 def test_the_agent_counts_what_it_hands_to_kafka_and_shows_its_spool() -> None:
-    from clocktower.producers.agent.runner import AgentRunner
-    from clocktower.schemas.telemetry import NodeHeartbeat as Heartbeat
-    from tests.event_samples import SAMPLES
-
     before = REGISTRY.get_sample_value("clocktower_agent_events_total", {"schema": "heartbeat"}) or 0
-    runner = AgentRunner([], lambda batch: None)
-    runner._send([Heartbeat(**SAMPLES["heartbeat"])] * 3)   # noqa: SLF001 - the one place events leave
+    hand_to_kafka(3)
     assert REGISTRY.get_sample_value("clocktower_agent_events_total", {"schema": "heartbeat"}) == before + 3
-
-    def failing(batch: list) -> None:
-        raise OSError("disk full")
-
     dropped = REGISTRY.get_sample_value("clocktower_agent_events_dropped_total") or 0
-    AgentRunner([], failing)._send([Heartbeat(**SAMPLES["heartbeat"])])   # noqa: SLF001
+    fail_to_hand(1)
     assert REGISTRY.get_sample_value("clocktower_agent_events_dropped_total") == dropped + 1
-    from types import SimpleNamespace
-
-    from clocktower.agent_cli import _serve_metrics
-    from clocktower.producers.agent.config import AgentSettings
-
-    spool = SimpleNamespace(pending_records=7, pending_events=70)
-    _serve_metrics(AgentSettings(metrics_port=0), SimpleNamespace(spool=spool))   # the agent's wiring, no server
+    spool = serve_spool_metrics(records=7, events=70)   # the agent's wiring, no server
     assert REGISTRY.get_sample_value("clocktower_agent_spool_records") == 7
     spool.pending_records = 0   # read when scraped
     assert REGISTRY.get_sample_value("clocktower_agent_spool_records") == 0
