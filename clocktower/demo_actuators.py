@@ -36,6 +36,7 @@ from clocktower.actuators.simulated_redirector import SimulatedRedirector
 from clocktower.actuators.simulated_routing import SimulatedRouting
 from clocktower.actuators.simulated_shaper import SimulatedShaper
 from clocktower.control.key_files import verifier_from_file
+from clocktower.control.signing import CommandVerifier
 from clocktower.producers.kafka_publisher import KafkaPublisher
 from clocktower.producers.simulator.topology import BACKUP, PRIMARY
 from clocktower.runtime.private_file import private_dir
@@ -49,6 +50,21 @@ HOOK = (sys.executable, "-c", "import sys; print('demo hook:', *sys.argv[1:4])")
 ALL_NODES_UP_TO = 32
 STOP_TIMEOUT_S = 20.0
 ACK_FLUSH_S = 10.0
+
+
+def demo_hooks() -> Hooks:
+    return Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
+
+
+def simulated_node_actuator(node: str, verifier: CommandVerifier, state_dir: Path, hooks: Hooks,
+                            routing: SimulatedRouting | None = None, shaper: SimulatedShaper | None = None,
+                            redirector: SimulatedRedirector | None = None) -> Actuator:
+    """A simulated node's real actuator: its ports PRIMARY (backed by BACKUP) and BACKUP, on simulated routing,
+    shaping and flow redirection (new ones unless given)."""
+    return open_actuator(node, verifier, routing or SimulatedRouting(INTERFACES), state_dir, hooks,
+                         backups=lambda link: BACKUP if link == PRIMARY else "",
+                         shaper=shaper or SimulatedShaper(),
+                         redirector=redirector or SimulatedRedirector(f"{BACKUP} (the alternate of {PRIMARY})"))
 
 
 def actuated_nodes(fleet: Sequence[str], faulty: Iterable[str]) -> list[str]:
@@ -81,14 +97,13 @@ class DemoActuators:
         verifier = verifier_from_file(self.public_key)
         shutil.rmtree(self.state_root, ignore_errors=True)
         self.publisher = KafkaPublisher(self.bootstrap, producer_key=self.producer_key)
-        hooks = Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
+        hooks = demo_hooks()
         for node in self.nodes:
             skip_earlier_commands(self.bootstrap, node)
             state = self.state_root / node
             private_dir(state)
-            act = open_actuator(node, verifier, self.routing[node], state, hooks,
-                                backups=lambda link: BACKUP if link == PRIMARY else "",   # the simulated nodes' own
-                                shaper=self.shapers[node], redirector=self.redirectors[node])
+            act = simulated_node_actuator(node, verifier, state, hooks, self.routing[node], self.shapers[node],
+                                          self.redirectors[node])
             self.actuators[node] = act
             self.consumers[node] = cons = CommandConsumer(self.bootstrap, act, self._publish)
             thread = threading.Thread(target=cons.run, args=(self._stop,), name=f"actuator-{node}", daemon=True)

@@ -14,12 +14,7 @@ from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
 
-from clocktower.actuators.component import open_actuator
-from clocktower.actuators.hooks import Hooks
-from clocktower.actuators.simulated_redirector import SimulatedRedirector
-from clocktower.actuators.simulated_routing import SimulatedRouting
-from clocktower.actuators.simulated_shaper import SimulatedShaper
-from clocktower.demo_actuators import BACKUP, HOOK, INTERFACES, PRIMARY
+from clocktower.demo_actuators import demo_hooks, simulated_node_actuator
 from clocktower.producers.simulator.config import SimConfig
 from clocktower.producers.simulator.fleet import FleetSimulator
 from clocktower.runtime.clickhouse_client import http_client
@@ -53,13 +48,11 @@ def simulated_events(state_dir: Path) -> list:
         events += batch
         events += processors.on_batch(batch)
     actuators = {}
-    hooks = Hooks({"drain": HOOK, "spare": HOOK}, timeout_s=10.0)
+    hooks = demo_hooks()
     for cmd in [e for e in events if isinstance(e, ControlCommand)]:
         if cmd.node not in actuators:
-            actuators[cmd.node] = open_actuator(
-                cmd.node, TEST_SIGNER.verifier(), SimulatedRouting(INTERFACES), state_dir / cmd.node, hooks,
-                backups=lambda link: BACKUP if link == PRIMARY else "", shaper=SimulatedShaper(),
-                redirector=SimulatedRedirector(BACKUP))
+            actuators[cmd.node] = simulated_node_actuator(cmd.node, TEST_SIGNER.verifier(), state_dir / cmd.node,
+                                                          hooks)
         events.append(actuators[cmd.node].handle(cmd))
     return events
 
