@@ -31,11 +31,10 @@ from typing import Any
 from clocktower.actuators.flow_redirector import FlowRedirector, Held, NoAlternatePath, RedirectError
 from clocktower.control.traffic_class import HANDLE, HIGH_CLASSID, HIGH_PRIORITY
 from clocktower.runtime.bcc_build import compile_bpf, find_kernel_source
+from clocktower.runtime.clsact import EGRESS, ensure_clsact, release_clsact, remove_filter
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(__file__).with_name("flow_redirect.bpf.c")
-EGRESS = "ffff:fff3"
-INGRESS = "ffff:fff2"
 ARPHRD_ETHER = 1
 RTN_UNICAST = 1
 FILTER_PRIO = 0xC7A2            # after the agent's classifier (0xC7A1): tc runs filters in priority order
@@ -112,12 +111,10 @@ class KernelRedirector(FlowRedirector):
                     index = found[0]
                     if ipr.get_links(index)[0]["ifi_type"] != ARPHRD_ETHER:
                         raise RedirectError(f"{port} is not an Ethernet port (the filter reads IP after 14 bytes)")
-                    has_clsact = any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index))
-                    if not has_clsact:
-                        ipr.tc("add", "clsact", index)
-                    elif _ours(ipr, index):
+                    created = ensure_clsact(ipr, index)
+                    if not created and _ours(ipr, index):
                         replaced.append(port)
-                    self._attached[port] = (index, not has_clsact)
+                    self._attached[port] = (index, created)
                     ipr.tc("replace-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=EGRESS,
                            classid=1, direct_action=True, prio=FILTER_PRIO)
         except RedirectError:
@@ -243,11 +240,8 @@ class KernelRedirector(FlowRedirector):
                         if not found:
                             continue
                         index = found[0]
-                    with contextlib.suppress(NetlinkError):
-                        ipr.tc("del-filter", "bpf", index, ":1", parent=EGRESS, prio=FILTER_PRIO)
-                    if created and not any(f.get_attr("TCA_KIND") for parent in (EGRESS, INGRESS)
-                                           for f in ipr.get_filters(index=index, parent=parent)):
-                        ipr.tc("del", "clsact", index)
+                    remove_filter(ipr, index, EGRESS, FILTER_PRIO)
+                    release_clsact(ipr, index, created)
                 except (NetlinkError, OSError) as exc:
                     log.warning("could not remove the redirect filter from %s: %s", port, exc)
         self._attached.clear()

@@ -42,11 +42,10 @@ from clocktower.producers.agent.ebpf._bcc import (
     lost_count,
     slot_map_entries,
 )
+from clocktower.runtime.clsact import EGRESS, INGRESS, ensure_clsact, release_clsact, remove_filter
 from clocktower.schemas.telemetry import FlowCounters
 
 PROGRAM = Path(__file__).with_name("tc_flows.bpf.c")
-INGRESS = "ffff:fff2"
-EGRESS = "ffff:fff3"
 FILTER_PRIO = 0xC7A1 & 0xFFFF                  # our filters' tc priority, so stop() removes only ours
 FIELDS = ("bytes", "packets")
 
@@ -116,10 +115,7 @@ class TcClassifier:
             if index in self._labels:
                 raise OSError(f"{label} and {self._labels[index]} share ifindex {index}; "
                               "the classifier keys its counters by ifindex")
-            has_clsact = any(q.get_attr("TCA_KIND") == "clsact" for q in ip.get_qdiscs(index=index))
-            if not has_clsact:
-                ip.tc("add", "clsact", index)
-            entry = _Attached(netns, ifname, index, label, created_qdisc=not has_clsact)
+            entry = _Attached(netns, ifname, index, label, created_qdisc=ensure_clsact(ip, index))
             self.attached.append(entry)
             self._labels[index] = label
             # replace, not add: a filter left at our handle and prio by an agent that was killed replaces cleanly
@@ -193,12 +189,8 @@ class TcClassifier:
                     ip = IPRoute()
                 with ip:
                     for parent in (INGRESS, EGRESS):   # only ours: other tools may have filters on this clsact
-                        with contextlib.suppress(NetlinkError):
-                            ip.tc("del-filter", "bpf", entry.index, ":1", parent=parent, prio=FILTER_PRIO)
-                    if entry.created_qdisc and not any(
-                            f.get_attr("TCA_KIND") for parent in (INGRESS, EGRESS)
-                            for f in ip.get_filters(index=entry.index, parent=parent)):
-                        ip.tc("del", "clsact", entry.index)   # we added it and nobody else uses it
+                        remove_filter(ip, entry.index, parent, FILTER_PRIO)
+                    release_clsact(ip, entry.index, entry.created_qdisc)
             except (NetlinkError, OSError):
                 pass                                    # interface or namespace already gone
         self.attached.clear()
