@@ -40,7 +40,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from clocktower.actuators import metrics
-from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError, parse_destinations
+from clocktower.actuators.flow_redirector import FlowRedirector, RedirectError, parse_destinations, parse_source
 from clocktower.actuators.hooks import Hooks
 from clocktower.actuators.link_routing import LinkRouting
 from clocktower.actuators.qos_leases import DEFAULT_LEASE_S, RETRY_NS, Leases, lease_ns
@@ -215,7 +215,7 @@ class Actuator:
             lease = lease_ns(cmd.params.get("lease_s"), self.qos_lease_s)
             share = PAUSED_SHARE if cmd.action == "pause" else parse_share(cmd.params.get("share", ""))
             destinations = parse_destinations(cmd.params.get("dst", "")) if cmd.action == "redirect" else []
-            source = parse_destinations(cmd.params["src"])[0] if cmd.params.get("src") else None
+            source = parse_source(cmd.params["src"]) if cmd.params.get("src") else None
         except ValueError as exc:
             raise Refused(str(exc)) from None
         self.leases.grant(holder, self.lease_clock(), lease)   # first: a limit applied to some links, then failing,

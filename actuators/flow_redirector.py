@@ -30,19 +30,28 @@ def parse_destinations(text: str) -> list[str]:
         raise ValueError("no destination address (params 'dst' is empty)")
     if len(items) > MAX_DESTINATIONS:
         raise ValueError(f"{len(items)} destinations; at most {MAX_DESTINATIONS}")
-    out = []
-    for item in items:
-        try:
-            address = ipaddress.ip_address(item)
-        except ValueError:
-            raise ValueError(f"destination {item[:64]!r} is not an IP address") from None
-        if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
-            raise ValueError(f"destination {item[:64]!r}: give a plain address (no scope, no IPv4-mapped form)")
-        if address.is_unspecified or address.is_multicast or address.is_loopback or address.is_link_local or \
-                address == ipaddress.IPv4Address("255.255.255.255"):
-            raise ValueError(f"destination {address} is not a routed unicast address of another node")
-        out.append(str(address))
-    return out
+    return [_unicast(item, "destination", "of another node") for item in items]
+
+
+def parse_source(text: str) -> str:
+    """A `redirect` command's optional `src` param: exactly one IPv4/IPv6 address (this node's, on the path)."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if len(items) != 1:
+        raise ValueError(f"params 'src' names {len(items)} addresses; a redirect takes exactly one source")
+    return _unicast(items[0], "source", "of this node")
+
+
+def _unicast(item: str, role: str, whose: str) -> str:
+    try:
+        address = ipaddress.ip_address(item)
+    except ValueError:
+        raise ValueError(f"{role} {item[:64]!r} is not an IP address") from None
+    if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
+        raise ValueError(f"{role} {item[:64]!r}: give a plain address (no scope, no IPv4-mapped form)")
+    if address.is_unspecified or address.is_multicast or address.is_loopback or address.is_link_local or \
+            address == ipaddress.IPv4Address("255.255.255.255"):
+        raise ValueError(f"{role} {address} is not a routed unicast address {whose}")
+    return str(address)
 
 
 @runtime_checkable

@@ -129,6 +129,18 @@ def test_bad_destinations_are_refused(tmp_path: Path, dst: str, why: str) -> Non
     assert ack.status == "refused" and why in ack.detail and redirector.redirected() == {}, ack
 
 
+@pytest.mark.parametrize(("src", "why"), [
+    ("10.0.0.1,10.0.0.3", "names 2 addresses; a redirect takes exactly one source"),
+    ("node-a", "source 'node-a' is not an IP address"), ("127.0.0.1", "source 127.0.0.1 is not a routed unicast")])
+def test_a_source_must_be_exactly_one_address(tmp_path: Path, src: str, why: str) -> None:
+    """`src` picks the one address the redirected packets leave from: two were once taken as the first."""
+    redirector = SimulatedRedirector()
+    ack = _actuator(tmp_path, SimulatedShaper(), redirector).handle(_redirect(src=src))
+    assert ack.status == "refused" and why in ack.detail and redirector.redirected() == {}, ack
+    one = _actuator(tmp_path / "ok", SimulatedShaper(), redirector).handle(_redirect(src="10.0.0.1"))
+    assert one.status == "applied", one
+
+
 def test_destinations_and_paths_settings() -> None:
     assert parse_destinations(" 10.0.0.2, fd00::2 ") == ["10.0.0.2", "fd00::2"]
     assert parse_redirect_paths("eth0=eth1, eth1=eth0@10.2.0.254") == {"eth0": ("eth1", None),
