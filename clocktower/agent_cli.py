@@ -98,6 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--actuate", action="store_true", help="also run this node's actuator: apply its signed control "
                    "commands (routes, drain/spare hooks) and ack them; needs Kafka and the controller's public key "
                    "(CLOCKTOWER_CONTROL_PUBLIC_KEY_FILE; CLOCKTOWER_ACTUATOR_* for the state dir and hooks)")
+    a.set_defaults(agent_options={act.dest: act.option_strings[-1] for act in a._actions   # noqa: SLF001
+                                  if act.option_strings and act.dest != "help"})
 
 
 def _settings(args: argparse.Namespace) -> AgentSettings:
@@ -269,6 +271,10 @@ def setup_ebpf() -> int:
 
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     if args.action == "setup-ebpf":
+        given = [flag for dest, flag in args.agent_options.items() if getattr(args, dest) not in (None, False)]
+        if given:
+            raise UserError(f"setup-ebpf takes no option ({', '.join(given)} given): it only readies this node "
+                            "for the eBPF sources; run the agent with them afterwards")
         return setup_ebpf()
     if args.gen_clock_key:
         try:
