@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import pytest
 
@@ -84,3 +84,46 @@ def namespace_with_veth(ns: str, a: str, b: str) -> Iterator[str]:
             for name in (b, a):
                 ip.link("set", index=ip.link_lookup(ifname=name)[0], state="up")
         yield ns
+
+
+@contextmanager
+def shaped_paths(a: str, b: str, nets: dict[str, str], rate_mbit: int, tag: str) -> Iterator[None]:
+    """Namespaces `a` and `b` joined by one veth pair per port of `nets` (port name -> /24 prefix: `a` holds .1,
+    `b` .2, both ends named after the port), each path shaped on a's side to `rate_mbit` with a deep queue (tbf).
+    The veths are named `tag` + a digit; leftovers of these names (a killed run of this pid) are removed first."""
+    _need_root()
+    from pyroute2 import IPRoute, netns
+
+    veths = [f"{tag}{i}" for i in range(2 * len(nets))]
+
+    def clear() -> None:
+        for ns in (a, b):
+            with suppress(OSError, FileNotFoundError):
+                netns.remove(ns)
+        with IPRoute() as ip:   # an end left in the root namespace if building failed early
+            for name in veths:
+                for index in ip.link_lookup(ifname=name):
+                    ip.link("del", index=index)
+
+    clear()
+    try:
+        for ns in (a, b):
+            netns.create(ns)
+        with IPRoute() as ip:
+            for x, y in zip(veths[0::2], veths[1::2], strict=True):
+                ip.link("add", ifname=x, kind="veth", peer={"ifname": y})
+                ip.link("set", index=ip.link_lookup(ifname=x)[0], net_ns_fd=a)
+                ip.link("set", index=ip.link_lookup(ifname=y)[0], net_ns_fd=b)
+        for ns, host, ends in ((a, 1, veths[0::2]), (b, 2, veths[1::2])):
+            with IPRoute(netns=ns, flags=0) as ipr:
+                for end, (port, net) in zip(ends, nets.items(), strict=True):
+                    index = ipr.link_lookup(ifname=end)[0]
+                    ipr.link("set", index=index, ifname=port)
+                    ipr.addr("add", index=index, address=f"{net}.{host}", prefixlen=24)
+                    ipr.link("set", index=index, state="up")
+                    if ns == a:
+                        ipr.tc("add", "tbf", index, 0x10000, rate=f"{rate_mbit}mbit", burst=15000, latency="300ms")
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        yield
+    finally:
+        clear()

@@ -29,6 +29,7 @@ from clocktower.control.traffic_class import HIGH_CLASSID, LOW_CLASSID, traffic_
 from tests.control_keys import TEST_VERIFIER
 from tests.failover_bed import in_netns
 from tests.namespace_traffic import Traffic
+from tests.netns import shaped_paths
 from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
 
 
@@ -166,7 +167,6 @@ def test_qos_links_setting() -> None:
 
 _RUN = os.getpid() % 100_000   # names of this test run's own: two runs on one host must not remove each other's
 A, B = f"ct-qos-a-{_RUN}", f"ct-qos-b-{_RUN}"
-VETH = {A: f"cq{_RUN}a", B: f"cq{_RUN}b"}   # at most 15 characters
 ADDR = {A: "10.79.0.1", B: "10.79.0.2"}
 LINK = "qos0"
 RATE_MBIT = 20
@@ -177,44 +177,9 @@ BULK_STREAMS = 3
 
 @contextlib.contextmanager
 def two_hosts() -> Iterator[None]:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces and tc need root")
-    try:
-        from pyroute2 import IPRoute, netns
-    except ImportError as e:   # pragma: no cover - pyroute2 is a dependency
-        pytest.skip(f"pyroute2 missing: {e}")
-    made = []
-    try:
-        for ns in (A, B):
-            with contextlib.suppress(OSError, FileNotFoundError):
-                netns.remove(ns)
-            netns.create(ns)
-            made.append(ns)
-        with IPRoute() as ip:
-            ip.link("add", ifname=VETH[A], kind="veth", peer={"ifname": VETH[B]})
-            ip.link("set", index=ip.link_lookup(ifname=VETH[A])[0], net_ns_fd=A)
-            ip.link("set", index=ip.link_lookup(ifname=VETH[B])[0], net_ns_fd=B)
-        for ns, dev in ((A, VETH[A]), (B, VETH[B])):
-            with IPRoute(netns=ns, flags=0) as ipr:
-                idx = ipr.link_lookup(ifname=dev)[0]
-                ipr.link("set", index=idx, ifname=LINK)
-                ipr.addr("add", index=idx, address=ADDR[ns], prefixlen=24)
-                ipr.link("set", index=idx, state="up")
-                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-        with IPRoute(netns=A, flags=0) as ipr:   # the link's capacity: 20 Mbit/s, a deep queue
-            ipr.tc("add", "tbf", ipr.link_lookup(ifname=LINK)[0], 0x10000, rate=f"{RATE_MBIT}mbit", burst=15000,
-                   latency="300ms")
+    """A and B on one 20 Mbit/s link with a deep queue (shaped on A's side)."""
+    with shaped_paths(A, B, {LINK: "10.79.0"}, RATE_MBIT, tag=f"cq{_RUN}"):
         yield
-    except OSError as e:
-        pytest.skip(f"cannot build network namespaces with tc here: {e}")
-    finally:
-        for ns in made:
-            with contextlib.suppress(OSError, FileNotFoundError):
-                netns.remove(ns)
-        with IPRoute() as ip:   # an end still here if building failed early
-            for name in VETH.values():
-                for index in ip.link_lookup(ifname=name):
-                    ip.link("del", index=index)
 
 
 def test_rate_limiting_the_low_class_brings_the_high_class_delay_back_within_budget(tmp_path: Path) -> None:

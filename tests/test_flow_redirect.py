@@ -33,6 +33,7 @@ from clocktower.control.traffic_class import HIGH_CLASSID
 from tests.control_keys import TEST_VERIFIER
 from tests.failover_bed import in_netns
 from tests.namespace_traffic import IP_PKTINFO, Traffic, bound
+from tests.netns import shaped_paths
 from tests.test_actuator import NODE, OWN_BACKUPS, Clock, RecordingRouting, S, _cmd
 
 
@@ -167,48 +168,12 @@ BULK_STREAMS = 3
 
 @contextlib.contextmanager
 def two_paths() -> Iterator[None]:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces, tc and BPF need root")
-    from pyroute2 import IPRoute, netns
-
-    made, veths = [], [f"r{_RUN}{i}" for i in range(4)]
-    with IPRoute() as ip:   # ends left by a run of this pid that was killed
-        for name in veths:
-            for index in ip.link_lookup(ifname=name):
-                ip.link("del", index=index)
-    try:
-        for ns in (A, B):
-            with contextlib.suppress(OSError, FileNotFoundError):
-                netns.remove(ns)
-            netns.create(ns)
-            made.append(ns)
-        with IPRoute() as ip:
-            for a, b in ((veths[0], veths[1]), (veths[2], veths[3])):
-                ip.link("add", ifname=a, kind="veth", peer={"ifname": b})
-                ip.link("set", index=ip.link_lookup(ifname=a)[0], net_ns_fd=A)
-                ip.link("set", index=ip.link_lookup(ifname=b)[0], net_ns_fd=B)
-        for ns, host, names in ((A, 1, veths[0::2]), (B, 2, veths[1::2])):
-            with IPRoute(netns=ns, flags=0) as ipr:
-                for name, port in zip(names, (PRIMARY, ALTERNATE), strict=True):
-                    idx = ipr.link_lookup(ifname=name)[0]
-                    ipr.link("set", index=idx, ifname=port)
-                    ipr.addr("add", index=idx, address=f"{NET[port]}.{host}", prefixlen=24)
-                    ipr.link("set", index=idx, state="up")
-                    if ns == A:   # each path's capacity: 20 Mbit/s, a deep queue
-                        ipr.tc("add", "tbf", idx, 0x10000, rate=f"{RATE_MBIT}mbit", burst=15000, latency="300ms")
-                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-        # the receiver gets the primary address's traffic on its alternate port: loose reverse-path filtering
+    """A and B on two 20 Mbit/s paths (shaped on A's side); B takes the primary address's traffic on its alternate
+    port (loose reverse-path filtering)."""
+    with shaped_paths(A, B, NET, RATE_MBIT, tag=f"r{_RUN}"):
         in_netns(B, lambda: [Path(f"/proc/sys/net/ipv4/conf/{c}/rp_filter").write_text("0")
                              for c in ("all", "default", PRIMARY, ALTERNATE)])
         yield
-    finally:
-        for ns in made:
-            with contextlib.suppress(OSError, FileNotFoundError):
-                netns.remove(ns)
-        with IPRoute() as ip:
-            for name in veths:
-                for index in ip.link_lookup(ifname=name):
-                    ip.link("del", index=index)
 
 
 def _index(ns: str, port: str) -> int:
