@@ -226,12 +226,12 @@ def object_path_rate(seconds: float = 1.0) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short runs (< 60 s in all)")
+    ap.add_argument("--quick", action="store_true", help="short runs (8 s simulated each: a smoke test)")
     ap.add_argument("--seconds", type=float, default=None, help="simulated seconds per scenario")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--update-ms", type=float, default=250.0)
     args = ap.parse_args()
-    seconds = args.seconds or (15.0 if args.quick else 120.0)
+    seconds = args.seconds or (8.0 if args.quick else 120.0)
     warmup = 3.0
     t0 = time.perf_counter()
     rows = []

@@ -134,7 +134,7 @@ def process_backlog(stack: Stack, events: int, workers: int, profile: Path | Non
     return out
 
 
-def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
+def kill_recovery(nodes: int, seconds: float, root: Path, restart_after_s: float = 5.0) -> dict[str, float]:
     stack = _stack(root / "kill", with_sink=True)
     try:
         bootstrap = stack.s.bootstrap
@@ -153,7 +153,7 @@ def kill_recovery(nodes: int, seconds: float, root: Path) -> dict[str, float]:
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.proc.wait()
                 marks["kill"] = time.monotonic()
-            if "kill" in marks and "restart" not in marks and time.monotonic() - marks["kill"] >= 5:
+            if "kill" in marks and "restart" not in marks and time.monotonic() - marks["kill"] >= restart_after_s:
                 stack.supervise()
                 marks["restart"] = time.monotonic()
             if "restart" in marks and "recovered" not in marks and lag(bootstrap, owned) == 0:
@@ -179,19 +179,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--quick", action="store_true", help="a small run (4 nodes, 6 s)")
+    ap.add_argument("--quick", action="store_true", help="a small run (4 nodes, 6 s; the kill run 8 s, restarting "
+                                                          "after 2 s; no clock solve)")
     ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the first worker of each throughput run "
                     "into DIR, and print its top costs (benchmarks/py_spy_profile.py)")
     a = ap.parse_args()
     nodes, seconds = (4, 6.0) if a.quick else (a.nodes, a.seconds)
     out: dict[str, object] = {}
+    t0 = time.monotonic()
+
+    def done(phase: str) -> None:   # progress on stderr: stdout is the one JSON object
+        print(f"streams_scaling: {phase} done at {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory(prefix="ct-scaling-") as tmp:
         root = Path(tmp)
         out |= throughput(1, nodes, seconds, root, a.profile)
+        done("1 worker")
         out |= throughput(2, nodes, seconds, root, a.profile)
-        out |= kill_recovery(max(2, nodes // 2), max(seconds, 15.0), root)   # a load the 2 workers keep up with
+        done("2 workers")
+        # a load the 2 workers keep up with; quick: a shorter run and restart (a smoke test of the code path)
+        out |= (kill_recovery(2, 8.0, root, restart_after_s=2.0) if a.quick
+                else kill_recovery(max(2, nodes // 2), max(seconds, 15.0), root))
+        done("kill and recovery")
     out["workers_2_over_1"] = round(out["workers_2_events_per_s"] / out["workers_1_events_per_s"], 2)
-    out["clock_solve_ms_1024_nodes"] = round(clock_solve_ms(1024), 2)
+    if not a.quick:   # the solve's own quick run is benchmarks/clock_solve.py --quick
+        out["clock_solve_ms_1024_nodes"] = round(clock_solve_ms(1024), 2)
+        done("clock solve")
     print(json.dumps(out))
 
 

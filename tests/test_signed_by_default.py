@@ -157,12 +157,12 @@ def test_a_withheld_replacement_is_settled_by_the_workers_tick_when_no_other_inp
     worker now publishes a tick (control.ticks); here nothing else comes after the one request, and the tick gives
     it up once its fault passes the age limit."""
     stack = _signed_stack(tmp_path / "ct", monkeypatch, CLOCKTOWER_REMEDIATION_MAX_PER_HOUR="0",
-                          CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S="40", CLOCKTOWER_STREAMS_TICK_S="1")
+                          CLOCKTOWER_STREAMS_MAX_FAULT_AGE_S="20", CLOCKTOWER_STREAMS_TICK_S="1")
     try:
         s = stack.s
         _wait_for_tables(http_client(s.clickhouse, *s.clickhouse_login(), s.clickhouse_database), stack)
         # Faust starts timers once its tables are recovered: the first tick stored says the worker runs (the fault
-        # must reach the allocator within its 40 s age limit to be withheld, not refused as too old)
+        # must reach the allocator within its 20 s age limit to be withheld, not refused as too old: a second or two)
         assert _wait_rows(stack, "SELECT 1 FROM streams_ticks LIMIT 1")
         fleet = KafkaPublisher(s.bootstrap, producer_key=stack.producer_key)
         now = time.time_ns()

@@ -35,7 +35,7 @@ likely, as the GPU's early warning comes seconds before its throttling slows the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import orjson
@@ -249,9 +249,7 @@ class StragglerDetector(Processor):
 
     def encode_state(self, value: Any) -> bytes:
         if isinstance(value, Job):
-            return orjson.dumps({"ranks": {r: {**asdict(x), "track": asdict(x.track)} for r, x in value.ranks.items()},
-                                 "recent": value.recent, "pending": value.pending, "done": value.done,
-                                 "size": value.size})
+            return orjson.dumps(value)   # orjson writes the dataclasses itself: asdict's bytes, at a tenth of its cost
         return orjson.dumps(list(value))
 
     def decode_state(self, data: bytes) -> Any:
