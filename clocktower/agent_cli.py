@@ -271,7 +271,8 @@ def setup_ebpf() -> int:
 
 def cmd_agent(args: argparse.Namespace, console: Console) -> int:
     if args.action == "setup-ebpf":
-        given = [flag for dest, flag in args.agent_options.items() if getattr(args, dest) not in (None, False)]
+        given = [flag for dest, flag in args.agent_options.items()   # `--duration 0` is given: 0 == False
+                 if getattr(args, dest) is not None and getattr(args, dest) is not False]
         if given:
             raise UserError(f"setup-ebpf takes no option ({', '.join(given)} given): it only readies this node "
                             "for the eBPF sources; run the agent with them afterwards")

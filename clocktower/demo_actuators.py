@@ -61,10 +61,11 @@ def simulated_node_actuator(node: str, verifier: CommandVerifier, state_dir: Pat
                             redirector: SimulatedRedirector | None = None) -> Actuator:
     """A simulated node's real actuator: its ports PRIMARY (backed by BACKUP) and BACKUP, on simulated routing,
     shaping and flow redirection (new ones unless given)."""
-    return open_actuator(node, verifier, routing or SimulatedRouting(INTERFACES), state_dir, hooks,
-                         backups=lambda link: BACKUP if link == PRIMARY else "",
-                         shaper=shaper or SimulatedShaper(),
-                         redirector=redirector or SimulatedRedirector(f"{BACKUP} (the alternate of {PRIMARY})"))
+    return open_actuator(node, verifier, SimulatedRouting(INTERFACES) if routing is None else routing, state_dir,
+                         hooks, backups=lambda link: BACKUP if link == PRIMARY else "",
+                         shaper=SimulatedShaper() if shaper is None else shaper,
+                         redirector=SimulatedRedirector(f"{BACKUP} (the alternate of {PRIMARY})")
+                         if redirector is None else redirector)
 
 
 def actuated_nodes(fleet: Sequence[str], faulty: Iterable[str]) -> list[str]:

@@ -72,6 +72,6 @@ def test_agent_setup_ebpf_runs_the_script_the_package_ships() -> None:
 
 def test_agent_setup_ebpf_refuses_the_agent_s_options() -> None:
     """setup-ebpf readies the node and runs nothing: an option meant for the agent was silently ignored."""
-    out = subprocess.run([sys.executable, "-m", "clocktower", "agent", "setup-ebpf", "--node", "n1", "--stdout"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "setup-ebpf takes no option (--node, --stdout given)" in out.stderr, out
+    out = subprocess.run([sys.executable, "-m", "clocktower", "agent", "setup-ebpf", "--node", "n1", "--stdout",
+                          "--duration", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "setup-ebpf takes no option (--node, --stdout, --duration given)" in out.stderr, out

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
-from clocktower.producers.agent.ib_sysfs import IbPortSource, read_ports
+from clocktower.producers.agent import ib_sysfs
+from clocktower.producers.agent.ib_sysfs import KEEP_UNREAD_POLLS, IbPortSource, read_ports
 from clocktower.schemas.clickhouse_ddl import create_table_sql
 from clocktower.schemas.codec import H_COUNT, H_SCHEMA, H_VERSION, decode_batch
 from clocktower.schemas.columns import model_columns
@@ -64,9 +66,11 @@ def test_carrier_changes_keeps_last_link_downed_while_unread(root: Path) -> None
     assert [(e.carrier_changes, e.link_downed) for e in src.poll(now=2.0)] == [(7, None)]
 
 
-def test_a_state_file_that_fails_one_poll_keeps_the_state_before(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_state_file_that_fails_one_poll_keeps_the_state_before(root: Path, caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A read that fails for a moment (EIO in a driver reset; here the file is gone) is not a down and an up:
     the port keeps the state of the poll before, no state change is counted, and why is logged once."""
+    monkeypatch.setattr(ib_sysfs, "_warned", set())     # logged once per process: not by an earlier test
     state = root / "mlx5_0" / "ports" / "1" / "state"
     src = IbPortSource("node-3", root=root)
     assert [(e.up, e.ib_state) for e in src.poll(now=0.0)] == [(True, "ACTIVE")]
@@ -82,6 +86,16 @@ def test_a_state_file_that_fails_one_poll_keeps_the_state_before(root: Path, cap
     state.unlink()                              # with no poll before, an unread state is "unknown": not up
     assert [(e.up, e.ib_state) for e in IbPortSource("node-4", root=root).poll(now=0.0)] == [(False, "unknown")]
     state.write_text(saved)
+
+
+def test_a_state_file_that_stays_unreadable_is_reported_not_up(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept for KEEP_UNREAD_POLLS polls only: a port whose state cannot be read for longer is not reported healthy."""
+    monkeypatch.setattr(ib_sysfs, "_warned", set())
+    (root / "mlx5_0" / "ports" / "1" / "state").unlink()
+    src = IbPortSource("node-3", root=root)
+    src._last = {p.name: replace(p, state="ACTIVE") for p in read_ports(root)}   # noqa: SLF001 - read as up before
+    ups = [[e.up for e in src.poll(now=float(t))] for t in range(KEEP_UNREAD_POLLS + 2)]
+    assert ups == [[True]] * KEEP_UNREAD_POLLS + [[False], [False]] and src.state_changes == 1
 
 
 def _record(events: list[LinkState]) -> tuple[bytes, bytes, list]:

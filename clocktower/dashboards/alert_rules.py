@@ -24,8 +24,9 @@ class AlertRule:
 
 DAY_S = 86_400
 RULES: tuple[AlertRule, ...] = (
-    # over a day: an incident opened hours ago and still open keeps firing; one instance per kind and target
-    AlertRule("clocktower-critical-incident", "Critical incident open", f"""SELECT what AS kind, place AS target, count() AS open
+    # over a day: an incident opened hours ago and still open keeps firing; one instance per kind and target, as
+    # opened (a link_down that goes on to flap stays one alert, not a resolved one and a new one)
+    AlertRule("clocktower-critical-incident", "Critical incident open", f"""SELECT first_what AS kind, first_place AS target, count() AS open
 FROM ({open_incidents("$__timeFilter(time)")})
 WHERE level = 'critical'
 GROUP BY kind, target""", "{{ $labels.kind }} on {{ $labels.target }} is open and critical", "critical",

@@ -27,9 +27,10 @@ GROUP BY incident_id"""
 
 def open_incidents(where: str) -> str:
     """incident_id, what, place, level (worst severity), opened, latest (detail) of the incidents still open among
-    the rows `where` selects."""
+    the rows `where` selects; and first_what, first_place (its kind and target when it opened: an alert's labels,
+    which must not change while it fires)."""
     return f"""SELECT incident_id, toString(argMax(kind, ts_ns)) AS what, toString(argMax(target, ts_ns)) AS place,
-  {WORST_SEVERITY} AS level,
+  toString(argMin(kind, ts_ns)) AS first_what, toString(argMin(target, ts_ns)) AS first_place, {WORST_SEVERITY} AS level,
   fromUnixTimestamp64Nano(min(opened_ns)) AS opened, argMax(detail, ts_ns) AS latest
 FROM incidents FINAL
 WHERE {where}

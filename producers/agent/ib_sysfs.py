@@ -36,7 +36,8 @@ RDMA device): the runner can then run and report each on its own. It reads every
   "deleted"). So with a longer report interval a state change still surfaces within one poll interval.
 
 A state file (state, phys_state, rate) that reads empty or fails keeps the port's state of the poll before
-(logged once): a failed read is not a down (see `keep_unread_state`).
+(logged once) for up to KEEP_UNREAD_POLLS polls in a row: a failed read is not a down (see `keep_unread_state`). One
+that fails longer is reported as read, "unknown" (not up): a port that cannot be read is not reported healthy.
 
 `ts_ns` is time.time_ns() taken just before the port is read.
 
@@ -189,6 +190,7 @@ def read_port(device: str, port: int, path: Path) -> IbPort:
 
 
 STATE_FILES = {"state": "state", "phys_state": "phys_state", "rate": "rate_mbps"}   # file -> IbPort field
+KEEP_UNREAD_POLLS = 3     # polls in a row a state file may fail and keep the state before; then it is "unknown"
 
 
 def keep_unread_state(port: IbPort, before: IbPort | None) -> IbPort:
@@ -233,6 +235,7 @@ class IbPortSource:
         self.state_changes = 0
         self._last: dict[str, IbPort] = {}
         self._link_downed: dict[str, int] = {}     # last link_downed read per port: carrier_changes while unread
+        self._unread_polls: dict[str, int] = {}    # polls in a row some state file of the port could not be read
         self._last_report: float | None = None     # monotonic time of the last full report
         self._emit: Emit | None = None
         self._stop = threading.Event()
@@ -270,8 +273,14 @@ class IbPortSource:
         current: dict[str, IbPort] = {}
         for dev, n, path in _port_dirs(self.root):
             ts = time.time_ns()
-            before = self._last.get(f"{dev}/{n}")
-            port = keep_unread_state(read_port(dev, n, path), before)
+            name = f"{dev}/{n}"
+            before = self._last.get(name)
+            port = read_port(dev, n, path)
+            unread = self._unread_polls[name] = self._unread_polls.get(name, 0) + 1 if port.unread else 0
+            if unread == KEEP_UNREAD_POLLS + 1:
+                log.warning("ib: %s could not read %s for %d polls: reported as read (not up)", name,
+                            ", ".join(sorted(port.unread)), unread)
+            port = keep_unread_state(port, before if unread <= KEEP_UNREAD_POLLS else None)
             current[port.name] = port
             changed = before is None or before.state_key != port.state_key
             if changed and before is not None:
